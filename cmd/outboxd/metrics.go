@@ -1,0 +1,86 @@
+package main
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// metrics are outboxd's Prometheus series. Their names are a public contract
+// (README, deploy/grafana, deploy/prometheus): rename nothing.
+type metrics struct {
+	reg *prometheus.Registry
+
+	slotLag         prometheus.Gauge
+	slotRetained    prometheus.Gauge
+	slotSafeWAL     prometheus.Gauge
+	slotWALStatus   *prometheus.GaugeVec
+	confirmedLSN    prometheus.Gauge
+	ackedLSN        prometheus.Gauge
+	receivedLSN     prometheus.Gauge
+	published       *prometheus.CounterVec
+	skipped         *prometheus.CounterVec
+	transactions    prometheus.Counter
+	produceErrors   prometheus.Counter
+	reconnects      *prometheus.CounterVec
+	publishLatency  prometheus.Histogram
+	inflightEvents  prometheus.Gauge
+	inflightBytes   prometheus.Gauge
+	oldestUnacked   prometheus.Gauge
+	connected       prometheus.Gauge
+	replDelay       prometheus.Gauge
+	deadLettered    prometheus.Counter
+	heartbeatErrors prometheus.Counter
+}
+
+func newMetrics(version string) *metrics {
+	reg := prometheus.NewRegistry()
+	f := func(c prometheus.Collector) { reg.MustRegister(c) }
+	g := func(name, help string) prometheus.Gauge {
+		m := prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help})
+		f(m)
+		return m
+	}
+	m := &metrics{reg: reg}
+	m.slotLag = g("outboxd_slot_lag_bytes", "pg_current_wal_lsn() - confirmed_flush_lsn of the slot.")
+	m.slotRetained = g("outboxd_slot_retained_wal_bytes", "pg_current_wal_lsn() - restart_lsn of the slot: WAL the server keeps for it.")
+	m.slotSafeWAL = g("outboxd_slot_safe_wal_size_bytes", "safe_wal_size of the slot: bytes that can still be written before the slot is lost (-1 when unlimited).")
+	m.slotWALStatus = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outboxd_slot_wal_status", Help: "1 for the slot's current wal_status (reserved, extended, unreserved, lost)."}, []string{"status"})
+	f(m.slotWALStatus)
+	m.confirmedLSN = g("outboxd_confirmed_flush_lsn", "Last LSN confirmed to PostgreSQL, as a number.")
+	m.ackedLSN = g("outboxd_acked_lsn", "Newest LSN up to which Kafka has acked every event, as a number.")
+	m.receivedLSN = g("outboxd_received_lsn", "Newest WAL position received from the server, as a number.")
+	m.published = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_events_published_total", Help: "Events acked by Kafka, by topic."}, []string{"topic"})
+	f(m.published)
+	m.skipped = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_events_skipped_total", Help: "Rows not published, by reason (update, delete, truncate, invalid, ...)."}, []string{"reason"})
+	f(m.skipped)
+	m.transactions = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_transactions_total", Help: "Committed transactions decoded from the slot."})
+	f(m.transactions)
+	m.produceErrors = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_kafka_produce_errors_total", Help: "Records Kafka rejected or failed to ack."})
+	f(m.produceErrors)
+	m.reconnects = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_reconnects_total", Help: "Reconnections, by target (postgres, kafka)."}, []string{"target"})
+	f(m.reconnects)
+	m.publishLatency = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "outboxd_publish_latency_seconds",
+		Help:    "Time from the transaction's commit to Kafka's ack of its event.",
+		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300},
+	})
+	f(m.publishLatency)
+	m.inflightEvents = g("outboxd_inflight_events", "Events handed to Kafka and not yet acked.")
+	m.inflightBytes = g("outboxd_inflight_bytes", "Bytes of events handed to Kafka and not yet acked.")
+	m.oldestUnacked = g("outboxd_oldest_unacked_age_seconds", "Age of the oldest transaction not yet fully acked (0 when none).")
+	m.connected = g("outboxd_replication_connected", "1 while streaming from the slot.")
+	m.replDelay = g("outboxd_replication_delay_seconds", "Time from emitting a heartbeat message to receiving it from the slot.")
+	m.deadLettered = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_events_dead_lettered_total", Help: "Rows published to the dead-letter topic."})
+	f(m.deadLettered)
+	m.heartbeatErrors = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_heartbeat_errors_total", Help: "Heartbeat messages that could not be written."})
+	f(m.heartbeatErrors)
+	bi := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outboxd_build_info", Help: "Build information."}, []string{"version"})
+	bi.WithLabelValues(version).Set(1)
+	f(bi)
+	f(collectors.NewGoCollector())
+	f(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	for _, reason := range []string{"update", "delete", "truncate", "invalid"} {
+		m.skipped.WithLabelValues(reason)
+	}
+	return m
+}

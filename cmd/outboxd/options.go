@@ -1,0 +1,195 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Every option has one name, used three ways: --name on the command line,
+// OUTBOXD_NAME in the environment, and name (dots for nesting: kafka.brokers
+// is "kafka: {brokers: …}") in the YAML file given by --config. Command line
+// wins over environment, environment over the file, the file over defaults.
+
+// envName maps an option name to its environment variable.
+func envName(name string) string {
+	return "OUTBOXD_" + strings.NewReplacer("-", "_", ".", "_").Replace(strings.ToUpper(name))
+}
+
+// optionSet wraps a FlagSet with environment and file sources.
+type optionSet struct {
+	fs *flag.FlagSet
+	// sections are YAML keys whose whole subtree goes to a consumer (the
+	// router's "router" and "tables"), not to flags.
+	sections map[string]any
+	sectionNames []string
+}
+
+func newOptionSet(cmd string, sections ...string) *optionSet {
+	fs := flag.NewFlagSet("outboxd "+cmd, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	return &optionSet{fs: fs, sections: map[string]any{}, sectionNames: sections}
+}
+
+// parse applies the command line, then OUTBOXD_* variables and the config file
+// for options the command line left alone.
+func (o *optionSet) parse(args []string, getenv func(string) string) error {
+	if err := o.fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%w (see outboxd %s --help)", err, strings.TrimPrefix(o.fs.Name(), "outboxd "))
+	}
+	if o.fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", o.fs.Arg(0))
+	}
+	set := map[string]bool{}
+	o.fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+
+	file := map[string]string{}
+	if cf := o.fs.Lookup("config"); cf != nil {
+		path := cf.Value.String()
+		if !set["config"] && getenv(envName("config")) != "" {
+			path = getenv(envName("config"))
+		}
+		if path != "" {
+			var err error
+			if file, err = o.loadFile(path); err != nil {
+				return err
+			}
+		}
+	}
+	var errs []error
+	o.fs.VisitAll(func(f *flag.Flag) {
+		if set[f.Name] || f.Name == "config" {
+			return
+		}
+		src, v := "", ""
+		if ev := getenv(envName(f.Name)); ev != "" {
+			src, v = envName(f.Name), ev
+		} else if fv, ok := file[f.Name]; ok {
+			src, v = "config file key "+strings.ReplaceAll(f.Name, "-", "."), fv
+		} else {
+			return
+		}
+		if err := f.Value.Set(v); err != nil {
+			errs = append(errs, fmt.Errorf("invalid value %q for %s (--%s): %w", v, src, f.Name, err))
+		}
+	})
+	return errors.Join(errs...)
+}
+
+// loadFile flattens a YAML file into option names. Unknown keys are errors.
+func (o *optionSet) loadFile(path string) (map[string]string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config file: %w", err)
+	}
+	var tree map[string]any
+	if err := yaml.Unmarshal(data, &tree); err != nil {
+		return nil, fmt.Errorf("config file %s: %w", path, err)
+	}
+	out := map[string]string{}
+	var unknown []string
+	var walk func(prefix string, m map[string]any)
+	walk = func(prefix string, m map[string]any) {
+		for k, v := range m {
+			name := prefix + k
+			if prefix == "" && slices.Contains(o.sectionNames, k) {
+				o.sections[k] = v
+				continue
+			}
+			if sub, ok := v.(map[string]any); ok {
+				walk(name+".", sub)
+				continue
+			}
+			flagName := strings.ReplaceAll(name, ".", "-")
+			if o.fs.Lookup(flagName) == nil || flagName == "config" {
+				unknown = append(unknown, name)
+				continue
+			}
+			out[flagName] = scalar(v)
+		}
+	}
+	walk("", tree)
+	if len(unknown) > 0 {
+		sort.Strings(unknown)
+		return nil, fmt.Errorf("config file %s: unknown key(s) %s (see outboxd run --help)", path, strings.Join(unknown, ", "))
+	}
+	return out, nil
+}
+
+func scalar(v any) string {
+	switch v := v.(type) {
+	case nil:
+		return ""
+	case []any:
+		parts := make([]string, len(v))
+		for i, e := range v {
+			parts[i] = scalar(e)
+		}
+		return strings.Join(parts, ",")
+	default:
+		return fmt.Sprint(v)
+	}
+}
+
+// usage prints every option with its default and environment variable.
+func (o *optionSet) usage(w io.Writer, summary string) {
+	fmt.Fprintf(w, "Usage: %s [options]\n\n%s\n\nOptions (each also read from the environment variable shown, and from the --config YAML file):\n", o.fs.Name(), summary)
+	o.fs.VisitAll(func(f *flag.Flag) {
+		def := ""
+		if f.DefValue != "" {
+			def = " (default " + f.DefValue + ")"
+		}
+		fmt.Fprintf(w, "  --%s  [%s]%s\n      %s\n", f.Name, envName(f.Name), def, f.Usage)
+	})
+}
+
+// listValue is a comma-separated list flag.
+type listValue []string
+
+func (l *listValue) String() string { return strings.Join(*l, ",") }
+
+func (l *listValue) Set(s string) error {
+	*l = nil
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			*l = append(*l, p)
+		}
+	}
+	return nil
+}
+
+// choiceValue accepts one of a fixed set of words.
+type choiceValue struct {
+	v       *string
+	choices []string
+}
+
+func (c choiceValue) String() string {
+	if c.v == nil {
+		return ""
+	}
+	return *c.v
+}
+
+func (c choiceValue) Set(s string) error {
+	if !slices.Contains(c.choices, s) {
+		return fmt.Errorf("must be one of %s", strings.Join(c.choices, ", "))
+	}
+	*c.v = s
+	return nil
+}
+
+func (o *optionSet) choice(p *string, name, def, usage string, choices ...string) {
+	*p = def
+	o.fs.Var(choiceValue{p, choices}, name, usage+" ("+strings.Join(choices, "|")+")")
+}

@@ -1,0 +1,169 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/outboxd/outboxd/router"
+	"github.com/outboxd/outboxd/sink/kafka"
+	"github.com/outboxd/outboxd/slot"
+)
+
+const runSummary = `Streams committed outbox INSERTs from a pgoutput replication slot to Kafka and
+confirms the slot's flush LSN only after Kafka has acked every event up to it.`
+
+// runOptions are the daemon's options.
+type runOptions struct {
+	Config            string
+	Postgres          string
+	Publication       string
+	Slot              string
+	KafkaBrokers      listValue
+	HTTPAddr          string
+	LogFormat         string
+	LogLevel          string
+	ShutdownTimeout   time.Duration
+	StatusInterval    time.Duration
+	ConfirmInterval   time.Duration
+	MaxInflightEvents int
+	MaxInflightBytes  byteSize
+	KafkaLinger       time.Duration
+	Compression       string
+	MaxMessageBytes   byteSize
+}
+
+func (o *runOptions) register(s *optionSet) {
+	fs := s.fs
+	fs.StringVar(&o.Config, "config", "", "YAML config file")
+	fs.StringVar(&o.Postgres, "postgres", "", "PostgreSQL connection string (outboxd adds replication=database itself)")
+	fs.StringVar(&o.Publication, "publication", "outboxd", "publication whose tables are outbox tables")
+	fs.StringVar(&o.Slot, "slot", "outboxd", "logical replication slot (pgoutput); created if missing")
+	fs.Var(&o.KafkaBrokers, "kafka-brokers", "Kafka bootstrap brokers, comma-separated host:port")
+	fs.StringVar(&o.HTTPAddr, "http-addr", ":9187", "address for /metrics, /healthz, /readyz and /status (empty disables)")
+	s.choice(&o.LogFormat, "log-format", "text", "log format", "text", "json")
+	s.choice(&o.LogLevel, "log-level", "info", "log level", "debug", "info", "warn", "error")
+	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long to wait for in-flight Kafka acks before the final confirmation")
+	fs.DurationVar(&o.StatusInterval, "status-interval", 10*time.Second, "longest gap between standby status updates to PostgreSQL")
+	fs.DurationVar(&o.ConfirmInterval, "confirm-interval", 100*time.Millisecond, "shortest gap between flush LSN confirmations while events flow")
+	fs.IntVar(&o.MaxInflightEvents, "max-inflight-events", 50000, "events handed to Kafka and not yet acked before reading pauses")
+	o.MaxInflightBytes = 32 << 20
+	fs.Var(&o.MaxInflightBytes, "max-inflight-bytes", "bytes handed to Kafka and not yet acked before reading pauses")
+	fs.DurationVar(&o.KafkaLinger, "kafka-linger", 0, "how long a partition waits to fill a batch (0: send as soon as a request slot is free)")
+	s.choice(&o.Compression, "compression", "none", "producer compression", "none", "gzip", "snappy", "lz4", "zstd")
+	o.MaxMessageBytes = 1000012
+	fs.Var(&o.MaxMessageBytes, "max-message-bytes", "largest record batch the producer sends; larger events are rejected")
+}
+
+func (o *runOptions) validate() error {
+	var errs []error
+	if o.Postgres == "" {
+		errs = append(errs, errors.New("--postgres (OUTBOXD_POSTGRES) is required"))
+	}
+	if len(o.KafkaBrokers) == 0 {
+		errs = append(errs, errors.New("--kafka-brokers (OUTBOXD_KAFKA_BROKERS) is required"))
+	}
+	if err := slot.ValidateName(o.Slot); err != nil {
+		errs = append(errs, fmt.Errorf("--slot: %w", err))
+	}
+	if o.MaxInflightEvents < 1 {
+		errs = append(errs, errors.New("--max-inflight-events must be at least 1"))
+	}
+	if o.MaxInflightBytes < 1 {
+		errs = append(errs, errors.New("--max-inflight-bytes must be positive"))
+	}
+	if o.MaxMessageBytes < 512 || o.MaxMessageBytes > 1<<30 {
+		errs = append(errs, errors.New("--max-message-bytes must be between 512 and 1GiB"))
+	}
+	if o.StatusInterval <= 0 || o.ConfirmInterval <= 0 {
+		errs = append(errs, errors.New("--status-interval and --confirm-interval must be positive"))
+	}
+	return errors.Join(errs...)
+}
+
+func runCommand(ctx context.Context, e env, args []string) error {
+	var o runOptions
+	set := newOptionSet("run", "router", "tables")
+	o.register(set)
+	if err := set.parse(args, e.getenv); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			set.usage(e.stdout, runSummary)
+		}
+		return err
+	}
+	if err := o.validate(); err != nil {
+		return err
+	}
+	log := newLogger(e.stderr, o.LogFormat, o.LogLevel)
+	rt, err := router.New(router.Defaults())
+	if err != nil {
+		return err
+	}
+	m := newMetrics(version)
+	sk, err := kafka.New(kafka.Config{
+		Brokers:         o.KafkaBrokers,
+		MaxMessageBytes: int32(o.MaxMessageBytes),
+		Compression:     o.Compression,
+		Linger:          o.KafkaLinger,
+		MaxBuffered:     o.MaxInflightEvents + 1000,
+		Logger:          log,
+	})
+	if err != nil {
+		return err
+	}
+	defer sk.Close()
+
+	st := &state{}
+	r := &relay{
+		cfg: relayConfig{
+			Postgres: o.Postgres, Slot: o.Slot, Publication: o.Publication,
+			MaxInflightEvents: o.MaxInflightEvents, MaxInflightBytes: int64(o.MaxInflightBytes),
+			StatusInterval: o.StatusInterval, ConfirmInterval: o.ConfirmInterval, ShutdownTimeout: o.ShutdownTimeout,
+			HeartbeatPrefix: heartbeatPrefix,
+		},
+		log: log, router: rt, sink: sk, m: m, state: st,
+	}
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	if o.HTTPAddr != "" {
+		ln, err := net.Listen("tcp", o.HTTPAddr)
+		if err != nil {
+			return fmt.Errorf("--http-addr: %w", err)
+		}
+		srv := &http.Server{Handler: newHTTPHandler(m, st), ReadHeaderTimeout: 5 * time.Second}
+		log.Info("http listening", "addr", ln.Addr().String())
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("http server", "err", err)
+			}
+		}()
+		defer srv.Close()
+	}
+	log.Info("outboxd starting", "version", version, "slot", o.Slot, "publication", o.Publication, "kafka", o.KafkaBrokers.String())
+	if err := r.run(ctx); err != nil {
+		return err
+	}
+	log.Info("outboxd stopped")
+	return nil
+}
+
+const heartbeatPrefix = "outboxd.heartbeat"
+
+func newLogger(w interface{ Write([]byte) (int, error) }, format, level string) *slog.Logger {
+	var lv slog.Level
+	_ = lv.UnmarshalText([]byte(level))
+	opts := &slog.HandlerOptions{Level: lv}
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}

@@ -1,0 +1,64 @@
+// Package migrations holds the SQL outboxd needs on the PostgreSQL side: the
+// outbox table (Debezium's layout, and a variant with headers), the
+// publication (publish = 'insert') and a least-privilege role. The files are
+// templates so that `outboxd setup` can name the table, publication and role;
+// `outboxd setup --print` renders them for psql users.
+package migrations
+
+import (
+	"bytes"
+	"embed"
+	"fmt"
+	"regexp"
+	"strings"
+	"text/template"
+)
+
+//go:embed *.sql.tmpl
+var files embed.FS
+
+// Vars names the objects the SQL creates.
+type Vars struct {
+	Table       string // schema-qualified and quoted as needed, e.g. public.outbox
+	Schema      string
+	Publication string
+	Role        string
+}
+
+// The scripts, in the order they apply.
+const (
+	OutboxTable        = "001_outbox.sql.tmpl"
+	OutboxHeadersTable = "002_outbox_headers.sql.tmpl"
+	Publication        = "003_publication.sql.tmpl"
+	Role               = "004_role.sql.tmpl"
+)
+
+var tableRE = regexp.MustCompile(`^([A-Za-z_][A-Za-z0-9_$]*)\.([A-Za-z_][A-Za-z0-9_$]*)$`)
+
+// ParseTable splits "schema.table" (both plain identifiers) or returns an error.
+func ParseTable(s string) (schema, table string, err error) {
+	if !strings.Contains(s, ".") {
+		s = "public." + s
+	}
+	m := tableRE.FindStringSubmatch(s)
+	if m == nil {
+		return "", "", fmt.Errorf("table %q: want schema.table with plain identifiers", s)
+	}
+	return m[1], m[2], nil
+}
+
+var funcs = template.FuncMap{
+	"ident":   func(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` },
+	"literal": func(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''`) + `'` },
+}
+
+var tmpl = template.Must(template.New("").Funcs(funcs).ParseFS(files, "*.sql.tmpl"))
+
+// Render returns one script with vars filled in.
+func Render(name string, vars Vars) (string, error) {
+	var b bytes.Buffer
+	if err := tmpl.ExecuteTemplate(&b, name, vars); err != nil {
+		return "", fmt.Errorf("render %s: %w", name, err)
+	}
+	return b.String(), nil
+}

@@ -1,0 +1,181 @@
+// Package kafka is the Kafka sink, built on franz-go: an idempotent producer
+// with acks=all, so records are pipelined (up to five requests in flight per
+// broker) while order per partition survives retries, and a broker outage is
+// retried until it ends.
+package kafka
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl"
+
+	"github.com/outboxd/outboxd/router"
+)
+
+// Config configures the producer.
+type Config struct {
+	Brokers         []string
+	ClientID        string
+	MaxMessageBytes int32         // largest record batch; a larger record fails (0: franz-go's 1,000,012)
+	Compression     string        // none, gzip, snappy, lz4, zstd
+	Linger          time.Duration // how long partitions wait to fill a batch
+	MaxBuffered     int           // records the client may buffer; the caller's in-flight bound must be lower
+	TLS             *tls.Config
+	SASL            sasl.Mechanism
+	Logger          *slog.Logger
+	// Extra options, e.g. a transactional id; applied last.
+	Opts []kgo.Opt
+}
+
+// Sink is a Kafka producer.
+type Sink struct {
+	client *kgo.Client
+	manual context.Context // marks records that carry an explicit partition
+}
+
+// New builds the producer. It does not contact the brokers: a broker that is
+// down at startup is retried like one that goes down later.
+func New(cfg Config) (*Sink, error) {
+	if len(cfg.Brokers) == 0 {
+		return nil, fmt.Errorf("kafka: no brokers configured (--kafka-brokers)")
+	}
+	codec, err := compression(cfg.Compression)
+	if err != nil {
+		return nil, err
+	}
+	s := &Sink{manual: context.WithValue(context.Background(), manualKey{}, true)}
+	opts := []kgo.Opt{
+		kgo.SeedBrokers(cfg.Brokers...),
+		kgo.ClientID(orDefault(cfg.ClientID, "outboxd")),
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.ProducerBatchCompression(codec),
+		kgo.ProducerLinger(cfg.Linger),
+		kgo.AllowAutoTopicCreation(),
+		kgo.RecordPartitioner(partitioner{manual: kgo.ManualPartitioner(), byKey: kgo.StickyKeyPartitioner(nil)}),
+	}
+	if cfg.MaxBuffered > 0 {
+		opts = append(opts, kgo.MaxBufferedRecords(cfg.MaxBuffered))
+	}
+	if cfg.MaxMessageBytes > 0 {
+		opts = append(opts, kgo.ProducerBatchMaxBytes(cfg.MaxMessageBytes))
+	}
+	if cfg.TLS != nil {
+		opts = append(opts, kgo.DialTLSConfig(cfg.TLS))
+	}
+	if cfg.SASL != nil {
+		opts = append(opts, kgo.SASL(cfg.SASL))
+	}
+	if cfg.Logger != nil {
+		opts = append(opts, kgo.WithLogger(logger{cfg.Logger}))
+	}
+	opts = append(opts, cfg.Opts...)
+	client, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: %w", err)
+	}
+	s.client = client
+	return s, nil
+}
+
+// Client exposes the franz-go client for modes that need more than Produce
+// (transactions, admin checks).
+func (s *Sink) Client() *kgo.Client { return s.client }
+
+// Produce hands rec to the producer; done runs when Kafka has acked it.
+func (s *Sink) Produce(ctx context.Context, rec *router.Record, done func(error)) {
+	s.client.Produce(ctx, s.Record(rec), func(_ *kgo.Record, err error) { done(err) })
+}
+
+// Record converts a routed record to a franz-go record.
+func (s *Sink) Record(rec *router.Record) *kgo.Record {
+	kr := &kgo.Record{Topic: rec.Topic, Key: rec.Key, Value: rec.Value, Timestamp: rec.Timestamp}
+	if len(rec.Headers) > 0 {
+		kr.Headers = make([]kgo.RecordHeader, len(rec.Headers))
+		for i, h := range rec.Headers {
+			kr.Headers[i] = kgo.RecordHeader{Key: h.Key, Value: h.Value}
+		}
+	}
+	if rec.Partition >= 0 {
+		kr.Partition = rec.Partition
+		kr.Context = s.manual
+	}
+	return kr
+}
+
+// Flush waits for every buffered record.
+func (s *Sink) Flush(ctx context.Context) error { return s.client.Flush(ctx) }
+
+// Ping checks that a broker answers.
+func (s *Sink) Ping(ctx context.Context) error { return s.client.Ping(ctx) }
+
+// Close closes the client.
+func (s *Sink) Close() { s.client.Close() }
+
+type manualKey struct{}
+
+// partitioner honours an explicit partition (Debezium's "col:partition"
+// placement) and otherwise hashes the key with Kafka's murmur2, exactly like
+// the Java client, so an aggregate lands on the same partition as it did under
+// Debezium.
+type partitioner struct{ manual, byKey kgo.Partitioner }
+
+func (p partitioner) ForTopic(t string) kgo.TopicPartitioner {
+	return topicPartitioner{manual: p.manual.ForTopic(t), byKey: p.byKey.ForTopic(t)}
+}
+
+type topicPartitioner struct{ manual, byKey kgo.TopicPartitioner }
+
+func (p topicPartitioner) RequiresConsistency(r *kgo.Record) bool {
+	return r.Context != nil || p.byKey.RequiresConsistency(r)
+}
+
+func (p topicPartitioner) Partition(r *kgo.Record, n int) int {
+	if r.Context != nil && r.Context.Value(manualKey{}) != nil {
+		return p.manual.Partition(r, n)
+	}
+	return p.byKey.Partition(r, n)
+}
+
+func compression(name string) (kgo.CompressionCodec, error) {
+	switch name {
+	case "", "none":
+		return kgo.NoCompression(), nil
+	case "gzip":
+		return kgo.GzipCompression(), nil
+	case "snappy":
+		return kgo.SnappyCompression(), nil
+	case "lz4":
+		return kgo.Lz4Compression(), nil
+	case "zstd":
+		return kgo.ZstdCompression(), nil
+	}
+	return kgo.NoCompression(), fmt.Errorf("kafka: unknown compression %q (none, gzip, snappy, lz4, zstd)", name)
+}
+
+func orDefault(s, d string) string {
+	if s == "" {
+		return d
+	}
+	return s
+}
+
+// logger adapts slog to franz-go, errors only: franz-go warns on every failed dial, and outboxd logs broker state changes itself.
+type logger struct{ l *slog.Logger }
+
+func (l logger) Level() kgo.LogLevel { return kgo.LogLevelError }
+
+func (l logger) Log(level kgo.LogLevel, msg string, kv ...any) {
+	switch level {
+	case kgo.LogLevelError:
+		l.l.Error("kafka: "+msg, kv...)
+	case kgo.LogLevelWarn:
+		l.l.Warn("kafka: "+msg, kv...)
+	default:
+		l.l.Debug("kafka: "+msg, kv...)
+	}
+}

@@ -1,0 +1,240 @@
+package slot
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxd/outboxd/wal"
+)
+
+// SetupError is a server configuration problem outboxd cannot fix by itself.
+// It says what is wrong and the SQL that fixes it.
+type SetupError struct {
+	Problem string
+	Fix     string
+}
+
+func (e *SetupError) Error() string {
+	if e.Fix == "" {
+		return e.Problem
+	}
+	return e.Problem + "\nfix:\n  " + strings.ReplaceAll(e.Fix, "\n", "\n  ")
+}
+
+// BusyError says the slot is streaming to another process. It is transient
+// from outboxd's point of view: the caller retries with backoff.
+type BusyError struct {
+	Slot   string
+	PID    int
+	Holder string // application_name, client address and start time, if visible
+}
+
+func (e *BusyError) Error() string {
+	msg := fmt.Sprintf("replication slot %q is active for PID %d", e.Slot, e.PID)
+	if e.Holder != "" {
+		msg += " (" + e.Holder + ")"
+	}
+	return msg + "; another outboxd (or consumer) holds it. Stop it, or if it is stale: SELECT pg_terminate_backend(" + strconv.Itoa(e.PID) + ");"
+}
+
+// Info is a replication slot as pg_replication_slots shows it.
+type Info struct {
+	Name           string
+	Type           string // logical or physical
+	Plugin         string
+	Database       string
+	Active         bool
+	ActivePID      int
+	ConfirmedFlush wal.LSN
+	RestartLSN     wal.LSN
+	WALStatus      string
+}
+
+var slotNameRE = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
+
+// ValidateName checks a slot name against PostgreSQL's rules.
+func ValidateName(name string) error {
+	if !slotNameRE.MatchString(name) {
+		return fmt.Errorf("invalid slot name %q: use 1-63 lower-case letters, digits and underscores", name)
+	}
+	return nil
+}
+
+// Config names what Prepare checks.
+type Config struct {
+	Slot        string
+	Publication string
+}
+
+// Prepare runs on a replication connection before streaming. It checks
+// wal_level, the publication and the slot, creates the slot (pgoutput) if it is
+// missing, and returns the slot's state. created reports a new slot.
+func Prepare(ctx context.Context, conn *pgconn.PgConn, cfg Config) (info Info, created bool, err error) {
+	if err := ValidateName(cfg.Slot); err != nil {
+		return Info{}, false, err
+	}
+	if err := checkWALLevel(ctx, conn); err != nil {
+		return Info{}, false, err
+	}
+	if err := checkPublication(ctx, conn, cfg.Publication); err != nil {
+		return Info{}, false, err
+	}
+	db, err := queryOne(ctx, conn, "SELECT current_database(), pg_backend_pid()")
+	if err != nil {
+		return Info{}, false, err
+	}
+	info, found, err := Inspect(ctx, conn, cfg.Slot)
+	if err != nil {
+		return Info{}, false, err
+	}
+	if !found {
+		if _, err := pglogrepl.CreateReplicationSlot(ctx, conn, cfg.Slot, "pgoutput",
+			pglogrepl.CreateReplicationSlotOptions{SnapshotAction: "NOEXPORT_SNAPSHOT"}); err != nil {
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) || pgErr.Code != "42710" { // duplicate_object: lost a race, inspect again
+				return Info{}, false, fmt.Errorf("create replication slot %q: %w", cfg.Slot, err)
+			}
+		} else {
+			created = true
+		}
+		if info, _, err = Inspect(ctx, conn, cfg.Slot); err != nil {
+			return Info{}, false, err
+		}
+	}
+	return info, created, checkSlot(ctx, conn, info, db[0], db[1])
+}
+
+func checkWALLevel(ctx context.Context, conn *pgconn.PgConn) error {
+	row, err := queryOne(ctx, conn, "SHOW wal_level")
+	if err != nil {
+		return err
+	}
+	if row[0] != "logical" {
+		return &SetupError{
+			Problem: fmt.Sprintf("wal_level is %q; logical decoding needs wal_level = logical", row[0]),
+			Fix:     "ALTER SYSTEM SET wal_level = logical;\n-- then restart PostgreSQL (on managed services set the equivalent parameter, e.g. rds.logical_replication = 1)",
+		}
+	}
+	return nil
+}
+
+func checkPublication(ctx context.Context, conn *pgconn.PgConn, pub string) error {
+	rows, err := query(ctx, conn, "SELECT puballtables, pubinsert, (SELECT count(*) FROM pg_publication_tables t WHERE t.pubname = p.pubname) FROM pg_publication p WHERE pubname = "+quoteLiteral(pub))
+	if err != nil {
+		return err
+	}
+	if len(rows) == 0 {
+		return &SetupError{
+			Problem: fmt.Sprintf("publication %q does not exist in this database", pub),
+			Fix: fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE public.outbox WITH (publish = 'insert');\n-- or run: outboxd setup --publication %s --table public.outbox",
+				quoteIdent(pub), pub),
+		}
+	}
+	if rows[0][1] != "t" {
+		return &SetupError{
+			Problem: fmt.Sprintf("publication %q does not publish INSERTs, so no outbox event would ever arrive", pub),
+			Fix:     fmt.Sprintf("ALTER PUBLICATION %s SET (publish = 'insert');", quoteIdent(pub)),
+		}
+	}
+	if rows[0][0] != "t" && rows[0][2] == "0" {
+		return &SetupError{
+			Problem: fmt.Sprintf("publication %q publishes no table", pub),
+			Fix:     fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE public.outbox;", quoteIdent(pub)),
+		}
+	}
+	return nil
+}
+
+func checkSlot(ctx context.Context, conn *pgconn.PgConn, info Info, db, ownPID string) error {
+	drop := fmt.Sprintf("SELECT pg_drop_replication_slot(%s);\n-- (events committed but not yet relayed through the old slot are then skipped), or pick another --slot",
+		quoteLiteral(info.Name))
+	switch {
+	case info.Type != "logical":
+		return &SetupError{Problem: fmt.Sprintf("replication slot %q is a %s slot; outboxd needs a logical pgoutput slot", info.Name, info.Type), Fix: drop}
+	case info.Plugin != "pgoutput":
+		return &SetupError{Problem: fmt.Sprintf("replication slot %q uses plugin %q; outboxd needs pgoutput", info.Name, info.Plugin), Fix: drop}
+	case info.Database != db:
+		return &SetupError{Problem: fmt.Sprintf("replication slot %q belongs to database %q, but this connection is to %q", info.Name, info.Database, db),
+			Fix: "connect --postgres to database " + quoteIdent(info.Database) + " or pick another --slot"}
+	case info.WALStatus == "lost":
+		return &SetupError{Problem: fmt.Sprintf("replication slot %q was invalidated (wal_status = lost): WAL it needed was removed, so events were lost", info.Name),
+			Fix: drop + "\n-- then re-publish the missing events from the outbox table, and raise max_slot_wal_keep_size"}
+	case info.Active && strconv.Itoa(info.ActivePID) != ownPID:
+		busy := &BusyError{Slot: info.Name, PID: info.ActivePID}
+		if row, err := queryOne(ctx, conn, "SELECT coalesce(application_name,'') || ' from ' || coalesce(host(client_addr), 'local socket') || ' since ' || backend_start::text FROM pg_stat_activity WHERE pid = "+strconv.Itoa(info.ActivePID)); err == nil {
+			busy.Holder = row[0]
+		}
+		return busy
+	}
+	return nil
+}
+
+// Inspect reads one slot from pg_replication_slots; found is false if it does
+// not exist. It works on replication and ordinary connections alike.
+func Inspect(ctx context.Context, conn *pgconn.PgConn, name string) (info Info, found bool, err error) {
+	rows, err := query(ctx, conn, `SELECT slot_name, slot_type, coalesce(plugin,''), coalesce(database,''), active,
+	coalesce(active_pid, 0), coalesce(confirmed_flush_lsn, '0/0'), coalesce(restart_lsn, '0/0'), coalesce(wal_status, '')
+	FROM pg_replication_slots WHERE slot_name = `+quoteLiteral(name))
+	if err != nil || len(rows) == 0 {
+		return Info{}, false, err
+	}
+	r := rows[0]
+	info = Info{Name: r[0], Type: r[1], Plugin: r[2], Database: r[3], Active: r[4] == "t", WALStatus: r[8]}
+	info.ActivePID, _ = strconv.Atoi(r[5])
+	if info.ConfirmedFlush, err = wal.ParseLSN(r[6]); err != nil {
+		return Info{}, false, err
+	}
+	if info.RestartLSN, err = wal.ParseLSN(r[7]); err != nil {
+		return Info{}, false, err
+	}
+	return info, true, nil
+}
+
+// query runs SQL with the simple protocol (the only one a replication
+// connection speaks) and returns the rows as text.
+func query(ctx context.Context, conn *pgconn.PgConn, sql string) ([][]string, error) {
+	results, err := conn.Exec(ctx, sql).ReadAll()
+	if err != nil {
+		return nil, fmt.Errorf("query %q: %w", firstLine(sql), err)
+	}
+	var out [][]string
+	for _, res := range results {
+		for _, row := range res.Rows {
+			r := make([]string, len(row))
+			for i, v := range row {
+				r[i] = string(v)
+			}
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+func queryOne(ctx context.Context, conn *pgconn.PgConn, sql string) ([]string, error) {
+	rows, err := query(ctx, conn, sql)
+	if err != nil {
+		return nil, err
+	}
+	if len(rows) != 1 {
+		return nil, fmt.Errorf("query %q: want 1 row, got %d", firstLine(sql), len(rows))
+	}
+	return rows[0], nil
+}
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i] + " …"
+	}
+	return s
+}
+
+func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+
+func quoteLiteral(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''`) + `'` }

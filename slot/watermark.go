@@ -1,0 +1,189 @@
+package slot
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/outboxd/outboxd/wal"
+)
+
+// Txn is one PostgreSQL transaction in flight through the sink.
+type Txn struct {
+	pending   int  // events handed to the sink and not yet acked
+	committed bool // the Commit message has been seen
+	failed    bool // an event was rejected: never confirm this transaction
+	end       wal.LSN
+	started   time.Time
+	next      *Txn
+}
+
+// Watermark tracks transactions in commit order and the sink acks of their
+// events. It is safe for concurrent use: the stream reader calls Begin, Add and
+// Commit; sink callbacks call Ack from their own goroutines.
+type Watermark struct {
+	mu         sync.Mutex
+	head, tail *Txn // oldest and newest unconfirmed transactions
+	confirmed  atomic.Uint64 // a wal.LSN; read without the lock on the hot path
+	events     int   // in-flight events
+	bytes      int64 // in-flight bytes
+	waiting    bool  // a WaitBelow caller needs a wake-up when counts drop
+	changed    chan struct{}
+}
+
+// NewWatermark starts at the slot's confirmed position.
+func NewWatermark(start wal.LSN) *Watermark {
+	w := &Watermark{changed: make(chan struct{})}
+	w.confirmed.Store(uint64(start))
+	return w
+}
+
+// Begin opens the next transaction. Transactions must be begun in stream order.
+func (w *Watermark) Begin(now time.Time) *Txn {
+	t := &Txn{started: now}
+	w.mu.Lock()
+	if w.tail == nil {
+		w.head = t
+	} else {
+		w.tail.next = t
+	}
+	w.tail = t
+	w.mu.Unlock()
+	return t
+}
+
+// Add records one event of size bytes handed to the sink for t.
+func (w *Watermark) Add(t *Txn, size int) {
+	w.mu.Lock()
+	t.pending++
+	w.events++
+	w.bytes += int64(size)
+	w.mu.Unlock()
+}
+
+// Ack records the outcome of one event of t: ok means the sink durably holds
+// it. A failed event still leaves the in-flight counts, but its transaction
+// is never confirmed, so the slot keeps it for the next session.
+func (w *Watermark) Ack(t *Txn, size int, ok bool) {
+	w.mu.Lock()
+	t.pending--
+	t.failed = t.failed || !ok
+	w.events--
+	w.bytes -= int64(size)
+	w.advance()
+	if w.waiting {
+		w.waiting = false
+		w.notify()
+	}
+	w.mu.Unlock()
+}
+
+// Commit closes t at the transaction's end LSN.
+func (w *Watermark) Commit(t *Txn, end wal.LSN) {
+	w.mu.Lock()
+	t.committed = true
+	t.end = end
+	w.advance()
+	w.mu.Unlock()
+}
+
+// Idle tells the watermark that the server has decoded everything before
+// walEnd (a keepalive). With no transaction open or unacked, nothing before
+// walEnd can still need delivery, so the slot may move there: this is what
+// keeps an idle outbox from pinning WAL while other tables write.
+func (w *Watermark) Idle(walEnd wal.LSN) {
+	w.mu.Lock()
+	if w.head == nil && uint64(walEnd) > w.confirmed.Load() {
+		w.confirmed.Store(uint64(walEnd))
+		w.notify()
+	}
+	w.mu.Unlock()
+}
+
+// advance pops fully acked, committed transactions off the head. Called with mu held.
+func (w *Watermark) advance() {
+	moved := false
+	for t := w.head; t != nil && t.committed && t.pending == 0 && !t.failed; t = w.head {
+		if uint64(t.end) > w.confirmed.Load() {
+			w.confirmed.Store(uint64(t.end))
+		}
+		w.head = t.next
+		if w.head == nil {
+			w.tail = nil
+		}
+		moved = true
+	}
+	if moved || w.events == 0 {
+		w.notify()
+	}
+}
+
+func (w *Watermark) notify() {
+	close(w.changed)
+	w.changed = make(chan struct{})
+}
+
+// Confirmed is the LSN that may be sent as the flush position.
+func (w *Watermark) Confirmed() wal.LSN { return wal.LSN(w.confirmed.Load()) }
+
+// Stats is a snapshot for metrics and status.
+type Stats struct {
+	Confirmed      wal.LSN
+	InflightEvents int
+	InflightBytes  int64
+	OpenTxns       int
+	OldestUnacked  time.Time // zero when nothing is in flight
+}
+
+// Stats returns a consistent snapshot.
+func (w *Watermark) Stats() Stats {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	s := Stats{Confirmed: w.Confirmed(), InflightEvents: w.events, InflightBytes: w.bytes}
+	for t := w.head; t != nil; t = t.next {
+		s.OpenTxns++
+	}
+	if w.head != nil {
+		s.OldestUnacked = w.head.started
+	}
+	return s
+}
+
+// WaitBelow blocks until fewer than maxEvents events and maxBytes bytes are in
+// flight, or ctx ends. It is how the reader applies back-pressure: a full sink
+// pauses reading instead of growing memory.
+func (w *Watermark) WaitBelow(ctx context.Context, maxEvents int, maxBytes int64) error {
+	for {
+		w.mu.Lock()
+		ok := w.events < maxEvents && w.bytes < maxBytes
+		if !ok {
+			w.waiting = true
+		}
+		ch := w.changed
+		w.mu.Unlock()
+		if ok {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// Changed returns a channel closed at the next change of the confirmed LSN or
+// of the in-flight counts reaching zero.
+func (w *Watermark) Changed() <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.changed
+}
+
+// Drained reports whether no event is in flight.
+func (w *Watermark) Drained() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.events == 0
+}

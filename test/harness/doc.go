@@ -1,0 +1,5 @@
+// Package harness starts and controls the real external dependencies of
+// outboxd's integration tests: a throwaway PostgreSQL server with logical
+// replication enabled, a restartable fake Kafka broker (test/cmd/kfaked),
+// child processes with captured logs, and helpers to read what reached Kafka.
+package harness

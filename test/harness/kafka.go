@@ -1,0 +1,277 @@
+package harness
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
+)
+
+// EnvKafka names the environment variable holding comma-separated brokers
+// of an existing Kafka cluster to use instead of starting kfaked.
+const EnvKafka = "OUTBOXD_TEST_KAFKA"
+
+// KafkaOption customizes a harness-started broker.
+type KafkaOption func(*kafkaOptions)
+
+type kafkaOptions struct {
+	saslMech, saslUser, saslPass string
+	certFile, keyFile            string
+	partitions                   int
+}
+
+// WithSASL requires SASL authentication (PLAIN, SCRAM-SHA-256 or
+// SCRAM-SHA-512) with user/pass as the only (super)user.
+func WithSASL(mechanism, user, pass string) KafkaOption {
+	return func(o *kafkaOptions) { o.saslMech, o.saslUser, o.saslPass = mechanism, user, pass }
+}
+
+// WithTLS serves TLS with the given PEM certificate and key files.
+func WithTLS(certFile, keyFile string) KafkaOption {
+	return func(o *kafkaOptions) { o.certFile, o.keyFile = certFile, keyFile }
+}
+
+// WithPartitions sets the partition count of auto-created topics (default 3).
+func WithPartitions(n int) KafkaOption {
+	return func(o *kafkaOptions) { o.partitions = n }
+}
+
+// Kafka is a single fake broker (test/cmd/kfaked) running as a child
+// process with its data in a temp dir, or an external cluster (EnvKafka).
+type Kafka struct {
+	mu      sync.Mutex
+	opts    kafkaOptions
+	brokers []string
+	extern  bool
+
+	bin  string
+	dir  string // temp dir: data dir and broker log
+	port int
+	proc *Proc // nil while stopped
+}
+
+// StartKafka starts a broker (building kfaked once per process), or uses
+// the brokers named by OUTBOXD_TEST_KAFKA. Close it when done.
+func StartKafka(ctx context.Context, opts ...KafkaOption) (*Kafka, error) {
+	k := &Kafka{opts: kafkaOptions{partitions: 3}}
+	for _, opt := range opts {
+		opt(&k.opts)
+	}
+	if env := os.Getenv(EnvKafka); env != "" {
+		k.extern = true
+		for _, b := range strings.Split(env, ",") {
+			if b = strings.TrimSpace(b); b != "" {
+				k.brokers = append(k.brokers, b)
+			}
+		}
+		return k, nil
+	}
+	bin, err := BuildBinary(ctx, "./test/cmd/kfaked")
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "outboxd-kafka-")
+	if err != nil {
+		return nil, fmt.Errorf("creating kafka temp dir: %w", err)
+	}
+	k.bin, k.dir = bin, dir
+	// A freshly picked port may be taken before kfaked binds it: retry.
+	for attempt := 1; ; attempt++ {
+		if k.port, err = freePort(); err == nil {
+			err = k.start(ctx)
+		}
+		if err == nil {
+			return k, nil
+		}
+		if attempt == 3 || ctx.Err() != nil {
+			os.RemoveAll(dir)
+			return nil, err
+		}
+	}
+}
+
+// KafkaForTest starts a broker (see StartKafka) that is closed when the
+// test finishes. On failure the broker log tail is added to the test output.
+func KafkaForTest(t testing.TB, opts ...KafkaOption) *Kafka {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	k, err := StartKafka(ctx, opts...)
+	if err != nil {
+		t.Fatalf("starting kafka: %v", err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() && !k.extern {
+			t.Logf("kfaked log tail (%s):\n%s", k.LogFile(), fileTail(k.LogFile(), 8<<10))
+		}
+		k.Close()
+	})
+	return k
+}
+
+var listeningRE = regexp.MustCompile(`kfaked listening on (\S+)\n`)
+
+func (k *Kafka) start(ctx context.Context) error {
+	args := []string{
+		"-port", strconv.Itoa(k.port),
+		"-data-dir", filepath.Join(k.dir, "data"),
+		"-partitions", strconv.Itoa(k.opts.partitions),
+	}
+	if k.opts.saslUser != "" {
+		args = append(args, "-sasl-mechanism", k.opts.saslMech, "-sasl-user", k.opts.saslUser, "-sasl-pass", k.opts.saslPass)
+	}
+	if k.opts.certFile != "" {
+		args = append(args, "-tls-cert", k.opts.certFile, "-tls-key", k.opts.keyFile)
+	}
+	proc, err := StartProc(ctx, "kfaked", k.bin, args, nil, k.dir)
+	if err != nil {
+		return err
+	}
+	if err := proc.WaitLog(ctx, "kfaked listening on "); err != nil {
+		_ = proc.Kill()
+		return fmt.Errorf("starting kfaked: %w", err)
+	}
+	m := listeningRE.FindStringSubmatch(proc.Log())
+	if m == nil {
+		_ = proc.Kill()
+		return fmt.Errorf("starting kfaked: no address in %q", proc.Log())
+	}
+	k.proc = proc
+	k.brokers = []string{m[1]}
+	return nil
+}
+
+// Brokers returns the seed brokers, e.g. ["127.0.0.1:PORT"].
+func (k *Kafka) Brokers() []string { return append([]string(nil), k.brokers...) }
+
+// External reports whether the brokers came from OUTBOXD_TEST_KAFKA.
+func (k *Kafka) External() bool { return k.extern }
+
+// LogFile is the broker's output ("" for an external cluster).
+func (k *Kafka) LogFile() string {
+	if k.extern {
+		return ""
+	}
+	return filepath.Join(k.dir, "kfaked.log")
+}
+
+func (k *Kafka) errExternal(op string) error {
+	return fmt.Errorf("kafka %s: not supported against an external cluster (%s)", op, EnvKafka)
+}
+
+// Start restarts a stopped or killed broker on the same port with the same
+// data dir; it is a no-op when running.
+func (k *Kafka) Start(ctx context.Context) error {
+	if k.extern {
+		return k.errExternal("start")
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.proc != nil {
+		return nil
+	}
+	return k.start(ctx)
+}
+
+// Stop shuts the broker down cleanly (SIGTERM, kfake persists its state)
+// and waits for it to exit. Stopping a stopped broker is a no-op.
+func (k *Kafka) Stop() error {
+	if k.extern {
+		return k.errExternal("stop")
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.proc == nil {
+		return nil
+	}
+	proc := k.proc
+	k.proc = nil
+	if err := proc.Signal(syscall.SIGTERM); err != nil && !proc.Exited() {
+		_ = proc.Kill()
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	code, err := proc.Wait(ctx)
+	if err != nil {
+		_ = proc.Kill()
+		return fmt.Errorf("stopping kfaked: %w", err)
+	}
+	if code != 0 {
+		return fmt.Errorf("stopping kfaked: exit code %d; log tail:\n%s", code, tail(proc.Log(), 4096))
+	}
+	return nil
+}
+
+// Kill sends SIGKILL to the broker (no clean shutdown) and reaps it.
+// Produced records survive (kfake writes them to its segment files right
+// away); state kfake only saves on a clean stop may not.
+func (k *Kafka) Kill() error {
+	if k.extern {
+		return k.errExternal("kill")
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.proc == nil {
+		return nil
+	}
+	proc := k.proc
+	k.proc = nil
+	return proc.Kill()
+}
+
+// Close stops the broker and removes its temp dir. It is meant for cleanup
+// and never fails; it does nothing for an external cluster.
+func (k *Kafka) Close() {
+	if k.extern {
+		return
+	}
+	if err := k.Stop(); err != nil {
+		_ = k.Kill()
+	}
+	_ = os.RemoveAll(k.dir)
+}
+
+// ClientOpts returns kgo options to reach the brokers: seed brokers plus
+// the SASL and TLS settings the broker was started with. For TLS the
+// certificate file is trusted as a CA (see SelfSignedCert).
+func (k *Kafka) ClientOpts() ([]kgo.Opt, error) {
+	opts := []kgo.Opt{kgo.SeedBrokers(k.brokers...)}
+	if o := k.opts; o.saslUser != "" {
+		switch strings.ToUpper(o.saslMech) {
+		case "PLAIN":
+			opts = append(opts, kgo.SASL(plain.Auth{User: o.saslUser, Pass: o.saslPass}.AsMechanism()))
+		case "SCRAM-SHA-256":
+			opts = append(opts, kgo.SASL(scram.Auth{User: o.saslUser, Pass: o.saslPass}.AsSha256Mechanism()))
+		case "SCRAM-SHA-512":
+			opts = append(opts, kgo.SASL(scram.Auth{User: o.saslUser, Pass: o.saslPass}.AsSha512Mechanism()))
+		default:
+			return nil, fmt.Errorf("kafka client: unsupported SASL mechanism %q", o.saslMech)
+		}
+	}
+	if k.opts.certFile != "" {
+		pem, err := os.ReadFile(k.opts.certFile)
+		if err != nil {
+			return nil, fmt.Errorf("kafka client: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("kafka client: no certificate in %s", k.opts.certFile)
+		}
+		opts = append(opts, kgo.DialTLSConfig(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}))
+	}
+	return opts, nil
+}

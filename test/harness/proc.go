@@ -1,0 +1,209 @@
+package harness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// maxLogBuffer bounds the in-memory copy of a process's output; the log
+// file always has everything.
+const maxLogBuffer = 1 << 20
+
+// Proc is a child process whose stdout and stderr go to a log file and to a
+// bounded in-memory buffer. It runs in its own process group, and gets
+// SIGKILL if the test process dies, so it never outlives the tests.
+type Proc struct {
+	name    string
+	cmd     *exec.Cmd
+	logPath string
+	logFile *os.File
+	logFrom int64 // offset of this process's output in the log file
+	buf     *tailBuffer
+
+	done     chan struct{} // closed once the process was reaped
+	exitCode int
+	waitErr  error
+}
+
+// StartProc starts bin with args and env appended to the current
+// environment. Output is appended to logDir/name.log. ctx only bounds the
+// start: the process is not killed when ctx ends.
+func StartProc(ctx context.Context, name, bin string, args []string, env []string, logDir string) (*Proc, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("starting %s: %w", name, err)
+	}
+	if logDir == "" {
+		return nil, fmt.Errorf("starting %s: empty log dir", name)
+	}
+	logPath := filepath.Join(logDir, name+".log")
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("starting %s: %w", name, err)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("starting %s: %w", name, err)
+	}
+	p := &Proc{name: name, logPath: logPath, logFile: f, logFrom: st.Size(), buf: &tailBuffer{max: maxLogBuffer}, done: make(chan struct{})}
+	out := io.MultiWriter(f, p.buf)
+	p.cmd = exec.Command(bin, args...)
+	p.cmd.Env = append(os.Environ(), env...)
+	p.cmd.Stdout = out
+	p.cmd.Stderr = out
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	// Don't hang in Wait if a grandchild keeps the output pipe open.
+	p.cmd.WaitDelay = 5 * time.Second
+	if err := p.cmd.Start(); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("starting %s (%s): %w", name, bin, err)
+	}
+	go p.reap()
+	return p, nil
+}
+
+func (p *Proc) reap() {
+	err := p.cmd.Wait()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &ee):
+		p.exitCode = ee.ExitCode()
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			p.exitCode = 128 + int(ws.Signal())
+		}
+	default:
+		p.exitCode = -1
+		p.waitErr = err
+	}
+	p.logFile.Close()
+	close(p.done)
+}
+
+// Pid is the process id (also its process group id).
+func (p *Proc) Pid() int { return p.cmd.Process.Pid }
+
+// LogPath is the file holding the process output.
+func (p *Proc) LogPath() string { return p.logPath }
+
+// Signal sends sig to the process (not its group).
+func (p *Proc) Signal(sig os.Signal) error {
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		return fmt.Errorf("signaling %s: %w", p.name, err)
+	}
+	return nil
+}
+
+// Kill sends SIGKILL to the whole process group and waits until the
+// process was reaped.
+func (p *Proc) Kill() error {
+	if err := syscall.Kill(-p.Pid(), syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("killing %s: %w", p.name, err)
+	}
+	<-p.done
+	return nil
+}
+
+// Wait waits for the process to exit and returns its exit code; a process
+// killed by a signal reports 128+signal, like a shell. A non-zero exit is
+// not an error; err is set only when ctx ends first or waiting failed.
+func (p *Proc) Wait(ctx context.Context) (int, error) {
+	select {
+	case <-p.done:
+		return p.exitCode, p.waitErr
+	case <-ctx.Done():
+		return -1, fmt.Errorf("waiting for %s to exit: %w", p.name, ctx.Err())
+	}
+}
+
+// Exited reports whether the process has exited.
+func (p *Proc) Exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// WaitLog polls the process output every 20ms until it contains substr.
+// It fails early if the process exits without printing substr.
+func (p *Proc) WaitLog(ctx context.Context, substr string) error {
+	f, err := os.Open(p.logPath)
+	if err != nil {
+		return fmt.Errorf("waiting for %q in %s log: %w", substr, p.name, err)
+	}
+	defer f.Close()
+	if _, err := f.Seek(p.logFrom, io.SeekStart); err != nil {
+		return fmt.Errorf("waiting for %q in %s log: %w", substr, p.name, err)
+	}
+	var window []byte // unmatched tail that may hold a prefix of substr
+	chunk := make([]byte, 64<<10)
+	for {
+		exited := p.Exited() // checked before reading so no final output is missed
+		for {
+			n, err := f.Read(chunk)
+			window = append(window, chunk[:n]...)
+			if strings.Contains(string(window), substr) {
+				return nil
+			}
+			if keep := len(substr) - 1; len(window) > keep {
+				window = window[len(window)-keep:]
+			}
+			if n == 0 || err != nil {
+				break
+			}
+		}
+		if exited {
+			code, _ := p.Wait(ctx)
+			return fmt.Errorf("%s exited (code %d) before logging %q; log tail:\n%s", p.name, code, substr, tail(p.Log(), 4096))
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for %q in %s log: %w; log tail:\n%s", substr, p.name, ctx.Err(), tail(p.Log(), 4096))
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Log returns the process output (at most the last 1 MiB; see LogPath).
+func (p *Proc) Log() string { return p.buf.String() }
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+// tailBuffer keeps the last max bytes written to it.
+type tailBuffer struct {
+	mu  sync.Mutex
+	max int
+	b   []byte
+}
+
+func (t *tailBuffer) Write(b []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.b = append(t.b, b...)
+	if len(t.b) > 2*t.max { // trim rarely, not on every write
+		t.b = append(t.b[:0], t.b[len(t.b)-t.max:]...)
+	}
+	return len(b), nil
+}
+
+func (t *tailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return string(t.b[max(0, len(t.b)-t.max):])
+}

@@ -1,0 +1,190 @@
+package wal
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// ErrTimeout is returned by Next when its deadline passes with no message. The
+// stream stays usable: it is the caller's cue to send a status update.
+var ErrTimeout = errors.New("wal: no message before deadline")
+
+// Connect opens a replication connection (replication=database) from an
+// ordinary connection string. The same connection also runs plain SQL, which
+// the slot checks use before streaming starts.
+func Connect(ctx context.Context, dsn string) (*pgconn.PgConn, error) {
+	cfg, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("parse postgres connection string: %w", err)
+	}
+	cfg.RuntimeParams["replication"] = "database"
+	if cfg.RuntimeParams["application_name"] == "" {
+		cfg.RuntimeParams["application_name"] = "outboxd"
+	}
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, explainConnectError(cfg, err)
+	}
+	return conn, nil
+}
+
+func explainConnectError(cfg *pgconn.Config, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+		return fmt.Errorf("role %q may not open a replication connection (%s); grant it with:\n  ALTER ROLE %s WITH REPLICATION;\n%w",
+			cfg.User, pgErr.Message, quoteIdent(cfg.User), err)
+	}
+	return fmt.Errorf("connect to postgres %s:%d as %q: %w", cfg.Host, cfg.Port, cfg.User, err)
+}
+
+func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+
+func quoteLiteral(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''`) + `'` }
+
+// StartOptions selects what to stream.
+type StartOptions struct {
+	Slot         string
+	Publications []string
+	// StartLSN asks the server to skip transactions that committed before it.
+	// The server never goes below the slot's confirmed_flush_lsn; 0 means "from
+	// the slot's position".
+	StartLSN LSN
+	// Messages asks pgoutput to send pg_logical_emit_message messages too.
+	Messages bool
+}
+
+// Stream is one START_REPLICATION session. It is not safe for concurrent use:
+// one goroutine reads and sends status updates.
+type Stream struct {
+	conn     *pgconn.PgConn
+	dec      *decoder
+	msg      Msg
+	deadline time.Time
+	received LSN
+	stop     func() bool
+}
+
+// Start issues START_REPLICATION on a replication connection. Cancelling ctx
+// wakes a blocked Next promptly; the connection stays open so that a final
+// status update can still be sent.
+func Start(ctx context.Context, conn *pgconn.PgConn, opts StartOptions) (*Stream, error) {
+	quoted := make([]string, len(opts.Publications))
+	for i, p := range opts.Publications {
+		quoted[i] = strings.ReplaceAll(p, `"`, `""`)
+	}
+	args := []string{
+		"proto_version '1'",
+		"publication_names " + quoteLiteral(`"`+strings.Join(quoted, `","`)+`"`),
+	}
+	if opts.Messages {
+		args = append(args, "messages 'true'")
+	}
+	err := pglogrepl.StartReplication(ctx, conn, quoteIdent(opts.Slot), opts.StartLSN,
+		pglogrepl.StartReplicationOptions{Mode: pglogrepl.LogicalReplication, PluginArgs: args})
+	if err != nil {
+		return nil, fmt.Errorf("START_REPLICATION on slot %q: %w", opts.Slot, err)
+	}
+	s := &Stream{conn: conn, dec: newDecoder(), received: opts.StartLSN}
+	s.stop = context.AfterFunc(ctx, func() { _ = conn.Conn().SetReadDeadline(time.Now()) })
+	return s, nil
+}
+
+// Received is the highest WAL position the server has reported so far.
+func (s *Stream) Received() LSN { return s.received }
+
+// Next returns the next decoded message, or ErrTimeout once deadline passes.
+// The returned Msg and everything it points into are reused by the next call.
+func (s *Stream) Next(ctx context.Context, deadline time.Time) (*Msg, error) {
+	if !deadline.Equal(s.deadline) {
+		if err := s.conn.Conn().SetReadDeadline(deadline); err != nil {
+			return nil, fmt.Errorf("replication stream: %w", err)
+		}
+		s.deadline = deadline
+	}
+	for {
+		// Checked after setting the deadline: a cancellation that lands in
+		// between has moved the deadline to now, so the read returns at once.
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		raw, err := s.conn.ReceiveMessage(context.Background())
+		if err != nil {
+			if pgconn.Timeout(err) {
+				return nil, ErrTimeout
+			}
+			return nil, fmt.Errorf("replication stream: %w", err)
+		}
+		switch m := raw.(type) {
+		case *pgproto3.CopyData:
+			if ok, err := s.handle(m.Data); ok || err != nil {
+				return &s.msg, err
+			}
+		case *pgproto3.ErrorResponse:
+			return nil, fmt.Errorf("replication stream: %w", pgconn.ErrorResponseToPgError(m))
+		case *pgproto3.NoticeResponse:
+		case *pgproto3.CopyDone:
+			return nil, errors.New("replication stream: server ended the stream (CopyDone)")
+		default:
+			return nil, fmt.Errorf("replication stream: unexpected %T", raw)
+		}
+	}
+}
+
+func (s *Stream) handle(data []byte) (bool, error) {
+	if len(data) == 0 {
+		return false, errShort
+	}
+	switch data[0] {
+	case pglogrepl.PrimaryKeepaliveMessageByteID:
+		ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(data[1:])
+		if err != nil {
+			return false, fmt.Errorf("replication stream: %w", err)
+		}
+		s.received = max(s.received, ka.ServerWALEnd)
+		s.msg.Kind = KindKeepalive
+		s.msg.Keepalive = Keepalive{WALEnd: ka.ServerWALEnd, ServerTime: ka.ServerTime, ReplyRequested: ka.ReplyRequested}
+		return true, nil
+	case pglogrepl.XLogDataByteID:
+		if len(data) < 25 {
+			return false, fmt.Errorf("replication stream: XLogData of %d bytes", len(data))
+		}
+		start := LSN(uint64(data[1])<<56 | uint64(data[2])<<48 | uint64(data[3])<<40 | uint64(data[4])<<32 |
+			uint64(data[5])<<24 | uint64(data[6])<<16 | uint64(data[7])<<8 | uint64(data[8]))
+		s.received = max(s.received, start)
+		s.msg.WALStart = start
+		return s.dec.decode(data[25:], &s.msg)
+	default:
+		return false, fmt.Errorf("replication stream: unknown CopyData type %q", data[0])
+	}
+}
+
+// SendStatus reports that everything up to flushed has been durably handled:
+// the server advances the slot's confirmed_flush_lsn to it and may recycle
+// older WAL. flushed must never exceed what the caller has really handled.
+func (s *Stream) SendStatus(flushed LSN, replyRequested bool) error {
+	if flushed == 0 {
+		return errors.New("send standby status update: refusing to confirm LSN 0")
+	}
+	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), s.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: max(s.received, flushed),
+		// pglogrepl replaces a zero flush position with the write position;
+		// callers always pass a real one (the slot's start at worst).
+		WALFlushPosition: flushed,
+		WALApplyPosition: flushed,
+		ReplyRequested:   replyRequested,
+	})
+	if err != nil {
+		return fmt.Errorf("send standby status update: %w", err)
+	}
+	return nil
+}
+
+// Close releases the stream's hooks. The caller owns and closes the connection.
+func (s *Stream) Close() { s.stop() }
