@@ -174,27 +174,23 @@ func (d *decoder) decode(data []byte, m *Msg) (handled bool, err error) {
 }
 
 func (d *decoder) decodeRelation(r *reader) error {
-	rel := &Relation{ID: r.u32()}
-	rel.Namespace = r.cstring()
-	rel.Name = r.cstring()
+	id := r.u32()
+	namespace, name := r.cstring(), r.cstring()
 	r.u8() // replica identity setting
 	n := int(r.u16())
 	if r.err == nil && n > len(r.b) {
 		return fmt.Errorf("pgoutput relation: %w", errShort)
 	}
-	rel.Columns = make([]Column, 0, n)
-	rel.index = make(map[string]int, n)
+	cols := make([]Column, 0, n)
 	for i := 0; i < n && r.err == nil; i++ {
 		flags := r.u8()
-		c := Column{Name: r.cstring(), TypeOID: r.u32(), Key: flags&1 == 1}
+		cols = append(cols, Column{Name: r.cstring(), TypeOID: r.u32(), Key: flags&1 == 1})
 		r.u32() // type modifier
-		rel.index[c.Name] = len(rel.Columns)
-		rel.Columns = append(rel.Columns, c)
 	}
 	if r.err != nil {
 		return fmt.Errorf("pgoutput relation: %w", r.err)
 	}
-	d.relations[rel.ID] = rel
+	d.relations[id] = NewRelation(id, namespace, name, cols)
 	return nil
 }
 

@@ -143,3 +143,13 @@ type Msg struct {
 	Message   Message
 	Keepalive Keepalive
 }
+
+// NewRelation builds a Relation, as the decoder does from a Relation message.
+// Tests and tools that synthesise rows use it.
+func NewRelation(id uint32, namespace, name string, cols []Column) *Relation {
+	r := &Relation{ID: id, Namespace: namespace, Name: name, Columns: cols, index: make(map[string]int, len(cols))}
+	for i, c := range cols {
+		r.index[c.Name] = i
+	}
+	return r
+}
