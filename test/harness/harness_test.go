@@ -72,6 +72,9 @@ func TestPostgres(t *testing.T) {
 		t.Fatalf("SlotInfo(missing) = %v, want pgx.ErrNoRows", err)
 	}
 	port := pg.Port()
+	if pg.External() {
+		return // no lifecycle control
+	}
 
 	for _, mode := range []string{"fast", "immediate"} {
 		if err := pg.Restart(ctx, mode); err != nil {
@@ -138,6 +141,9 @@ func mustConnect(ctx context.Context, t *testing.T, pg *Postgres, db string) *pg
 }
 
 func TestKafkaPersistence(t *testing.T) {
+	if os.Getenv(EnvKafka) != "" {
+		t.Skip("needs a harness-started broker")
+	}
 	ctx := testCtx(t, 5*time.Minute)
 	k := KafkaForTest(t)
 	brokers := k.Brokers()
@@ -290,5 +296,53 @@ func TestProc(t *testing.T) {
 	}
 	if !strings.Contains(p.Log(), "bye") {
 		t.Fatalf("log %q lacks stderr output", p.Log())
+	}
+}
+
+func TestExternalPostgres(t *testing.T) {
+	ctx := testCtx(t, 3*time.Minute)
+	pg := PostgresForTest(t)
+	for _, dsn := range []string{
+		pg.DSN("postgres"),
+		fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=postgres sslmode=disable", pg.Port()),
+	} {
+		t.Setenv(EnvPostgres, dsn)
+		ext, err := StartPostgres(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ext.External() || ext.Port() != pg.Port() || ext.Dir() != "" {
+			t.Fatalf("external server: external=%v port=%d dir=%q", ext.External(), ext.Port(), ext.Dir())
+		}
+		if err := ext.Stop(ctx); err == nil || !strings.Contains(err.Error(), "not supported") {
+			t.Fatalf("Stop on external server: %v", err)
+		}
+		if _, err := ext.NewDatabase(ctx, "ext db"); err != nil {
+			t.Fatal(err)
+		}
+		conn := mustConnect(ctx, t, ext, "ext db")
+		var db string
+		if err := conn.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil || db != "ext db" {
+			t.Fatalf("connected to %q, %v; want %q (DSN %s)", db, err, "ext db", ext.DSN("ext db"))
+		}
+		ext.Close() // must leave the server running
+	}
+	mustConnect(ctx, t, pg, "postgres")
+}
+
+func TestExternalKafka(t *testing.T) {
+	ctx := testCtx(t, 5*time.Minute)
+	k := KafkaForTest(t)
+	t.Setenv(EnvKafka, " "+k.Brokers()[0]+", ")
+	ext := KafkaForTest(t)
+	if !ext.External() || strings.Join(ext.Brokers(), ",") != k.Brokers()[0] {
+		t.Fatalf("external brokers %q, want %q", ext.Brokers(), k.Brokers())
+	}
+	if err := ext.Stop(); err == nil || !strings.Contains(err.Error(), "not supported") {
+		t.Fatalf("Stop on external cluster: %v", err)
+	}
+	mustProduce(ctx, t, ext, "ext", "", "x")
+	if _, err := ReadAll(ctx, ext.Brokers(), []string{"ext"}, 1); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -1,0 +1,366 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxd/outboxd/test/harness"
+)
+
+// fixture is one test's world: a fresh database with the Debezium-layout
+// outbox table and a publication, its own slot, and topics named after the
+// test so that tests sharing the broker never see each other's events.
+type fixture struct {
+	t     *testing.T
+	ctx   context.Context
+	pg    *harness.Postgres
+	kafka *harness.Kafka
+	db    string
+	dsn   string
+	slot  string
+	agg   string // aggregatetype: topics are outbox.event.<agg>
+	conn  *pgx.Conn
+	logs  string
+}
+
+var nonWord = regexp.MustCompile(`[^a-z0-9]+`)
+
+type fixtureOpt func(*fixtureCfg)
+
+type fixtureCfg struct {
+	publish string // the publication's publish list
+	kafka   *harness.Kafka
+}
+
+func withPublish(ops string) fixtureOpt { return func(c *fixtureCfg) { c.publish = ops } }
+
+func withKafka(k *harness.Kafka) fixtureOpt { return func(c *fixtureCfg) { c.kafka = k } }
+
+func newFixture(t *testing.T, opts ...fixtureOpt) *fixture {
+	t.Helper()
+	cfg := fixtureCfg{publish: "insert", kafka: sharedKafka}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	t.Cleanup(cancel)
+	name := strings.Trim(nonWord.ReplaceAllString(strings.ToLower(t.Name()), "_"), "_")
+	if len(name) > 40 {
+		name = name[:40]
+	}
+	f := &fixture{t: t, ctx: ctx, pg: sharedPG, kafka: cfg.kafka, db: "db_" + name, slot: "s_" + name, agg: "T" + name, logs: t.TempDir()}
+	var err error
+	if f.dsn, err = f.pg.NewDatabase(ctx, f.db); err != nil {
+		t.Fatal(err)
+	}
+	if f.conn, err = f.pg.Connect(ctx, f.db); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.conn.Close(context.Background()) })
+	f.exec(`CREATE TABLE outbox (
+		id uuid PRIMARY KEY,
+		aggregatetype varchar(255) NOT NULL,
+		aggregateid varchar(255) NOT NULL,
+		type varchar(255) NOT NULL,
+		payload jsonb,
+		created_at timestamptz NOT NULL DEFAULT now())`)
+	f.exec(fmt.Sprintf(`CREATE PUBLICATION outboxd FOR TABLE outbox WITH (publish = '%s')`, cfg.publish))
+	return f
+}
+
+func (f *fixture) exec(sql string, args ...any) {
+	f.t.Helper()
+	if _, err := f.conn.Exec(f.ctx, sql, args...); err != nil {
+		f.t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+// eventID makes readable, ordered UUIDs: 00000000-0000-0000-0000-000000000042.
+func eventID(n int) string { return fmt.Sprintf("00000000-0000-0000-0000-%012d", n) }
+
+// event is one outbox row to insert.
+type event struct {
+	n       int
+	key     string
+	typ     string
+	payload string
+}
+
+const insertSQL = `INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES ($1, $2, $3, $4, $5)`
+
+// commit inserts events in one transaction and returns the WAL position after
+// the commit (at or past the commit's end LSN).
+func (f *fixture) commit(events ...event) uint64 {
+	f.t.Helper()
+	tx, err := f.conn.Begin(f.ctx)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	for _, e := range events {
+		if _, err := tx.Exec(f.ctx, insertSQL, eventID(e.n), f.agg, e.key, e.typ, e.payload); err != nil {
+			f.t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(f.ctx); err != nil {
+		f.t.Fatal(err)
+	}
+	return f.walLSN()
+}
+
+func (f *fixture) walLSN() uint64 {
+	f.t.Helper()
+	lsn, err := harness.CurrentWALLSN(f.ctx, f.conn)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return lsn
+}
+
+func (f *fixture) slotState() harness.SlotState {
+	f.t.Helper()
+	s, err := harness.SlotInfo(f.ctx, f.conn, f.slot)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return s
+}
+
+// relay is a running outboxd.
+type relay struct {
+	*harness.Proc
+	http string
+}
+
+// startRelay runs outboxd and waits until it streams.
+func (f *fixture) startRelay(extra ...string) *relay {
+	f.t.Helper()
+	p, r := f.spawn(extra...)
+	if err := p.WaitLog(f.ctx, "msg=streaming"); err != nil {
+		f.t.Fatalf("outboxd did not start streaming: %v\n%s", err, p.Log())
+	}
+	return r
+}
+
+// spawn starts outboxd without waiting for anything.
+func (f *fixture) spawn(extra ...string) (*harness.Proc, *relay) {
+	f.t.Helper()
+	addr := freeAddr(f.t)
+	args := append([]string{"run",
+		"--postgres", f.dsn, "--slot", f.slot, "--publication", "outboxd",
+		"--kafka-brokers", strings.Join(f.kafka.Brokers(), ","),
+		"--http-addr", addr, "--confirm-interval", "20ms", "--status-interval", "1s",
+		"--shutdown-timeout", "10s", "--log-level", "debug",
+	}, extra...)
+	p, err := harness.StartProc(f.ctx, "outboxd", outboxdBin, args, nil, f.logs)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() {
+		_ = p.Kill()
+		if f.t.Failed() {
+			f.t.Logf("outboxd log (%s):\n%s", p.LogPath(), tailString(p.Log(), 6000))
+		}
+	})
+	return p, &relay{Proc: p, http: addr}
+}
+
+func tailString(s string, n int) string {
+	if len(s) > n {
+		return "…" + s[len(s)-n:]
+	}
+	return s
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// waitConfirmed polls until the slot's confirmed_flush_lsn reaches lsn.
+func (f *fixture) waitConfirmed(lsn uint64, within time.Duration) {
+	f.t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		s := f.slotState()
+		if s.ConfirmedFlushLSN >= lsn {
+			return
+		}
+		if time.Now().After(deadline) {
+			f.t.Fatalf("confirmed_flush_lsn %s did not reach %s within %s", harness.FormatLSN(s.ConfirmedFlushLSN), harness.FormatLSN(lsn), within)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// waitSlotInactive polls until no walsender holds the slot (the server notices
+// a closed connection asynchronously).
+func (f *fixture) waitSlotInactive(within time.Duration) harness.SlotState {
+	f.t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		s := f.slotState()
+		if !s.Active {
+			return s
+		}
+		if time.Now().After(deadline) {
+			f.t.Fatalf("slot still active (pid %d) %s after outboxd exited", s.ActivePID, within)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (f *fixture) topic() string { return "outbox.event." + f.agg }
+
+// records reads every record of the test's topic. Call it once the slot has
+// confirmed past the last commit: everything confirmed is acked, so the
+// topic's end offsets give the exact count to read.
+func (f *fixture) records() []*kgo.Record {
+	f.t.Helper()
+	n := f.topicCount(f.topic())
+	if n == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(f.ctx, 30*time.Second)
+	defer cancel()
+	opts, err := f.kafka.ClientOpts()
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	recs, err := harness.ReadAll(ctx, f.kafka.Brokers(), []string{f.topic()}, int(n), opts[1:]...)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if len(recs) != int(n) {
+		f.t.Fatalf("read %d records, topic holds %d", len(recs), n)
+	}
+	return recs
+}
+
+// topicCount is the number of records in a topic (sum of end offsets).
+func (f *fixture) topicCount(topic string) int64 {
+	f.t.Helper()
+	opts, err := f.kafka.ClientOpts()
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer cl.Close()
+	ends, err := kadm.NewClient(cl).ListEndOffsets(f.ctx, topic)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	var n int64
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Err == nil {
+			n += o.Offset
+		}
+	})
+	return n
+}
+
+func header(r *kgo.Record, key string) (string, bool) {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return string(h.Value), true
+		}
+	}
+	return "", false
+}
+
+// byID indexes records by their id header; duplicates are counted.
+func byID(t *testing.T, recs []*kgo.Record) (first map[string]*kgo.Record, dups int) {
+	t.Helper()
+	first = map[string]*kgo.Record{}
+	for _, r := range recs {
+		id, ok := header(r, "id")
+		if !ok {
+			t.Fatalf("record without id header: %+v", r)
+		}
+		if _, seen := first[id]; seen {
+			dups++
+			continue
+		}
+		first[id] = r
+	}
+	return first, dups
+}
+
+// perKey groups ids by key in partition-offset order, first occurrences only.
+func perKey(t *testing.T, recs []*kgo.Record) map[string][]string {
+	t.Helper()
+	sorted := append([]*kgo.Record(nil), recs...)
+	sort.SliceStable(sorted, func(i, j int) bool {
+		if sorted[i].Partition != sorted[j].Partition {
+			return sorted[i].Partition < sorted[j].Partition
+		}
+		return sorted[i].Offset < sorted[j].Offset
+	})
+	seen := map[string]bool{}
+	out := map[string][]string{}
+	for _, r := range sorted {
+		id, _ := header(r, "id")
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		out[string(r.Key)] = append(out[string(r.Key)], id)
+	}
+	return out
+}
+
+// metric scrapes one series' value from /metrics ("name" or `name{l="v"}`).
+func (r *relay) metric(t *testing.T, series string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + r.http + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(line, series+" ") {
+			v, err := strconv.ParseFloat(strings.TrimSpace(line[len(series):]), 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return v
+		}
+	}
+	t.Fatalf("series %s not in /metrics", series)
+	return 0
+}
+
+// stop sends SIGTERM and waits for a clean exit.
+func (r *relay) stop(t *testing.T, ctx context.Context) {
+	t.Helper()
+	if err := r.Signal(syscallSIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	code, err := r.Wait(wctx)
+	if err != nil || code != 0 {
+		t.Fatalf("outboxd exit code %d, err %v\n%s", code, err, tailString(r.Log(), 4000))
+	}
+}

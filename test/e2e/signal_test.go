@@ -1,0 +1,5 @@
+package e2e
+
+import "syscall"
+
+const syscallSIGTERM = syscall.SIGTERM
