@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -78,7 +79,7 @@ func (r *relay) run(ctx context.Context) error {
 		var setupErr *slot.SetupError
 		var busy *slot.BusyError
 		switch {
-		case errors.As(err, &setupErr):
+		case errors.As(err, &setupErr), isConfigError(err):
 			return err
 		case errors.As(err, &busy):
 			r.log.Warn("replication slot busy; retrying", "err", err)
@@ -139,6 +140,16 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, er
 	s.finish(ctx, pgconnAlive(conn))
 	*resume = max(*resume, wm.Confirmed())
 	return true, err
+}
+
+// isConfigError reports server errors that retrying cannot fix: bad
+// credentials, missing privileges, a database that does not exist.
+func isConfigError(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	return strings.HasPrefix(pgErr.Code, "28") || pgErr.Code == "42501" || pgErr.Code == "3D000"
 }
 
 func pgconnAlive(c *pgconn.PgConn) bool { return !c.IsClosed() }

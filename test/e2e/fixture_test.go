@@ -120,6 +120,32 @@ func (f *fixture) commit(events ...event) uint64 {
 	return f.walLSN()
 }
 
+// commitNoFatal is commit for goroutines other than the test's: it reports
+// errors with t.Error.
+func (f *fixture) commitNoFatal(events ...event) uint64 {
+	tx, err := f.conn.Begin(f.ctx)
+	if err != nil {
+		f.t.Error(err)
+		return 0
+	}
+	defer tx.Rollback(f.ctx)
+	for _, e := range events {
+		if _, err := tx.Exec(f.ctx, insertSQL, eventID(e.n), f.agg, e.key, e.typ, e.payload); err != nil {
+			f.t.Error(err)
+			return 0
+		}
+	}
+	if err := tx.Commit(f.ctx); err != nil {
+		f.t.Error(err)
+		return 0
+	}
+	lsn, err := harness.CurrentWALLSN(f.ctx, f.conn)
+	if err != nil {
+		f.t.Error(err)
+	}
+	return lsn
+}
+
 func (f *fixture) walLSN() uint64 {
 	f.t.Helper()
 	lsn, err := harness.CurrentWALLSN(f.ctx, f.conn)
