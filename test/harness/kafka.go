@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -122,8 +121,6 @@ func KafkaForTest(t testing.TB, opts ...KafkaOption) *Kafka {
 	return k
 }
 
-var listeningRE = regexp.MustCompile(`kfaked listening on (\S+)\n`)
-
 func (k *Kafka) start(ctx context.Context) error {
 	args := []string{
 		"-port", strconv.Itoa(k.port),
@@ -144,14 +141,25 @@ func (k *Kafka) start(ctx context.Context) error {
 		_ = proc.Kill()
 		return fmt.Errorf("starting kfaked: %w", err)
 	}
-	m := listeningRE.FindStringSubmatch(proc.Log())
-	if m == nil {
+	addr, err := listenAddr(proc.Log())
+	if err != nil {
 		_ = proc.Kill()
-		return fmt.Errorf("starting kfaked: no address in %q", proc.Log())
+		return err
 	}
 	k.proc = proc
-	k.brokers = []string{m[1]}
+	k.brokers = []string{addr}
 	return nil
+}
+
+// listenAddr extracts the address from kfaked's "listening" line.
+func listenAddr(log string) (string, error) {
+	const prefix = "kfaked listening on "
+	_, rest, ok := strings.Cut(log, prefix)
+	addr, _, complete := strings.Cut(rest, "\n")
+	if !ok || !complete || addr == "" {
+		return "", fmt.Errorf("starting kfaked: no address in output %q", log)
+	}
+	return addr, nil
 }
 
 // Brokers returns the seed brokers, e.g. ["127.0.0.1:PORT"].
@@ -180,9 +188,10 @@ func (k *Kafka) Start(ctx context.Context) error {
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if k.proc != nil {
+	if k.proc != nil && !k.proc.Exited() {
 		return nil
 	}
+	k.proc = nil
 	return k.start(ctx)
 }
 

@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -51,8 +52,8 @@ func (u pgUser) chown(path string) error {
 
 // command builds a command that runs as the PostgreSQL OS user in dir, with
 // PG* environment variables removed so they cannot redirect the binaries.
-func (u pgUser) command(dir, name string, args ...string) *exec.Cmd {
-	cmd := exec.Command(name, args...)
+func (u pgUser) command(ctx context.Context, dir, name string, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Dir = dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: u.cred}
 	for _, kv := range os.Environ() {

@@ -3,7 +3,6 @@ package harness
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -65,6 +64,7 @@ type Postgres struct {
 	dataDir string
 	port    int
 	user    pgUser
+	reaper  *reaper // stops the server if the test process dies
 
 	extDSN  string // non-empty for an external server
 	adminDB string // database used for administrative connections
@@ -100,7 +100,12 @@ func (p *Postgres) initAndStart(ctx context.Context, o pgOptions) error {
 	if err := p.user.chown(p.root); err != nil {
 		return err
 	}
-	initdb := p.user.command(p.root, "initdb", "-D", p.dataDir, "-U", "postgres",
+	r, err := startReaper(p.user, p.dataDir, p.root)
+	if err != nil {
+		return err
+	}
+	p.reaper = r
+	initdb := p.user.command(ctx, p.root, "initdb", "-D", p.dataDir, "-U", "postgres",
 		"--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync")
 	if out, err := initdb.CombinedOutput(); err != nil {
 		return fmt.Errorf("initdb: %w\n%s", err, out)
@@ -112,8 +117,8 @@ func (p *Postgres) initAndStart(ctx context.Context, o pgOptions) error {
 	if err := os.WriteFile(filepath.Join(p.dataDir, "pg_hba.conf"), []byte(pgHBA), 0o600); err != nil {
 		return fmt.Errorf("writing pg_hba.conf: %w", err)
 	}
-	// The port is picked by binding :0 and closing, so another process may
-	// grab it before postgres binds; retry with a new port in that case.
+	// Another process may grab the picked port before postgres binds it;
+	// retry with a new port in that case.
 	for attempt := 1; ; attempt++ {
 		port, err := freePort()
 		if err != nil {
@@ -224,138 +229,6 @@ func (p *Postgres) External() bool { return p.extDSN != "" }
 
 func (p *Postgres) errExternal(op string) error {
 	return fmt.Errorf("postgres %s: not supported against an external server (%s)", op, EnvPostgres)
-}
-
-// Start starts the server again after Stop; it is a no-op when running.
-// It returns once the server accepts connections.
-func (p *Postgres) Start(ctx context.Context) error {
-	if p.External() {
-		return p.errExternal("start")
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.isRunning() {
-		return nil
-	}
-	return p.start(ctx)
-}
-
-func (p *Postgres) start(ctx context.Context) error {
-	cmd := p.user.command(p.root, "pg_ctl", "start", "-w", "-t", "120", "-D", p.dataDir, "-l", p.LogFile())
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("pg_ctl start: %w\n%s\nlog tail:\n%s", err, out, p.logTail(4096))
-	}
-	return p.waitReady(ctx)
-}
-
-// Stop shuts the server down with pg_ctl stop -m fast. Stopping a stopped
-// server is a no-op.
-func (p *Postgres) Stop(ctx context.Context) error {
-	if p.External() {
-		return p.errExternal("stop")
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.stop(ctx, "fast")
-}
-
-func (p *Postgres) stop(ctx context.Context, mode string) error {
-	if !p.isRunning() {
-		return nil
-	}
-	cmd := p.user.command(p.root, "pg_ctl", "stop", "-w", "-t", "120", "-D", p.dataDir, "-m", mode)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("pg_ctl stop -m %s: %w\n%s", mode, err, out)
-	}
-	return nil
-}
-
-// isRunning asks pg_ctl status; any failure (including a missing data dir)
-// counts as not running.
-func (p *Postgres) isRunning() bool {
-	if p.dataDir == "" {
-		return false
-	}
-	cmd := p.user.command(p.root, "pg_ctl", "status", "-D", p.dataDir)
-	return cmd.Run() == nil
-}
-
-// Restart stops the server with the given pg_ctl shutdown mode ("fast" or
-// "immediate"; immediate forces crash recovery) and starts it again on the
-// same port and data dir, returning once it accepts connections.
-func (p *Postgres) Restart(ctx context.Context, mode string) error {
-	if p.External() {
-		return p.errExternal("restart")
-	}
-	if mode != "fast" && mode != "immediate" && mode != "smart" {
-		return fmt.Errorf("postgres restart: unknown mode %q (want fast or immediate)", mode)
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if err := p.stop(ctx, mode); err != nil {
-		return err
-	}
-	return p.start(ctx)
-}
-
-// Close stops the server and removes its temp dir. It never fails: it is
-// meant for cleanup. Close on an external server does nothing.
-func (p *Postgres) Close() {
-	if p.External() {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if err := p.stop(ctx, "fast"); err != nil {
-		_ = p.stop(ctx, "immediate")
-	}
-	if p.root != "" {
-		_ = os.RemoveAll(p.root)
-	}
-}
-
-// waitReady polls until a connection to the admin database succeeds.
-func (p *Postgres) waitReady(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	var lastErr error
-	for {
-		attempt, cancelAttempt := context.WithTimeout(ctx, 5*time.Second)
-		conn, err := pgx.Connect(attempt, p.DSN(p.adminDB))
-		cancelAttempt()
-		if err == nil {
-			return conn.Close(ctx)
-		}
-		lastErr = err
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for postgres to accept connections: %w (last error: %w)", ctx.Err(), lastErr)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-}
-
-// logTail returns up to n trailing bytes of the server log.
-func (p *Postgres) logTail(n int64) string {
-	if p.LogFile() == "" {
-		return ""
-	}
-	return fileTail(p.LogFile(), n)
-}
-
-func fileTail(path string, n int64) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return fmt.Sprintf("(cannot read %s: %v)", path, err)
-	}
-	defer f.Close()
-	if st, err := f.Stat(); err == nil && st.Size() > n {
-		_, _ = f.Seek(st.Size()-n, 0)
-	}
-	b, _ := io.ReadAll(io.LimitReader(f, n))
-	return string(b)
 }
 
 // Connect opens a superuser connection to database db.

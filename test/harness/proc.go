@@ -55,7 +55,8 @@ func StartProc(ctx context.Context, name, bin string, args []string, env []strin
 		return nil, fmt.Errorf("starting %s: %w", name, err)
 	}
 	p := &Proc{name: name, logPath: logPath, logFile: f, logFrom: st.Size(), buf: &tailBuffer{max: maxLogBuffer}, done: make(chan struct{})}
-	out := io.MultiWriter(f, p.buf)
+	// The buffer first: once WaitLog sees output in the file, Log has it.
+	out := io.MultiWriter(p.buf, f)
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.Stdout = out
@@ -73,17 +74,13 @@ func StartProc(ctx context.Context, name, bin string, args []string, env []strin
 
 func (p *Proc) reap() {
 	err := p.cmd.Wait()
-	var ee *exec.ExitError
-	switch {
-	case err == nil:
-	case errors.As(err, &ee):
-		p.exitCode = ee.ExitCode()
-		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			p.exitCode = 128 + int(ws.Signal())
-		}
+	switch ps := p.cmd.ProcessState; {
+	case ps == nil: // never reaped
+		p.exitCode, p.waitErr = -1, fmt.Errorf("waiting for %s: %w", p.name, err)
+	case ps.Sys().(syscall.WaitStatus).Signaled():
+		p.exitCode = 128 + int(ps.Sys().(syscall.WaitStatus).Signal())
 	default:
-		p.exitCode = -1
-		p.waitErr = err
+		p.exitCode = ps.ExitCode()
 	}
 	p.logFile.Close()
 	close(p.done)
