@@ -24,11 +24,11 @@ type Txn struct {
 // Commit; sink callbacks call Ack from their own goroutines.
 type Watermark struct {
 	mu         sync.Mutex
-	head, tail *Txn // oldest and newest unconfirmed transactions
+	head, tail *Txn          // oldest and newest unconfirmed transactions
 	confirmed  atomic.Uint64 // a wal.LSN; read without the lock on the hot path
-	events     int   // in-flight events
-	bytes      int64 // in-flight bytes
-	waiting    bool  // a WaitBelow caller needs a wake-up when counts drop
+	events     int           // in-flight events
+	bytes      int64         // in-flight bytes
+	waiting    bool          // a WaitBelow caller needs a wake-up when counts drop
 	changed    chan struct{}
 }
 

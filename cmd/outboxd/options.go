@@ -28,7 +28,7 @@ type optionSet struct {
 	fs *flag.FlagSet
 	// sections are YAML keys whose whole subtree goes to a consumer (the
 	// router's "router" and "tables"), not to flags.
-	sections map[string]any
+	sections     map[string]any
 	sectionNames []string
 }
 
