@@ -1,8 +1,12 @@
 package main
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/outboxd/outboxd/slot"
 )
 
 // metrics are outboxd's Prometheus series. Their names are a public contract
@@ -15,7 +19,6 @@ type metrics struct {
 	slotSafeWAL     prometheus.Gauge
 	slotWALStatus   *prometheus.GaugeVec
 	confirmedLSN    prometheus.Gauge
-	ackedLSN        prometheus.Gauge
 	receivedLSN     prometheus.Gauge
 	published       *prometheus.CounterVec
 	skipped         *prometheus.CounterVec
@@ -23,16 +26,13 @@ type metrics struct {
 	produceErrors   prometheus.Counter
 	reconnects      *prometheus.CounterVec
 	publishLatency  prometheus.Histogram
-	inflightEvents  prometheus.Gauge
-	inflightBytes   prometheus.Gauge
-	oldestUnacked   prometheus.Gauge
 	connected       prometheus.Gauge
 	replDelay       prometheus.Gauge
 	deadLettered    prometheus.Counter
 	heartbeatErrors prometheus.Counter
 }
 
-func newMetrics(version string) *metrics {
+func newMetrics(version string, st *state) *metrics {
 	reg := prometheus.NewRegistry()
 	f := func(c prometheus.Collector) { reg.MustRegister(c) }
 	g := func(name, help string) prometheus.Gauge {
@@ -47,7 +47,6 @@ func newMetrics(version string) *metrics {
 	m.slotWALStatus = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outboxd_slot_wal_status", Help: "1 for the slot's current wal_status (reserved, extended, unreserved, lost)."}, []string{"status"})
 	f(m.slotWALStatus)
 	m.confirmedLSN = g("outboxd_confirmed_flush_lsn", "Last LSN confirmed to PostgreSQL, as a number.")
-	m.ackedLSN = g("outboxd_acked_lsn", "Newest LSN up to which Kafka has acked every event, as a number.")
 	m.receivedLSN = g("outboxd_received_lsn", "Newest WAL position received from the server, as a number.")
 	m.published = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_events_published_total", Help: "Events acked by Kafka, by topic."}, []string{"topic"})
 	f(m.published)
@@ -65,9 +64,31 @@ func newMetrics(version string) *metrics {
 		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300},
 	})
 	f(m.publishLatency)
-	m.inflightEvents = g("outboxd_inflight_events", "Events handed to Kafka and not yet acked.")
-	m.inflightBytes = g("outboxd_inflight_bytes", "Bytes of events handed to Kafka and not yet acked.")
-	m.oldestUnacked = g("outboxd_oldest_unacked_age_seconds", "Age of the oldest transaction not yet fully acked (0 when none).")
+	// Read from the watermark at scrape time: always current, no hot-path cost.
+	gf := func(name, help string, fn func(slot.Stats) float64) {
+		f(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 {
+			st.mu.Lock()
+			wm := st.wm
+			st.mu.Unlock()
+			if wm == nil {
+				return 0
+			}
+			return fn(wm.Stats())
+		}))
+	}
+	gf("outboxd_acked_lsn", "Newest LSN up to which Kafka has acked every event, as a number.",
+		func(s slot.Stats) float64 { return float64(s.Confirmed) })
+	gf("outboxd_inflight_events", "Events handed to Kafka and not yet acked.",
+		func(s slot.Stats) float64 { return float64(s.InflightEvents) })
+	gf("outboxd_inflight_bytes", "Bytes of events handed to Kafka and not yet acked.",
+		func(s slot.Stats) float64 { return float64(s.InflightBytes) })
+	gf("outboxd_oldest_unacked_age_seconds", "Age of the oldest transaction not yet fully acked (0 when none).",
+		func(s slot.Stats) float64 {
+			if s.OldestUnacked.IsZero() {
+				return 0
+			}
+			return time.Since(s.OldestUnacked).Seconds()
+		})
 	m.connected = g("outboxd_replication_connected", "1 while streaming from the slot.")
 	m.replDelay = g("outboxd_replication_delay_seconds", "Time from emitting a heartbeat message to receiving it from the slot.")
 	m.deadLettered = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_events_dead_lettered_total", Help: "Rows published to the dead-letter topic."})

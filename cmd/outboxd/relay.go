@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -43,23 +42,6 @@ type relay struct {
 
 	// onHeartbeat receives the content of heartbeat messages (set by run.go).
 	onHeartbeat func(content []byte, received time.Time)
-}
-
-// state is what /status, /readyz and the metrics loop read.
-type state struct {
-	mu        sync.Mutex
-	wm        *slot.Watermark
-	streaming bool
-	slotInfo  slot.Info
-	received  wal.LSN
-	lastErr   string
-	lastErrAt time.Time
-}
-
-func (s *state) setErr(err error) {
-	s.mu.Lock()
-	s.lastErr, s.lastErrAt = err.Error(), time.Now()
-	s.mu.Unlock()
 }
 
 // run keeps sessions going until ctx ends. It returns nil after a clean
@@ -219,8 +201,12 @@ func (s *streamer) sendStatus(reply bool) error {
 		return err
 	}
 	s.lastSent, s.sentAt = lsn, time.Now()
+	received := s.stream.Received()
 	s.m.confirmedLSN.Set(float64(lsn))
-	s.m.receivedLSN.Set(float64(s.stream.Received()))
+	s.m.receivedLSN.Set(float64(received))
+	s.state.mu.Lock()
+	s.state.confirmed, s.state.received = lsn, received
+	s.state.mu.Unlock()
 	return nil
 }
 

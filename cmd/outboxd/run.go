@@ -37,6 +37,10 @@ type runOptions struct {
 	KafkaLinger       time.Duration
 	Compression       string
 	MaxMessageBytes   byteSize
+	HeartbeatInterval time.Duration
+	MaxSlotLag        byteSize
+	PollInterval      time.Duration
+	Pprof             bool
 }
 
 func (o *runOptions) register(s *optionSet) {
@@ -59,6 +63,11 @@ func (o *runOptions) register(s *optionSet) {
 	s.choice(&o.Compression, "compression", "none", "producer compression", "none", "gzip", "snappy", "lz4", "zstd")
 	o.MaxMessageBytes = 1000012
 	fs.Var(&o.MaxMessageBytes, "max-message-bytes", "largest record batch the producer sends; larger events are rejected")
+	fs.DurationVar(&o.HeartbeatInterval, "heartbeat-interval", 10*time.Second, "emit a pg_logical_emit_message heartbeat this often to measure replication delay (0 disables; no table needed)")
+	o.MaxSlotLag = 1 << 30
+	fs.Var(&o.MaxSlotLag, "max-slot-lag", "slot lag above which outboxd warns every minute and reports not ready (0 disables)")
+	fs.DurationVar(&o.PollInterval, "poll-interval", 5*time.Second, "how often the slot's server-side state and Kafka reachability are checked")
+	fs.BoolVar(&o.Pprof, "pprof", false, "serve /debug/pprof on --http-addr")
 }
 
 func (o *runOptions) validate() error {
@@ -81,8 +90,11 @@ func (o *runOptions) validate() error {
 	if o.MaxMessageBytes < 512 || o.MaxMessageBytes > 1<<30 {
 		errs = append(errs, errors.New("--max-message-bytes must be between 512 and 1GiB"))
 	}
-	if o.StatusInterval <= 0 || o.ConfirmInterval <= 0 {
-		errs = append(errs, errors.New("--status-interval and --confirm-interval must be positive"))
+	if o.StatusInterval <= 0 || o.ConfirmInterval <= 0 || o.PollInterval <= 0 {
+		errs = append(errs, errors.New("--status-interval, --confirm-interval and --poll-interval must be positive"))
+	}
+	if o.HeartbeatInterval < 0 {
+		errs = append(errs, errors.New("--heartbeat-interval must not be negative"))
 	}
 	return errors.Join(errs...)
 }
@@ -105,7 +117,8 @@ func runCommand(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return err
 	}
-	m := newMetrics(version)
+	st := &state{slotName: o.Slot, maxSlotLag: int64(o.MaxSlotLag)}
+	m := newMetrics(version, st)
 	sk, err := kafka.New(kafka.Config{
 		Brokers:         o.KafkaBrokers,
 		MaxMessageBytes: int32(o.MaxMessageBytes),
@@ -119,7 +132,10 @@ func runCommand(ctx context.Context, e env, args []string) error {
 	}
 	defer sk.Close()
 
-	st := &state{}
+	mo := &monitor{
+		dsn: o.Postgres, slot: o.Slot, interval: o.PollInterval, heartbeatInterval: o.HeartbeatInterval,
+		maxSlotLag: int64(o.MaxSlotLag), log: log, m: m, st: st, sink: sk,
+	}
 	r := &relay{
 		cfg: relayConfig{
 			Postgres: o.Postgres, Slot: o.Slot, Publication: o.Publication,
@@ -127,7 +143,7 @@ func runCommand(ctx context.Context, e env, args []string) error {
 			StatusInterval: o.StatusInterval, ConfirmInterval: o.ConfirmInterval, ShutdownTimeout: o.ShutdownTimeout,
 			HeartbeatPrefix: heartbeatPrefix,
 		},
-		log: log, router: rt, sink: sk, m: m, state: st,
+		log: log, router: rt, sink: sk, m: m, state: st, onHeartbeat: mo.onHeartbeat,
 	}
 
 	var wg sync.WaitGroup
@@ -137,7 +153,7 @@ func runCommand(ctx context.Context, e env, args []string) error {
 		if err != nil {
 			return fmt.Errorf("--http-addr: %w", err)
 		}
-		srv := &http.Server{Handler: newHTTPHandler(m, st), ReadHeaderTimeout: 5 * time.Second}
+		srv := &http.Server{Handler: newHTTPHandler(m, st, o.Pprof), ReadHeaderTimeout: 5 * time.Second}
 		log.Info("http listening", "addr", ln.Addr().String())
 		wg.Add(1)
 		go func() {
@@ -148,6 +164,13 @@ func runCommand(ctx context.Context, e env, args []string) error {
 		}()
 		defer srv.Close()
 	}
+	mctx, stopMonitor := context.WithCancel(ctx)
+	defer stopMonitor()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		mo.run(mctx)
+	}()
 	log.Info("outboxd starting", "version", version, "slot", o.Slot, "publication", o.Publication, "kafka", o.KafkaBrokers.String())
 	if err := r.run(ctx); err != nil {
 		return err

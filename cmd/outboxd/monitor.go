@@ -1,0 +1,212 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/sink"
+)
+
+// monitor watches what the relay cannot see from the replication stream: the
+// slot as the server reports it (lag, retained WAL, wal_status), Kafka's
+// reachability, and the replication delay measured by heartbeat messages. It
+// runs on its own ordinary connection, in one goroutine owned by run.
+type monitor struct {
+	dsn               string
+	slot              string
+	interval          time.Duration // slot and Kafka polls
+	heartbeatInterval time.Duration // 0 disables heartbeats
+	maxSlotLag        int64
+	log               *slog.Logger
+	m                 *metrics
+	st                *state
+	sink              sink.Sink
+	lastLagWarn       time.Time
+}
+
+// slotView is the monitor's latest reading of pg_replication_slots.
+type slotView struct {
+	Found          bool   `json:"found"`
+	Plugin         string `json:"plugin"`
+	Active         bool   `json:"active"`
+	ActivePID      int    `json:"active_pid"`
+	ConfirmedFlush string `json:"confirmed_flush_lsn"`
+	LagBytes       int64  `json:"lag_bytes"`
+	RetainedBytes  int64  `json:"retained_wal_bytes"`
+	WALStatus      string `json:"wal_status"`
+	SafeWALSize    int64  `json:"safe_wal_size_bytes"`
+	At             time.Time
+}
+
+func (mo *monitor) run(ctx context.Context) {
+	var conn *pgx.Conn
+	defer func() {
+		if conn != nil {
+			conn.Close(context.Background())
+		}
+	}()
+	// connected reconnects lazily: a failed connection is retried at the next tick.
+	connected := func() bool {
+		if conn != nil && !conn.IsClosed() {
+			return true
+		}
+		c, err := pgx.Connect(ctx, mo.dsn)
+		if err != nil {
+			mo.log.Debug("monitor: postgres connect failed", "err", err)
+			return false
+		}
+		conn = c
+		return true
+	}
+	kafkaOK := true
+	poll := func() {
+		if connected() {
+			mo.pollSlot(ctx, conn)
+		}
+		kafkaOK = mo.pollKafka(ctx, kafkaOK)
+		mo.checkLag()
+	}
+	pollTick := time.NewTicker(mo.interval)
+	defer pollTick.Stop()
+	var hb <-chan time.Time
+	if mo.heartbeatInterval > 0 {
+		t := time.NewTicker(mo.heartbeatInterval)
+		defer t.Stop()
+		hb = t.C
+	}
+	poll() // at once: /readyz should not wait a whole interval
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-pollTick.C:
+			poll()
+		case <-hb:
+			if connected() {
+				mo.heartbeat(ctx, conn)
+			}
+		}
+	}
+}
+
+func (mo *monitor) pollSlot(ctx context.Context, conn *pgx.Conn) {
+	qctx, cancel := context.WithTimeout(ctx, mo.interval)
+	defer cancel()
+	var v slotView
+	var pid *int32
+	var confirmed, walStatus, plugin *string
+	var lag, retained, safe *int64
+	err := conn.QueryRow(qctx, `SELECT plugin, active, active_pid, confirmed_flush_lsn::text,
+		(pg_current_wal_lsn() - confirmed_flush_lsn)::bigint, (pg_current_wal_lsn() - restart_lsn)::bigint,
+		wal_status, safe_wal_size
+		FROM pg_replication_slots WHERE slot_name = $1`, mo.slot).
+		Scan(&plugin, &v.Active, &pid, &confirmed, &lag, &retained, &walStatus, &safe)
+	switch {
+	case err == pgx.ErrNoRows:
+	case err != nil:
+		mo.log.Debug("monitor: slot poll failed", "err", err)
+		return
+	default:
+		v.Found = true
+	}
+	v.Plugin, v.ConfirmedFlush, v.WALStatus = deref(plugin), deref(confirmed), deref(walStatus)
+	if pid != nil {
+		v.ActivePID = int(*pid)
+	}
+	v.LagBytes, v.RetainedBytes = derefInt(lag), derefInt(retained)
+	v.SafeWALSize = -1
+	if safe != nil {
+		v.SafeWALSize = *safe
+	}
+	v.At = time.Now()
+	mo.m.slotLag.Set(float64(v.LagBytes))
+	mo.m.slotRetained.Set(float64(v.RetainedBytes))
+	mo.m.slotSafeWAL.Set(float64(v.SafeWALSize))
+	for _, s := range []string{"reserved", "extended", "unreserved", "lost"} {
+		val := 0.0
+		if s == v.WALStatus {
+			val = 1
+		}
+		mo.m.slotWALStatus.WithLabelValues(s).Set(val)
+	}
+	mo.st.mu.Lock()
+	mo.st.slot = v
+	mo.st.mu.Unlock()
+}
+
+func (mo *monitor) pollKafka(ctx context.Context, wasOK bool) bool {
+	pctx, cancel := context.WithTimeout(ctx, mo.interval)
+	defer cancel()
+	err := mo.sink.Ping(pctx)
+	ok := err == nil
+	if ctx.Err() != nil {
+		return wasOK
+	}
+	switch {
+	case wasOK && !ok:
+		mo.log.Warn("kafka unreachable; events wait in the slot, nothing is confirmed past them", "err", err)
+		mo.st.setErr(fmt.Errorf("kafka unreachable: %w", err))
+	case !wasOK && ok:
+		mo.log.Info("kafka reachable again")
+		mo.m.reconnects.WithLabelValues("kafka").Inc()
+	}
+	mo.st.mu.Lock()
+	mo.st.kafkaOK = ok
+	mo.st.mu.Unlock()
+	return ok
+}
+
+// heartbeat writes a non-transactional logical message: no table, nothing in
+// the publication, and the slot delivers it in WAL order, so the time until it
+// arrives is the replication delay.
+func (mo *monitor) heartbeat(ctx context.Context, conn *pgx.Conn) {
+	hctx, cancel := context.WithTimeout(ctx, mo.heartbeatInterval)
+	defer cancel()
+	now := strconv.FormatInt(time.Now().UnixNano(), 10)
+	if _, err := conn.Exec(hctx, `SELECT pg_logical_emit_message(false, $1, $2)`, heartbeatPrefix, now); err != nil {
+		mo.m.heartbeatErrors.Inc()
+		mo.log.Debug("heartbeat failed", "err", err)
+	}
+}
+
+// onHeartbeat runs in the relay's goroutine when a heartbeat arrives.
+func (mo *monitor) onHeartbeat(content []byte, received time.Time) {
+	ns, err := strconv.ParseInt(string(content), 10, 64)
+	if err != nil {
+		return
+	}
+	mo.m.replDelay.Set(received.Sub(time.Unix(0, ns)).Seconds())
+}
+
+// checkLag warns (once a minute) while the slot lags more than allowed, with
+// the most likely cause.
+func (mo *monitor) checkLag() {
+	mo.st.mu.Lock()
+	lag := mo.st.slot.LagBytes
+	mo.st.mu.Unlock()
+	if mo.maxSlotLag <= 0 || lag <= mo.maxSlotLag || time.Since(mo.lastLagWarn) < time.Minute {
+		return
+	}
+	mo.lastLagWarn = time.Now()
+	mo.log.Warn("replication slot lag above --max-slot-lag", "lag", humanBytes(lag), "max", humanBytes(mo.maxSlotLag), "cause", mo.st.lagCause())
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+func derefInt(i *int64) int64 {
+	if i == nil {
+		return 0
+	}
+	return *i
+}
+
