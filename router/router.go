@@ -1,18 +1,35 @@
-// Package router turns an outbox row into a broker record the way Debezium's
-// Outbox Event Router does: topic from the routing column, key from the
-// aggregate id, the payload column's bytes verbatim as the value, and the event
-// id (and type) as headers.
+// Package router turns outbox events into broker records exactly the way
+// Debezium's Outbox Event Router SMT does, configurable per table:
+//
+//   - topic: the route.by.field column through route.topic.regex and
+//     route.topic.replacement (Kafka's RegexRouter; default
+//     "outbox.event.<aggregatetype>"), validated as a Kafka topic name;
+//   - key: the table.field.event.key column (default aggregateid), raw or
+//     in JsonConverter's form (Config.KeyFormat);
+//   - value: the table.field.event.payload column's bytes verbatim (bytea
+//     decoded), or a JSON envelope when envelope placements are configured,
+//     or a tombstone with route.tombstone.on.empty.payload;
+//   - headers: "id" always, then table.fields.additional.placement headers
+//     (outboxd's default adds "type"), then the entries of the headers.field
+//     jsonb column (e.g. W3C traceparent), then optional outboxd.* LSN
+//     headers;
+//   - timestamp: the transaction's commit time, or table.field.event.timestamp.
+//
+// It also routes table-less outbox events written with
+// pg_logical_emit_message (RouteMessage) and builds dead-letter records
+// (DeadLetter, DeadLetterMessage).
 package router
 
 import (
 	"errors"
-	"fmt"
+	"sort"
+	"strings"
 	"time"
 
 	"github.com/outboxd/outboxd/wal"
 )
 
-// Header is one record header.
+// Header is one record header. A nil Value is a null header value.
 type Header struct {
 	Key   string
 	Value []byte
@@ -44,101 +61,147 @@ type Tx struct {
 	CommitTime time.Time
 }
 
-// InvalidError is a row that cannot be routed. It is never silently dropped:
-// the caller decides between stopping and dead-lettering.
+// InvalidError is an event that cannot be routed. It is never silently
+// dropped: the caller decides between stopping and dead-lettering.
 type InvalidError struct {
-	Table  string
-	Reason string
+	Table   string // "schema.table", or "message:<prefix>" for a logical message
+	EventID string // the event id, when it could be read
+	Reason  string
 }
 
-func (e *InvalidError) Error() string { return fmt.Sprintf("outbox row in %s cannot be routed: %s", e.Table, e.Reason) }
+func (e *InvalidError) Error() string {
+	var b strings.Builder
+	b.WriteString("outbox event in ")
+	b.WriteString(e.Table)
+	if e.EventID != "" {
+		b.WriteString(" (id ")
+		b.WriteString(e.EventID)
+		b.WriteString(")")
+	}
+	b.WriteString(" cannot be routed: ")
+	b.WriteString(e.Reason)
+	return b.String()
+}
 
 // ErrInvalid matches every *InvalidError with errors.Is.
-var ErrInvalid = errors.New("invalid outbox row")
+var ErrInvalid = errors.New("invalid outbox event")
 
+// Is makes errors.Is(err, ErrInvalid) true.
 func (e *InvalidError) Is(target error) bool { return target == ErrInvalid }
 
-// Config holds the routing options (Debezium's names).
-type Config struct {
-	IDField      string // table.field.event.id
-	KeyField     string // table.field.event.key
-	PayloadField string // table.field.event.payload
-	RouteBy      string // route.by.field
-	TopicPrefix  string
-	TypeField    string // emitted as the "type" header
-}
-
-// Defaults are Debezium's defaults.
-func Defaults() Config {
-	return Config{IDField: "id", KeyField: "aggregateid", PayloadField: "payload", RouteBy: "aggregatetype", TopicPrefix: "outbox.event.", TypeField: "type"}
-}
-
-// Router routes rows. It is safe for concurrent use once built.
+// Router routes outbox events.
+//
+// A Router is NOT safe for concurrent use: it caches per-relation plans,
+// topic names and header keys without locks, because it is meant to be used
+// by the single goroutine that reads the replication stream. Every method,
+// including InvalidOpBehavior and DeadLetter, must be called from that
+// goroutine (or with external synchronisation).
 type Router struct {
-	cfg Config
+	jsonKey    bool
+	lsnHeaders bool
+	msgPrefix  string
+	msgTable   string // "message:<prefix>"
+	defaults   *settings
+	tables     map[string]*settings
+
+	last  *plan // the plan of the previous row: the common case
+	plans map[*wal.Relation]*plan
+	keys  map[string]string // interned header keys from headers columns
 }
 
-// New validates cfg and builds a Router.
+const (
+	maxPlans      = 1024
+	maxHeaderKeys = 256
+)
+
+// New validates cfg and builds a Router. Every problem is reported at once,
+// each naming the table ("defaults" for Config.Defaults) and the option.
 func New(cfg Config) (*Router, error) {
-	return &Router{cfg: cfg}, nil
+	var errs []error
+	r := &Router{
+		lsnHeaders: cfg.LSNHeaders,
+		msgPrefix:  cfg.MessagePrefix,
+		msgTable:   "message:" + cfg.MessagePrefix,
+		tables:     make(map[string]*settings, len(cfg.Tables)),
+		plans:      make(map[*wal.Relation]*plan),
+		keys:       make(map[string]string),
+	}
+	switch strings.TrimSpace(cfg.KeyFormat) {
+	case "", keyFormatRaw:
+	case keyFormatJSONStr:
+		r.jsonKey = true
+	default:
+		errs = append(errs, errors.New(`key format: "`+cfg.KeyFormat+`" is not one of raw, json-string`))
+	}
+	var es []error
+	r.defaults, es = resolve(defaultsName, cfg.Defaults)
+	errs = append(errs, es...)
+	names := make([]string, 0, len(cfg.Tables))
+	for name := range cfg.Tables {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		where := "table " + name
+		if i := strings.IndexByte(name, '.'); i <= 0 || i == len(name)-1 {
+			errs = append(errs, errors.New(where+`: table names must be "schema.table"`))
+			continue
+		}
+		s, es := resolve(where, cfg.Defaults, cfg.Tables[name])
+		if len(es) > 0 {
+			// Report only what the table adds: the defaults' own problems
+			// are reported once, under "defaults".
+			_, defErrs := resolve(where, cfg.Defaults)
+			errs = append(errs, tableOnly(es, defErrs)...)
+			continue
+		}
+		if r.defaults.topic != nil && !overridesTopic(cfg.Tables[name]) {
+			s.topic = r.defaults.topic // share the topic cache
+		}
+		s.name = name
+		r.tables[name] = s
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(append([]error{errors.New("router: invalid configuration")}, errs...)...)
+	}
+	return r, nil
 }
 
-// Route builds the record for an inserted outbox row. The record owns its
-// bytes: nothing aliases the row, which is reused by the stream.
-func (r *Router) Route(row *wal.Row, tx Tx) (Record, error) {
-	table := row.Relation.QualifiedName()
-	invalid := func(format string, args ...any) (Record, error) {
-		return Record{}, &InvalidError{Table: table, Reason: fmt.Sprintf(format, args...)}
+// tableOnly drops the errors that come from the defaults alone (already
+// reported once under "defaults").
+func tableOnly(all, fromDefaults []error) []error {
+	seen := make(map[string]bool, len(fromDefaults))
+	for _, e := range fromDefaults {
+		seen[e.Error()] = true
 	}
-	route, ok := row.Get(r.cfg.RouteBy)
-	if !ok {
-		return invalid("no column %q (route.by.field)", r.cfg.RouteBy)
+	var out []error
+	for _, e := range all {
+		if !seen[e.Error()] {
+			out = append(out, e)
+		}
 	}
-	if route.IsNull() || len(route.Data) == 0 {
-		return invalid("routing column %q is NULL or empty", r.cfg.RouteBy)
-	}
-	id, ok := row.Get(r.cfg.IDField)
-	if !ok {
-		return invalid("no column %q (table.field.event.id)", r.cfg.IDField)
-	}
-	if id.IsNull() {
-		return invalid("event id column %q is NULL", r.cfg.IDField)
-	}
-	payload, ok := row.Get(r.cfg.PayloadField)
-	if !ok {
-		return invalid("no column %q (table.field.event.payload)", r.cfg.PayloadField)
-	}
-	key, _ := row.Get(r.cfg.KeyField)
-	typ, hasType := row.Get(r.cfg.TypeField)
-
-	// One allocation holds every byte the record keeps.
-	n := len(key.Data) + len(payload.Data) + len(id.Data) + len(typ.Data)
-	buf := make([]byte, 0, n)
-	rec := Record{
-		Topic:     r.cfg.TopicPrefix + string(route.Data),
-		Timestamp: tx.CommitTime,
-		Partition: -1,
-	}
-	buf, rec.Key = appendValue(buf, key)
-	buf, rec.Value = appendValue(buf, payload)
-	hdrs := make([]Header, 1, 2)
-	buf, hdrs[0].Value = appendValue(buf, id)
-	hdrs[0].Key = "id"
-	if hasType && !typ.IsNull() {
-		var v []byte
-		_, v = appendValue(buf, typ)
-		hdrs = append(hdrs, Header{Key: "type", Value: v})
-	}
-	rec.Headers = hdrs
-	return rec, nil
+	return out
 }
 
-// appendValue copies v's bytes into buf and returns the copy (nil for NULL).
-func appendValue(buf []byte, v wal.Value) ([]byte, []byte) {
-	if v.IsNull() {
-		return buf, nil
+// overridesTopic: the table sets its own topic rule.
+func overridesTopic(table Options) bool {
+	_, re := table[optTopicRegex]
+	_, rp := table[optTopicReplace]
+	return re || rp
+}
+
+// settingsFor returns the options in force for a table.
+func (r *Router) settingsFor(qualified string) *settings {
+	if s, ok := r.tables[qualified]; ok {
+		return s
 	}
-	start := len(buf)
-	buf = append(buf, v.Data...)
-	return buf, buf[start:len(buf):len(buf)]
+	return r.defaults
+}
+
+// InvalidOpBehavior is the table.op.invalid.behavior of rel's table: "warn"
+// (default) or "error" (log at that level and skip the UPDATE), or "fatal"
+// (stop: the slot must not advance past the UPDATE). DELETEs are always
+// skipped silently, as in Debezium.
+func (r *Router) InvalidOpBehavior(rel *wal.Relation) string {
+	return r.planFor(rel).s.invalidOp
 }

@@ -1,0 +1,264 @@
+package router
+
+import (
+	"encoding/json"
+
+	"github.com/outboxd/outboxd/wal"
+)
+
+// RouteMessage routes a table-less outbox event written with
+// pg_logical_emit_message(true, prefix, content). ok is false, and the
+// message is not an outbox event, unless Config.MessagePrefix is set, the
+// message is transactional and its prefix is exactly MessagePrefix
+// (non-transactional messages are not part of a transaction the slot can
+// confirm, so they are never routed).
+//
+// The content is a JSON object:
+//
+//	{"id": "...", "aggregatetype": "...", "aggregateid": "...", "type": "...",
+//	 "payload": <any JSON, or a string>, "headers": {"k": "v"}}
+//
+// Member names are matched exactly. id and aggregatetype are required (a
+// string or a number); aggregateid is the key (absent or null: no key);
+// payload is the value: a JSON string's contents, any other JSON value's
+// bytes verbatim, absent or null giving a null value; headers, an object of
+// strings, become headers after "id" (and "type").
+//
+// Only Config.Defaults apply, and of them only the options that are not
+// column names: the topic regex and replacement, the tombstone rule, and the
+// "type" header when the default placement puts a "type" column in a header
+// (outboxd's default does; its alias is used). Config.KeyFormat and
+// Config.LSNHeaders apply as for rows. The timestamp is the commit time.
+// Invalid events give an *InvalidError whose Table is "message:<prefix>".
+func (r *Router) RouteMessage(m *wal.Message, tx Tx) (rec Record, ok bool, err error) {
+	if r.msgPrefix == "" || !m.Transactional || m.Prefix != r.msgPrefix {
+		return Record{}, false, nil
+	}
+	rec, err = r.routeMessage(m.Content, tx)
+	return rec, true, err
+}
+
+// msgFields are the spans of the top-level members of a message event.
+type msgFields struct {
+	id, aggType, aggID, typ, payload, headers []byte // raw JSON values; nil: absent
+}
+
+func parseMessage(content []byte) (msgFields, string) {
+	var f msgFields
+	if !json.Valid(content) {
+		return f, "content is not valid JSON"
+	}
+	i := skipSpace(content, 0)
+	if content[i] != '{' {
+		return f, "content is not a JSON object"
+	}
+	i = skipSpace(content, i+1)
+	var scratch [32]byte
+	for i < len(content) && content[i] == '"' {
+		end := scanString(content, i)
+		name := content[i+1 : end-1]
+		for _, c := range name {
+			if c == '\\' {
+				name = appendUnquoted(scratch[:0], name)
+				break
+			}
+		}
+		i = skipSpace(content, end)
+		i = skipSpace(content, i+1) // ':'
+		vend := skipValue(content, i)
+		v := content[i:vend]
+		switch string(name) {
+		case "id":
+			f.id = v
+		case "aggregatetype":
+			f.aggType = v
+		case "aggregateid":
+			f.aggID = v
+		case "type":
+			f.typ = v
+		case "payload":
+			f.payload = v
+		case "headers":
+			f.headers = v
+		}
+		i = skipSpace(content, vend)
+		if content[i] == '}' {
+			break
+		}
+		i = skipSpace(content, i+1) // ','
+	}
+	return f, ""
+}
+
+// jsonKind classifies a raw JSON value by its first byte.
+func jsonKind(v []byte) byte {
+	if len(v) == 0 {
+		return 0
+	}
+	switch c := v[0]; {
+	case c == '"':
+		return 's'
+	case c == 'n':
+		return 'z' // null
+	case c == '-' || isDigit(c):
+		return 'n'
+	default:
+		return c // '{', '[', 't', 'f'
+	}
+}
+
+// scalarText is a string member's contents or a number's text.
+func scalarText(dst, v []byte) []byte {
+	if jsonKind(v) == 's' {
+		return appendUnquoted(dst, v[1:len(v)-1])
+	}
+	return append(dst, v...)
+}
+
+func (r *Router) routeMessage(content []byte, tx Tx) (Record, error) {
+	invalid := func(id []byte, reason string) error {
+		e := &InvalidError{Table: r.msgTable, Reason: reason}
+		if id != nil {
+			e.EventID = string(scalarText(nil, id))
+		}
+		return e
+	}
+	f, reason := parseMessage(content)
+	if reason != "" {
+		return Record{}, invalid(nil, reason)
+	}
+	switch jsonKind(f.id) {
+	case 's', 'n':
+	case 0, 'z':
+		return Record{}, invalid(nil, `member "id" is missing or null`)
+	default:
+		return Record{}, invalid(nil, `member "id" is not a string or a number`)
+	}
+	switch jsonKind(f.aggType) {
+	case 's', 'n':
+	case 0, 'z':
+		return Record{}, invalid(f.id, `member "aggregatetype" is missing or null`)
+	default:
+		return Record{}, invalid(f.id, `member "aggregatetype" is not a string or a number`)
+	}
+	switch jsonKind(f.aggID) {
+	case 0, 'z', 's', 'n':
+	default:
+		return Record{}, invalid(f.id, `member "aggregateid" is not a string or a number`)
+	}
+	switch jsonKind(f.typ) {
+	case 0, 'z', 's', 'n':
+	default:
+		return Record{}, invalid(f.id, `member "type" is not a string or a number`)
+	}
+	nHdr := 0
+	if f.headers != nil {
+		if nHdr, reason = scanHeaderObject(f.headers); reason != "" {
+			return Record{}, invalid(f.id, `member "headers": `+reason)
+		}
+	}
+	s := r.defaults
+	route := f.aggType // a number's text
+	if jsonKind(route) == 's' {
+		route = route[1 : len(route)-1]
+		for _, c := range route {
+			if c == '\\' {
+				route = appendUnquoted(nil, route) // rare: escapes in the type
+				break
+			}
+		}
+	}
+	if len(route) == 0 {
+		return Record{}, invalid(f.id, `member "aggregatetype" is empty`)
+	}
+	topic := s.topic.topic(route)
+	if topic == "" {
+		return Record{}, invalid(f.id, invalidTopicReason(s.topic, route))
+	}
+
+	typeAlias, typeHeader := "", false
+	for _, fs := range s.fields {
+		if fs.col == "type" && fs.place == placeHeader {
+			typeAlias, typeHeader = fs.alias, true
+			break
+		}
+	}
+	n := len(content) + 6*len(f.aggID) + 2
+	nh := 1 + nHdr
+	if typeHeader && f.typ != nil {
+		nh++
+	}
+	if r.lsnHeaders {
+		n += lsnHeadersMax
+		nh += 3
+	}
+	buf := make([]byte, 0, n)
+	hdrs := make([]Header, 0, nh)
+	rec := Record{Topic: topic, Timestamp: tx.CommitTime, Partition: -1}
+
+	if k := jsonKind(f.aggID); k == 's' || k == 'n' {
+		start := len(buf)
+		switch {
+		case r.jsonKey && k == 'n':
+			buf = append(buf, f.aggID...)
+		case r.jsonKey:
+			buf = appendUnquoted(buf, f.aggID[1:len(f.aggID)-1])
+			plain := len(buf)
+			buf = appendJSONString(buf, buf[start:plain])
+			buf = append(buf[:start], buf[plain:]...)
+		default:
+			buf = scalarText(buf, f.aggID)
+		}
+		rec.Key = buf[start:len(buf):len(buf)]
+	}
+
+	var payload []byte
+	switch jsonKind(f.payload) {
+	case 0, 'z':
+	case 's':
+		start := len(buf)
+		buf = appendUnquoted(buf, f.payload[1:len(f.payload)-1])
+		payload = buf[start:len(buf):len(buf)]
+	default:
+		start := len(buf)
+		buf = append(buf, f.payload...)
+		payload = buf[start:len(buf):len(buf)]
+	}
+	if !(s.tombstone && blankPayload(0, valueRef{data: payload, null: payload == nil})) {
+		rec.Value = payload
+	}
+
+	start := len(buf)
+	buf = scalarText(buf, f.id)
+	hdrs = append(hdrs, Header{Key: "id", Value: buf[start:len(buf):len(buf)]})
+	if typeHeader && f.typ != nil {
+		if jsonKind(f.typ) == 'z' {
+			hdrs = append(hdrs, Header{Key: typeAlias})
+		} else {
+			start = len(buf)
+			buf = scalarText(buf, f.typ)
+			hdrs = append(hdrs, Header{Key: typeAlias, Value: buf[start:len(buf):len(buf)]})
+		}
+	}
+	if nHdr > 0 {
+		buf, hdrs = decodeHeaderObject(f.headers, buf, hdrs, r.internKey)
+	}
+	if r.lsnHeaders {
+		_, hdrs = appendLSNHeaders(buf, hdrs, tx)
+	}
+	rec.Headers = hdrs
+	return rec, nil
+}
+
+// messageEventID extracts the "id" of a message event for dead letters.
+func messageEventID(content []byte) (string, bool) {
+	f, reason := parseMessage(content)
+	if reason != "" {
+		return "", false
+	}
+	switch jsonKind(f.id) {
+	case 's', 'n':
+		return string(scalarText(nil, f.id)), true
+	}
+	return "", false
+}
