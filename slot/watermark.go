@@ -187,3 +187,10 @@ func (w *Watermark) Drained() bool {
 	defer w.mu.Unlock()
 	return w.events == 0
 }
+
+// Full reports whether maxEvents events or maxBytes bytes are in flight.
+func (w *Watermark) Full(maxEvents int, maxBytes int64) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.events >= maxEvents || w.bytes >= maxBytes
+}

@@ -30,6 +30,7 @@ type metrics struct {
 	replDelay       prometheus.Gauge
 	deadLettered    prometheus.Counter
 	heartbeatErrors prometheus.Counter
+	blocked         prometheus.Gauge
 }
 
 func newMetrics(version string, st *state) *metrics {
@@ -95,6 +96,7 @@ func newMetrics(version string, st *state) *metrics {
 	f(m.deadLettered)
 	m.heartbeatErrors = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_heartbeat_errors_total", Help: "Heartbeat messages that could not be written."})
 	f(m.heartbeatErrors)
+	m.blocked = g("outboxd_blocked", "1 while the relay holds on an event it may not pass (on-invalid = fail, or table.op.invalid.behavior = fatal).")
 	bi := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outboxd_build_info", Help: "Build information."}, []string{"version"})
 	bi.WithLabelValues(version).Set(1)
 	f(bi)

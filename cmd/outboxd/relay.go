@@ -27,6 +27,10 @@ type relayConfig struct {
 	ConfirmInterval   time.Duration // the shortest gap between confirmations while events flow
 	ShutdownTimeout   time.Duration
 	HeartbeatPrefix   string
+	MaxMessageBytes   int    // a record larger than this is an invalid row, not a broker error
+	OnInvalid         string // "fail" or "dead-letter"
+	DeadLetterTopic   string
+	MessagePrefix     string // the table-less outbox's pg_logical_emit_message prefix
 }
 
 // relay moves committed outbox rows from the slot to the sink and confirms
@@ -42,7 +46,35 @@ type relay struct {
 
 	// onHeartbeat receives the content of heartbeat messages (set by run.go).
 	onHeartbeat func(content []byte, received time.Time)
+
+	// poison remembers events the broker rejected, by position, so that the
+	// next session dead-letters them in order (on-invalid = dead-letter).
+	// Owned by the relay goroutine; written from sink callbacks via errc.
+	poison map[eventPos]string
+	// lastLogged de-duplicates a session error repeated on every retry.
+	lastLogged   string
+	lastLoggedAt time.Time
 }
+
+// eventPos identifies an event in the WAL: its transaction's commit LSN and
+// its ordinal among the transaction's events.
+type eventPos struct {
+	commit wal.LSN
+	n      int
+}
+
+// rejection is a broker's refusal of one event.
+type rejection struct {
+	pos   eventPos
+	topic string
+	err   error
+}
+
+func (r rejection) Error() string {
+	return fmt.Sprintf("kafka rejected the event for topic %q (commit LSN %s, event %d of its transaction): %v", r.topic, r.pos.commit, r.pos.n+1, r.err)
+}
+
+func (r rejection) Unwrap() error { return r.err }
 
 // run keeps sessions going until ctx ends. It returns nil after a clean
 // shutdown and an error only for problems a restart cannot fix (SetupError).
@@ -60,13 +92,21 @@ func (r *relay) run(ctx context.Context) error {
 		r.state.setErr(err)
 		var setupErr *slot.SetupError
 		var busy *slot.BusyError
+		var rej rejection
 		switch {
 		case errors.As(err, &setupErr), isConfigError(err):
 			return err
 		case errors.As(err, &busy):
-			r.log.Warn("replication slot busy; retrying", "err", err)
+			r.logOnce(slog.LevelWarn, "replication slot busy; retrying", err)
+		case errors.As(err, &rej):
+			if r.cfg.OnInvalid == "dead-letter" {
+				r.poison[rej.pos] = rej.err.Error()
+				r.log.Warn("kafka rejected an event; it will be dead-lettered", "err", err)
+			} else {
+				r.logOnce(slog.LevelError, "kafka rejected an event; the slot stays before it and outboxd retries (fix the cause, or run with --on-invalid dead-letter)", err)
+			}
 		default:
-			r.log.Error("replication session ended; reconnecting", "err", err, "resume_lsn", resume.String())
+			r.logOnce(slog.LevelError, "replication session ended; reconnecting", err, "resume_lsn", resume.String())
 		}
 		if streamed {
 			bo.reset()
@@ -107,12 +147,12 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, er
 
 	wm := slot.NewWatermark(start)
 	r.state.mu.Lock()
-	r.state.wm, r.state.streaming, r.state.slotInfo = wm, true, info
+	r.state.wm, r.state.streaming, r.state.slotInfo, r.state.stalled = wm, true, info, ""
 	r.state.mu.Unlock()
 	r.m.connected.Set(1)
 	r.log.Info("streaming", "slot", info.Name, "publication", r.cfg.Publication, "from_lsn", start.String())
 
-	s := &streamer{relay: r, stream: stream, wm: wm, errc: make(chan error, 1), lastSent: start}
+	s := &streamer{relay: r, stream: stream, wm: wm, errc: make(chan error, 1), lastSent: start, sentAt: time.Now()}
 	err = s.loop(sctx)
 
 	r.m.connected.Set(0)
@@ -136,178 +176,16 @@ func isConfigError(err error) bool {
 
 func pgconnAlive(c *pgconn.PgConn) bool { return !c.IsClosed() }
 
-// streamer is the per-session read loop state.
-type streamer struct {
-	*relay
-	stream   *wal.Stream
-	wm       *slot.Watermark
-	errc     chan error // first produce failure of the session
-	lastSent wal.LSN
-	sentAt   time.Time
-	txn      *slot.Txn
-	tx       router.Tx
-}
-
-func (s *streamer) loop(ctx context.Context) error {
-	nextStatus := time.Now().Add(s.cfg.StatusInterval)
-	for {
-		select {
-		case err := <-s.errc:
-			return err
-		default:
-		}
-		now := time.Now()
-		if now.After(nextStatus) || (s.wm.Confirmed() != s.lastSent && now.Sub(s.sentAt) >= s.cfg.ConfirmInterval) {
-			if err := s.sendStatus(false); err != nil {
-				return err
-			}
-			nextStatus = now.Add(s.cfg.StatusInterval)
-		}
-		if err := s.waitForRoom(ctx, nextStatus); err != nil {
-			if errors.Is(err, context.DeadlineExceeded) {
-				continue // time for a status update while the sink drains
-			}
-			return err
-		}
-		// While events are in flight, wake up soon to confirm their acks;
-		// otherwise sleep until the next status update is due.
-		deadline := nextStatus
-		if !s.wm.Drained() || s.wm.Confirmed() != s.lastSent {
-			deadline = now.Add(s.cfg.ConfirmInterval)
-		}
-		msg, err := s.stream.Next(ctx, deadline)
-		if errors.Is(err, wal.ErrTimeout) {
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		if err := s.handle(msg); err != nil {
-			return err
-		}
-	}
-}
-
-// waitForRoom blocks while the in-flight bound is reached, until deadline.
-func (s *streamer) waitForRoom(ctx context.Context, deadline time.Time) error {
-	wctx, cancel := context.WithDeadline(ctx, deadline)
-	defer cancel()
-	return s.wm.WaitBelow(wctx, s.cfg.MaxInflightEvents, s.cfg.MaxInflightBytes)
-}
-
-func (s *streamer) sendStatus(reply bool) error {
-	lsn := s.wm.Confirmed()
-	if err := s.stream.SendStatus(lsn, reply); err != nil {
-		return err
-	}
-	s.lastSent, s.sentAt = lsn, time.Now()
-	received := s.stream.Received()
-	s.m.confirmedLSN.Set(float64(lsn))
-	s.m.receivedLSN.Set(float64(received))
-	s.state.mu.Lock()
-	s.state.confirmed, s.state.received = lsn, received
-	s.state.mu.Unlock()
-	return nil
-}
-
-func (s *streamer) handle(msg *wal.Msg) error {
-	switch msg.Kind {
-	case wal.KindBegin:
-		s.txn = s.wm.Begin(time.Now())
-		s.tx = router.Tx{Xid: msg.Begin.Xid, CommitLSN: msg.Begin.FinalLSN, CommitTime: msg.Begin.CommitTime}
-	case wal.KindInsert:
-		if s.txn == nil {
-			return errors.New("protocol: insert outside a transaction")
-		}
-		rec, err := s.router.Route(&msg.Row, s.tx)
-		if err != nil {
-			s.m.skipped.WithLabelValues("invalid").Inc()
-			return fmt.Errorf("%w (commit LSN %s, xid %d); the slot will not advance past it", err, s.tx.CommitLSN, s.tx.Xid)
-		}
-		s.produce(&rec)
-	case wal.KindUpdate:
-		s.m.skipped.WithLabelValues("update").Inc()
-		s.log.Warn("skipped UPDATE on outbox table: outbox rows are insert-only", "table", msg.Row.Relation.QualifiedName(), "commit_lsn", s.tx.CommitLSN.String())
-	case wal.KindDelete:
-		s.m.skipped.WithLabelValues("delete").Inc() // insert+delete outboxes: expected, silent
-	case wal.KindTruncate:
-		s.m.skipped.WithLabelValues("truncate").Inc()
-		for _, rel := range msg.Truncated {
-			s.log.Warn("skipped TRUNCATE of outbox table", "table", rel.QualifiedName(), "commit_lsn", s.tx.CommitLSN.String())
-		}
-	case wal.KindMessage:
-		if !msg.Message.Transactional && s.onHeartbeat != nil && msg.Message.Prefix == s.cfg.HeartbeatPrefix {
-			s.onHeartbeat(msg.Message.Content, time.Now())
-		}
-	case wal.KindCommit:
-		if s.txn == nil {
-			return errors.New("protocol: commit outside a transaction")
-		}
-		s.wm.Commit(s.txn, msg.Commit.EndLSN)
-		s.txn = nil
-		s.m.transactions.Inc()
-	case wal.KindKeepalive:
-		if s.txn == nil {
-			s.wm.Idle(msg.Keepalive.WALEnd)
-		}
-		if msg.Keepalive.ReplyRequested {
-			return s.sendStatus(false)
-		}
-	}
-	return nil
-}
-
-// produce hands one record to the sink. Its callback acks the watermark;
-// a failure ends the session so the next one resumes from the slot, which
-// never moved past the failed event.
-func (s *streamer) produce(rec *router.Record) {
-	txn, size, commit, topic := s.txn, rec.Size(), s.tx.CommitTime, rec.Topic
-	s.wm.Add(txn, size)
-	s.sink.Produce(context.Background(), rec, func(err error) {
-		s.wm.Ack(txn, size, err == nil)
-		if err != nil {
-			s.m.produceErrors.Inc()
-			select {
-			case s.errc <- fmt.Errorf("kafka rejected a record for topic %q: %w", topic, err):
-			default:
-			}
-			return
-		}
-		s.m.published.WithLabelValues(topic).Inc()
-		s.m.publishLatency.Observe(time.Since(commit).Seconds())
-	})
-}
-
-// finish waits (bounded by the shutdown timeout) for in-flight events and
-// sends the final confirmation if the connection is still up.
-func (s *streamer) finish(ctx context.Context, connAlive bool) {
-	wait := func(c context.Context) {
-		for !s.wm.Drained() {
-			select {
-			case <-s.wm.Changed():
-			case <-c.Done():
-				return
-			}
-		}
-	}
-	if ctx.Err() != nil {
-		// Shutdown: bounded wait, then confirm what was acked.
-		tctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
-		wait(tctx)
-		cancel()
-		if !s.wm.Drained() {
-			s.log.Warn("shutdown timeout: events still unacked; they will be re-sent from the slot on restart", "inflight", s.wm.Stats().InflightEvents)
-		}
+// logOnce logs err, but an error identical to the last one only once a
+// minute: a retry loop must not flood the log.
+func (r *relay) logOnce(level slog.Level, msg string, err error, args ...any) {
+	text := err.Error()
+	if text == r.lastLogged && time.Since(r.lastLoggedAt) < time.Minute {
+		level = slog.LevelDebug
 	} else {
-		// Session error: let in-flight events settle so the next session
-		// starts as late as possible and re-sends little.
-		wait(ctx)
+		r.lastLogged, r.lastLoggedAt = text, time.Now()
 	}
-	if connAlive {
-		if err := s.sendStatus(false); err == nil {
-			s.log.Info("confirmed", "lsn", s.lastSent.String())
-		}
-	}
+	r.log.Log(context.Background(), level, msg, append([]any{"err", err}, args...)...)
 }
 
 // backoff is exponential with a cap.

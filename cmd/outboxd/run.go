@@ -41,6 +41,11 @@ type runOptions struct {
 	MaxSlotLag        byteSize
 	PollInterval      time.Duration
 	Pprof             bool
+	KeyFormat         string
+	LSNHeaders        bool
+	MessagePrefix     string
+	OnInvalid         string
+	DeadLetterTopic   string
 }
 
 func (o *runOptions) register(s *optionSet) {
@@ -68,6 +73,11 @@ func (o *runOptions) register(s *optionSet) {
 	fs.Var(&o.MaxSlotLag, "max-slot-lag", "slot lag above which outboxd warns every minute and reports not ready (0 disables)")
 	fs.DurationVar(&o.PollInterval, "poll-interval", 5*time.Second, "how often the slot's server-side state and Kafka reachability are checked")
 	fs.BoolVar(&o.Pprof, "pprof", false, "serve /debug/pprof on --http-addr")
+	s.choice(&o.KeyFormat, "key-format", "raw", `record key bytes: raw, or json-string ("order-1" with quotes, like Debezium's JsonConverter) to keep partitions on cutover`, "raw", "json-string")
+	fs.BoolVar(&o.LSNHeaders, "lsn-headers", false, "add headers outboxd.commit_lsn, outboxd.xid and outboxd.commit_time to every record")
+	fs.StringVar(&o.MessagePrefix, "message-prefix", "", "route transactional pg_logical_emit_message messages with this prefix as outbox events (table-less outbox; empty disables)")
+	s.choice(&o.OnInvalid, "on-invalid", "fail", "an event that cannot be published: fail (hold the slot before it and report) or dead-letter (publish it to --dead-letter-topic and go on)", "fail", "dead-letter")
+	fs.StringVar(&o.DeadLetterTopic, "dead-letter-topic", "outboxd.deadletter", "topic for events that cannot be published, with --on-invalid dead-letter")
 }
 
 func (o *runOptions) validate() error {
@@ -93,6 +103,9 @@ func (o *runOptions) validate() error {
 	if o.StatusInterval <= 0 || o.ConfirmInterval <= 0 || o.PollInterval <= 0 {
 		errs = append(errs, errors.New("--status-interval, --confirm-interval and --poll-interval must be positive"))
 	}
+	if err := router.ValidTopic(o.DeadLetterTopic); err != nil {
+		errs = append(errs, fmt.Errorf("--dead-letter-topic: %w", err))
+	}
 	if o.HeartbeatInterval < 0 {
 		errs = append(errs, errors.New("--heartbeat-interval must not be negative"))
 	}
@@ -113,9 +126,13 @@ func runCommand(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	log := newLogger(e.stderr, o.LogFormat, o.LogLevel)
-	rt, err := router.New(router.Defaults())
+	defaults, tables, err := router.ConfigFromYAML(set.sections["router"], set.sections["tables"])
 	if err != nil {
-		return err
+		return fmt.Errorf("config file: %w", err)
+	}
+	rt, err := router.New(router.Config{Defaults: defaults, Tables: tables, KeyFormat: o.KeyFormat, LSNHeaders: o.LSNHeaders, MessagePrefix: o.MessagePrefix})
+	if err != nil {
+		return fmt.Errorf("router options: %w", err)
 	}
 	st := &state{slotName: o.Slot, maxSlotLag: int64(o.MaxSlotLag)}
 	m := newMetrics(version, st)
@@ -141,9 +158,11 @@ func runCommand(ctx context.Context, e env, args []string) error {
 			Postgres: o.Postgres, Slot: o.Slot, Publication: o.Publication,
 			MaxInflightEvents: o.MaxInflightEvents, MaxInflightBytes: int64(o.MaxInflightBytes),
 			StatusInterval: o.StatusInterval, ConfirmInterval: o.ConfirmInterval, ShutdownTimeout: o.ShutdownTimeout,
-			HeartbeatPrefix: heartbeatPrefix,
+			HeartbeatPrefix: heartbeatPrefix, MaxMessageBytes: int(o.MaxMessageBytes),
+			OnInvalid: o.OnInvalid, DeadLetterTopic: o.DeadLetterTopic, MessagePrefix: o.MessagePrefix,
 		},
-		log: log, router: rt, sink: sk, m: m, state: st, onHeartbeat: mo.onHeartbeat,
+		poison: map[eventPos]string{},
+		log:    log, router: rt, sink: sk, m: m, state: st, onHeartbeat: mo.onHeartbeat,
 	}
 
 	var wg sync.WaitGroup

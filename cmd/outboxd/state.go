@@ -27,6 +27,7 @@ type state struct {
 	confirmed  wal.LSN // last flush position sent to the server
 	lastErr    string
 	lastErrAt  time.Time
+	stalled    string // why the relay holds on an event it may not pass
 }
 
 func (s *state) setErr(err error) {
@@ -43,6 +44,8 @@ func (s *state) ready() (bool, string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
+	case s.stalled != "":
+		return false, s.stalled
 	case !s.streaming:
 		return false, "not streaming from the replication slot" + s.errSuffix()
 	case !s.kafkaOK:

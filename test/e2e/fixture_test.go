@@ -390,3 +390,22 @@ func (r *relay) stop(t *testing.T, ctx context.Context) {
 		t.Fatalf("outboxd exit code %d, err %v\n%s", code, err, tailString(r.Log(), 4000))
 	}
 }
+
+// admin is a kadm client for the test's broker, closed with the test.
+func (f *fixture) admin() *kadm.Client {
+	f.t.Helper()
+	opts, err := f.kafka.ClientOpts()
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(cl.Close)
+	return kadm.NewClient(cl)
+}
+
+type kadmAlter = kadm.AlterConfig
+
+func (f *fixture) topicCountInt() int { return int(f.topicCount(f.topic())) }

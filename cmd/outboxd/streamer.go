@@ -1,0 +1,302 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/outboxd/outboxd/router"
+	"github.com/outboxd/outboxd/slot"
+	"github.com/outboxd/outboxd/wal"
+)
+
+// streamer is one session's read loop: it pulls decoded messages, routes
+// them, hands records to the sink and keeps the server informed of the
+// watermark. It runs in the relay's goroutine; only produce callbacks run
+// elsewhere, and they touch nothing but the watermark, errc and metrics.
+type streamer struct {
+	*relay
+	stream   *wal.Stream
+	wm       *slot.Watermark
+	errc     chan error // first produce failure of the session
+	lastSent wal.LSN
+	sentAt   time.Time
+	txn      *slot.Txn
+	tx       router.Tx
+	ordinal  int // events so far in the current transaction
+}
+
+// errStalled ends a session that stopped on a row it may not pass; the
+// relay does not reconnect for it.
+var errStalled = errors.New("stalled on an invalid event")
+
+func (s *streamer) loop(ctx context.Context) error {
+	nextStatus := time.Now().Add(s.cfg.StatusInterval)
+	for {
+		select {
+		case err := <-s.errc:
+			return err
+		default:
+		}
+		now := time.Now()
+		if now.After(nextStatus) || (s.wm.Confirmed() != s.lastSent && now.Sub(s.sentAt) >= s.cfg.ConfirmInterval) {
+			if err := s.sendStatus(false); err != nil {
+				return err
+			}
+			nextStatus = now.Add(s.cfg.StatusInterval)
+		}
+		if s.wm.Full(s.cfg.MaxInflightEvents, s.cfg.MaxInflightBytes) {
+			if err := s.waitForRoom(ctx, nextStatus); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+				return err
+			}
+			continue // re-check errors and status before reading on
+		}
+		// While events are in flight, wake up soon to confirm their acks;
+		// otherwise sleep until the next status update is due.
+		deadline := nextStatus
+		if !s.wm.Drained() || s.wm.Confirmed() != s.lastSent {
+			deadline = now.Add(s.cfg.ConfirmInterval)
+		}
+		msg, err := s.stream.Next(ctx, deadline)
+		if errors.Is(err, wal.ErrTimeout) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if err := s.handle(msg); err != nil {
+			if errors.Is(err, errStalled) {
+				return s.stall(ctx, err)
+			}
+			return err
+		}
+	}
+}
+
+// waitForRoom blocks while the in-flight bound is reached, until deadline.
+func (s *streamer) waitForRoom(ctx context.Context, deadline time.Time) error {
+	wctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	return s.wm.WaitBelow(wctx, s.cfg.MaxInflightEvents, s.cfg.MaxInflightBytes)
+}
+
+func (s *streamer) sendStatus(reply bool) error {
+	lsn := s.wm.Confirmed()
+	if err := s.stream.SendStatus(lsn, reply); err != nil {
+		return err
+	}
+	s.lastSent, s.sentAt = lsn, time.Now()
+	received := s.stream.Received()
+	s.m.confirmedLSN.Set(float64(lsn))
+	s.m.receivedLSN.Set(float64(received))
+	s.state.mu.Lock()
+	s.state.confirmed, s.state.received = lsn, received
+	s.state.mu.Unlock()
+	return nil
+}
+
+func (s *streamer) handle(msg *wal.Msg) error {
+	switch msg.Kind {
+	case wal.KindBegin:
+		s.txn = s.wm.Begin(time.Now())
+		s.tx = router.Tx{Xid: msg.Begin.Xid, CommitLSN: msg.Begin.FinalLSN, CommitTime: msg.Begin.CommitTime}
+		s.ordinal = 0
+	case wal.KindInsert:
+		if s.txn == nil {
+			return errors.New("protocol: insert outside a transaction")
+		}
+		rec, err := s.router.Route(&msg.Row, s.tx)
+		return s.publish(rec, err, func(cause error) router.Record {
+			return s.router.DeadLetter(s.cfg.DeadLetterTopic, &msg.Row, s.tx, cause)
+		})
+	case wal.KindMessage:
+		return s.message(&msg.Message)
+	case wal.KindUpdate:
+		return s.update(msg)
+	case wal.KindDelete:
+		s.m.skipped.WithLabelValues("delete").Inc() // insert+delete outboxes: expected, silent
+	case wal.KindTruncate:
+		s.m.skipped.WithLabelValues("truncate").Inc()
+		for _, rel := range msg.Truncated {
+			s.log.Warn("skipped TRUNCATE of outbox table", "table", rel.QualifiedName(), "commit_lsn", s.tx.CommitLSN.String())
+		}
+	case wal.KindCommit:
+		if s.txn == nil {
+			return errors.New("protocol: commit outside a transaction")
+		}
+		s.wm.Commit(s.txn, msg.Commit.EndLSN)
+		s.txn = nil
+		s.m.transactions.Inc()
+	case wal.KindKeepalive:
+		if s.txn == nil {
+			s.wm.Idle(msg.Keepalive.WALEnd)
+		}
+		if msg.Keepalive.ReplyRequested {
+			return s.sendStatus(false)
+		}
+	}
+	return nil
+}
+
+// update applies table.op.invalid.behavior: outbox rows are insert-only.
+func (s *streamer) update(msg *wal.Msg) error {
+	table := msg.Row.Relation.QualifiedName()
+	switch s.router.InvalidOpBehavior(msg.Row.Relation) {
+	case "fatal":
+		return fmt.Errorf("%w: UPDATE on outbox table %s (commit LSN %s) and table.op.invalid.behavior is fatal", errStalled, table, s.tx.CommitLSN)
+	case "error":
+		s.log.Error("skipped UPDATE on outbox table: outbox rows are insert-only", "table", table, "commit_lsn", s.tx.CommitLSN.String())
+	default:
+		s.log.Warn("skipped UPDATE on outbox table: outbox rows are insert-only", "table", table, "commit_lsn", s.tx.CommitLSN.String())
+	}
+	s.m.skipped.WithLabelValues("update").Inc()
+	return nil
+}
+
+// message handles pg_logical_emit_message: table-less outbox events
+// (transactional, with the configured prefix) and outboxd's own heartbeats.
+func (s *streamer) message(m *wal.Message) error {
+	if !m.Transactional {
+		if m.Prefix == s.cfg.HeartbeatPrefix && s.onHeartbeat != nil {
+			s.onHeartbeat(m.Content, time.Now())
+		} else if s.cfg.MessagePrefix != "" && m.Prefix == s.cfg.MessagePrefix {
+			s.log.Warn("ignored a non-transactional message with the outbox prefix: emit outbox messages with pg_logical_emit_message(true, …) so they commit with the transaction", "prefix", m.Prefix, "lsn", m.LSN.String())
+		}
+		return nil
+	}
+	rec, ok, err := s.router.RouteMessage(m, s.tx)
+	if !ok && err == nil {
+		return nil
+	}
+	if s.txn == nil {
+		return errors.New("protocol: transactional message outside a transaction")
+	}
+	return s.publish(rec, err, func(cause error) router.Record {
+		return s.router.DeadLetterMessage(s.cfg.DeadLetterTopic, m, s.tx, cause)
+	})
+}
+
+// publish produces a routed record, or applies the invalid-event policy when
+// routing failed, the record is too large, or the broker rejected this event
+// in an earlier session.
+func (s *streamer) publish(rec router.Record, err error, deadLetter func(error) router.Record) error {
+	pos := eventPos{commit: s.tx.CommitLSN, n: s.ordinal}
+	s.ordinal++
+	if err == nil && rec.Size()+recordOverhead > s.cfg.MaxMessageBytes {
+		err = &router.InvalidError{Table: rec.Topic, Reason: fmt.Sprintf("the record is %d bytes, more than --max-message-bytes %d; raise it (and the topic's max.message.bytes) or use --on-invalid dead-letter", rec.Size(), s.cfg.MaxMessageBytes)}
+	}
+	if err == nil {
+		if cause, ok := s.poison[pos]; ok {
+			err = fmt.Errorf("rejected by kafka: %s", cause)
+		}
+	}
+	if err == nil {
+		s.produce(&rec, pos)
+		return nil
+	}
+	var inv *router.InvalidError
+	args := []any{"err", err, "commit_lsn", s.tx.CommitLSN.String(), "xid", s.tx.Xid}
+	if errors.As(err, &inv) {
+		args = append(args, "table", inv.Table, "event_id", inv.EventID)
+	}
+	if s.cfg.OnInvalid != "dead-letter" {
+		s.log.Error("cannot publish an outbox event; the slot stays before it (fix the row's cause and restart, or run with --on-invalid dead-letter)", args...)
+		return fmt.Errorf("%w: %v", errStalled, err)
+	}
+	dl := deadLetter(err)
+	if dl.Size()+recordOverhead > s.cfg.MaxMessageBytes {
+		// The dead letter itself must fit, or it would be rejected in turn.
+		dl.Value = nil
+		dl.Headers = append(dl.Headers, router.Header{Key: "outboxd.value_omitted", Value: []byte("too large for --max-message-bytes")})
+	}
+	s.log.Warn("dead-lettering an outbox event", append(args, "dead_letter_topic", s.cfg.DeadLetterTopic)...)
+	s.m.skipped.WithLabelValues("invalid").Inc()
+	s.m.deadLettered.Inc()
+	delete(s.poison, pos)
+	s.produce(&dl, pos)
+	return nil
+}
+
+// recordOverhead bounds what Kafka's batch framing adds to a record's bytes.
+const recordOverhead = 128
+
+// produce hands one record to the sink. Its callback acks the watermark; a
+// failure ends the session so the next one resumes from the slot, which
+// never moved past the failed event.
+func (s *streamer) produce(rec *router.Record, pos eventPos) {
+	txn, size, commit, topic := s.txn, rec.Size(), s.tx.CommitTime, rec.Topic
+	s.wm.Add(txn, size)
+	s.sink.Produce(context.Background(), rec, func(err error) {
+		s.wm.Ack(txn, size, err == nil)
+		if err != nil {
+			s.m.produceErrors.Inc()
+			select {
+			case s.errc <- rejection{pos: pos, topic: topic, err: err}:
+			default:
+			}
+			return
+		}
+		s.m.published.WithLabelValues(topic).Inc()
+		s.m.publishLatency.Observe(time.Since(commit).Seconds())
+	})
+}
+
+// stall holds the session on an event it may not pass: no further reading,
+// acks of earlier events still confirmed, status updates still sent so the
+// server keeps the connection, until shutdown. /readyz says why.
+func (s *streamer) stall(ctx context.Context, cause error) error {
+	s.state.setErr(cause)
+	s.state.mu.Lock()
+	s.state.stalled = cause.Error()
+	s.state.mu.Unlock()
+	s.m.blocked.Set(1)
+	defer s.m.blocked.Set(0)
+	t := time.NewTicker(s.cfg.StatusInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-s.errc:
+			return err
+		case <-s.wm.Changed():
+		case <-t.C:
+		}
+		if err := s.sendStatus(false); err != nil {
+			return err
+		}
+	}
+}
+
+// finish waits (bounded by the shutdown timeout) for in-flight events and
+// sends the final confirmation if the connection is still up.
+func (s *streamer) finish(ctx context.Context, connAlive bool) {
+	wait := func(c context.Context) {
+		for !s.wm.Drained() {
+			select {
+			case <-s.wm.Changed():
+			case <-c.Done():
+				return
+			}
+		}
+	}
+	if ctx.Err() != nil {
+		// Shutdown: bounded wait, then confirm what was acked.
+		tctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
+		wait(tctx)
+		cancel()
+		if !s.wm.Drained() {
+			s.log.Warn("shutdown timeout: events still unacked; they will be re-sent from the slot on restart", "inflight", s.wm.Stats().InflightEvents)
+		}
+	} else {
+		// Session error: let in-flight events settle so the next session
+		// starts as late as possible and re-sends little.
+		wait(ctx)
+	}
+	if connAlive {
+		if err := s.sendStatus(false); err == nil {
+			s.log.Info("confirmed", "lsn", s.lastSent.String())
+		}
+	}
+}
