@@ -191,5 +191,6 @@ func (c choiceValue) Set(s string) error {
 
 func (o *optionSet) choice(p *string, name, def, usage string, choices ...string) {
 	*p = def
-	o.fs.Var(choiceValue{p, choices}, name, usage+" ("+strings.Join(choices, "|")+")")
+	shown := slices.DeleteFunc(slices.Clone(choices), func(c string) bool { return c == "" })
+	o.fs.Var(choiceValue{p, choices}, name, usage+" ("+strings.Join(shown, "|")+")")
 }

@@ -46,6 +46,7 @@ type runOptions struct {
 	MessagePrefix     string
 	OnInvalid         string
 	DeadLetterTopic   string
+	Kafka             kafkaAuth
 }
 
 func (o *runOptions) register(s *optionSet) {
@@ -78,6 +79,7 @@ func (o *runOptions) register(s *optionSet) {
 	fs.StringVar(&o.MessagePrefix, "message-prefix", "", "route transactional pg_logical_emit_message messages with this prefix as outbox events (table-less outbox; empty disables)")
 	s.choice(&o.OnInvalid, "on-invalid", "fail", "an event that cannot be published: fail (hold the slot before it and report) or dead-letter (publish it to --dead-letter-topic and go on)", "fail", "dead-letter")
 	fs.StringVar(&o.DeadLetterTopic, "dead-letter-topic", "outboxd.deadletter", "topic for events that cannot be published, with --on-invalid dead-letter")
+	o.Kafka.register(s)
 }
 
 func (o *runOptions) validate() error {
@@ -136,7 +138,17 @@ func runCommand(ctx context.Context, e env, args []string) error {
 	}
 	st := &state{slotName: o.Slot, maxSlotLag: int64(o.MaxSlotLag)}
 	m := newMetrics(version, st)
+	tlsCfg, err := o.Kafka.tlsConfig()
+	if err != nil {
+		return err
+	}
+	mech, err := o.Kafka.mechanism()
+	if err != nil {
+		return err
+	}
 	sk, err := kafka.New(kafka.Config{
+		TLS:             tlsCfg,
+		SASL:            mech,
 		Brokers:         o.KafkaBrokers,
 		MaxMessageBytes: int32(o.MaxMessageBytes),
 		Compression:     o.Compression,

@@ -34,6 +34,7 @@ type fixture struct {
 	agg   string // aggregatetype: topics are outbox.event.<agg>
 	conn  *pgx.Conn
 	logs  string
+	env   []string // extra environment for outboxd
 }
 
 var nonWord = regexp.MustCompile(`[^a-z0-9]+`)
@@ -190,7 +191,7 @@ func (f *fixture) spawn(extra ...string) (*harness.Proc, *relay) {
 		"--http-addr", addr, "--confirm-interval", "20ms", "--status-interval", "1s",
 		"--shutdown-timeout", "10s", "--log-level", "debug",
 	}, extra...)
-	p, err := harness.StartProc(f.ctx, "outboxd", outboxdBin, args, nil, f.logs)
+	p, err := harness.StartProc(f.ctx, "outboxd", outboxdBin, args, f.env, f.logs)
 	if err != nil {
 		f.t.Fatal(err)
 	}
