@@ -209,4 +209,3 @@ func derefInt(i *int64) int64 {
 	}
 	return *i
 }
-

@@ -12,6 +12,7 @@ import (
 
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
+	"github.com/outboxd/outboxd/sink/kafka"
 	"github.com/outboxd/outboxd/slot"
 	"github.com/outboxd/outboxd/wal"
 )
@@ -31,6 +32,12 @@ type relayConfig struct {
 	OnInvalid         string // "fail" or "dead-letter"
 	DeadLetterTopic   string
 	MessagePrefix     string // the table-less outbox's pg_logical_emit_message prefix
+	// Exactly-once mode: the transactional sink and its checkpoints.
+	TxnSink     txnSink
+	Checkpoints kafka.Checkpoints
+	// SkipBefore: transactions committed before it are in Kafka already
+	// (exactly-once mode's checkpoint).
+	SkipBefore wal.LSN
 }
 
 // relay moves committed outbox rows from the slot to the sink and confirms
@@ -79,7 +86,7 @@ func (r rejection) Unwrap() error { return r.err }
 // run keeps sessions going until ctx ends. It returns nil after a clean
 // shutdown and an error only for problems a restart cannot fix (SetupError).
 func (r *relay) run(ctx context.Context) error {
-	var resume wal.LSN
+	resume := r.cfg.SkipBefore
 	bo := backoff{min: 500 * time.Millisecond, max: 15 * time.Second}
 	for first := true; ; first = false {
 		if !first {
@@ -94,7 +101,7 @@ func (r *relay) run(ctx context.Context) error {
 		var busy *slot.BusyError
 		var rej rejection
 		switch {
-		case errors.As(err, &setupErr), isConfigError(err):
+		case errors.As(err, &setupErr), isConfigError(err), errors.Is(err, kafka.ErrFenced):
 			return err
 		case errors.As(err, &busy):
 			r.logOnce(slog.LevelWarn, "replication slot busy; retrying", err)
@@ -153,6 +160,9 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, er
 	r.log.Info("streaming", "slot", info.Name, "publication", r.cfg.Publication, "from_lsn", start.String())
 
 	s := &streamer{relay: r, stream: stream, wm: wm, errc: make(chan error, 1), lastSent: start, sentAt: time.Now()}
+	if r.cfg.TxnSink != nil {
+		s.eos = &eos{sink: r.cfg.TxnSink, cp: r.cfg.Checkpoints}
+	}
 	err = s.loop(sctx)
 
 	r.m.connected.Set(0)

@@ -11,9 +11,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink/kafka"
 	"github.com/outboxd/outboxd/slot"
+	"github.com/outboxd/outboxd/wal"
 )
 
 const runSummary = `Streams committed outbox INSERTs from a pgoutput replication slot to Kafka and
@@ -47,6 +50,8 @@ type runOptions struct {
 	OnInvalid         string
 	DeadLetterTopic   string
 	Kafka             kafkaAuth
+	ExactlyOnce       bool
+	CheckpointTopic   string
 }
 
 func (o *runOptions) register(s *optionSet) {
@@ -80,6 +85,8 @@ func (o *runOptions) register(s *optionSet) {
 	s.choice(&o.OnInvalid, "on-invalid", "fail", "an event that cannot be published: fail (hold the slot before it and report) or dead-letter (publish it to --dead-letter-topic and go on)", "fail", "dead-letter")
 	fs.StringVar(&o.DeadLetterTopic, "dead-letter-topic", "outboxd.deadletter", "topic for events that cannot be published, with --on-invalid dead-letter")
 	o.Kafka.register(s)
+	fs.BoolVar(&o.ExactlyOnce, "exactly-once", false, "transactional producer: whole PostgreSQL transactions per Kafka transaction with a checkpoint; read_committed consumers see each event once")
+	fs.StringVar(&o.CheckpointTopic, "checkpoint-topic", "outboxd.checkpoints", "compacted topic holding the last committed LSN per slot, with --exactly-once")
 }
 
 func (o *runOptions) validate() error {
@@ -155,11 +162,18 @@ func runCommand(ctx context.Context, e env, args []string) error {
 		Linger:          o.KafkaLinger,
 		MaxBuffered:     o.MaxInflightEvents + 1000,
 		Logger:          log,
+		Opts:            txnOpts(o),
 	})
 	if err != nil {
 		return err
 	}
 	defer sk.Close()
+	var eosCfg relayConfig
+	if o.ExactlyOnce {
+		if eosCfg, err = prepareExactlyOnce(ctx, log, sk, o); err != nil {
+			return err
+		}
+	}
 
 	mo := &monitor{
 		dsn: o.Postgres, slot: o.Slot, interval: o.PollInterval, heartbeatInterval: o.HeartbeatInterval,
@@ -172,6 +186,7 @@ func runCommand(ctx context.Context, e env, args []string) error {
 			StatusInterval: o.StatusInterval, ConfirmInterval: o.ConfirmInterval, ShutdownTimeout: o.ShutdownTimeout,
 			HeartbeatPrefix: heartbeatPrefix, MaxMessageBytes: int(o.MaxMessageBytes),
 			OnInvalid: o.OnInvalid, DeadLetterTopic: o.DeadLetterTopic, MessagePrefix: o.MessagePrefix,
+			TxnSink: eosCfg.TxnSink, Checkpoints: eosCfg.Checkpoints, SkipBefore: eosCfg.SkipBefore,
 		},
 		poison: map[eventPos]string{},
 		log:    log, router: rt, sink: sk, m: m, state: st, onHeartbeat: mo.onHeartbeat,
@@ -211,6 +226,34 @@ func runCommand(ctx context.Context, e env, args []string) error {
 }
 
 const heartbeatPrefix = "outboxd.heartbeat"
+
+func txnOpts(o runOptions) []kgo.Opt {
+	if !o.ExactlyOnce {
+		return nil
+	}
+	return kafka.TxnOpts(o.Slot)
+}
+
+// prepareExactlyOnce fences any previous instance (same transactional id),
+// and reads the checkpoint: where the events already in Kafka end.
+func prepareExactlyOnce(ctx context.Context, log *slog.Logger, sk *kafka.Sink, o runOptions) (relayConfig, error) {
+	cp := kafka.Checkpoints{Topic: o.CheckpointTopic, Key: o.Slot}
+	if err := sk.InitTransactions(ctx, cp); err != nil {
+		return relayConfig{}, err
+	}
+	text, err := sk.LoadCheckpoint(ctx, cp)
+	if err != nil {
+		return relayConfig{}, err
+	}
+	var skip wal.LSN
+	if text != "" {
+		if skip, err = wal.ParseLSN(text); err != nil {
+			return relayConfig{}, fmt.Errorf("checkpoint %q in %s: %w", text, cp.Topic, err)
+		}
+	}
+	log.Info("exactly-once mode", "transactional_id", kafka.TransactionalID(o.Slot), "checkpoint_topic", cp.Topic, "checkpoint_lsn", skip.String())
+	return relayConfig{TxnSink: sk, Checkpoints: cp, SkipBefore: skip}, nil
+}
 
 func newLogger(w interface{ Write([]byte) (int, error) }, format, level string) *slog.Logger {
 	var lv slog.Level

@@ -24,7 +24,9 @@ type streamer struct {
 	sentAt   time.Time
 	txn      *slot.Txn
 	tx       router.Tx
-	ordinal  int // events so far in the current transaction
+	ordinal  int  // events so far in the current transaction
+	eos      *eos // exactly-once mode; nil otherwise
+	skipping bool // the current transaction is already in Kafka (exactly-once)
 }
 
 // errStalled ends a session that stopped on a row it may not pass; the
@@ -60,6 +62,12 @@ func (s *streamer) loop(ctx context.Context) error {
 		}
 		msg, err := s.stream.Next(ctx, deadline)
 		if errors.Is(err, wal.ErrTimeout) {
+			if s.eos != nil && s.txn == nil {
+				// Quiet stream: commit what the open Kafka transaction holds.
+				if err := s.eos.commit(ctx, s.wm); err != nil {
+					return err
+				}
+			}
 			continue
 		}
 		if err != nil {
@@ -102,9 +110,19 @@ func (s *streamer) handle(msg *wal.Msg) error {
 		s.txn = s.wm.Begin(time.Now())
 		s.tx = router.Tx{Xid: msg.Begin.Xid, CommitLSN: msg.Begin.FinalLSN, CommitTime: msg.Begin.CommitTime}
 		s.ordinal = 0
+		if s.eos != nil {
+			// A transaction committed before the checkpoint is in Kafka already.
+			s.skipping = msg.Begin.FinalLSN < s.cfg.SkipBefore
+			if !s.skipping {
+				return s.eos.begin()
+			}
+		}
 	case wal.KindInsert:
 		if s.txn == nil {
 			return errors.New("protocol: insert outside a transaction")
+		}
+		if s.skipping {
+			return nil
 		}
 		rec, err := s.router.Route(&msg.Row, s.tx)
 		return s.publish(rec, err, func(cause error) router.Record {
@@ -125,9 +143,13 @@ func (s *streamer) handle(msg *wal.Msg) error {
 		if s.txn == nil {
 			return errors.New("protocol: commit outside a transaction")
 		}
-		s.wm.Commit(s.txn, msg.Commit.EndLSN)
+		txn := s.txn
 		s.txn = nil
 		s.m.transactions.Inc()
+		if s.eos != nil && !s.skipping {
+			return s.eos.pgCommit(context.Background(), s.wm, txn, msg.Commit.EndLSN)
+		}
+		s.wm.Commit(txn, msg.Commit.EndLSN)
 	case wal.KindKeepalive:
 		if s.txn == nil {
 			s.wm.Idle(msg.Keepalive.WALEnd)
@@ -166,7 +188,7 @@ func (s *streamer) message(m *wal.Message) error {
 		return nil
 	}
 	rec, ok, err := s.router.RouteMessage(m, s.tx)
-	if !ok && err == nil {
+	if (!ok && err == nil) || s.skipping {
 		return nil
 	}
 	if s.txn == nil {
@@ -227,6 +249,9 @@ const recordOverhead = 128
 func (s *streamer) produce(rec *router.Record, pos eventPos) {
 	txn, size, commit, topic := s.txn, rec.Size(), s.tx.CommitTime, rec.Topic
 	s.wm.Add(txn, size)
+	if s.eos != nil {
+		s.eos.records++
+	}
 	s.sink.Produce(context.Background(), rec, func(err error) {
 		s.wm.Ack(txn, size, err == nil)
 		if err != nil {
@@ -272,6 +297,15 @@ func (s *streamer) stall(ctx context.Context, cause error) error {
 // finish waits (bounded by the shutdown timeout) for in-flight events and
 // sends the final confirmation if the connection is still up.
 func (s *streamer) finish(ctx context.Context, connAlive bool) {
+	if s.eos != nil {
+		if ctx.Err() != nil && s.txn == nil {
+			// Clean shutdown between transactions: commit what is complete.
+			if err := s.eos.commit(context.Background(), s.wm); err != nil {
+				s.log.Warn("exactly-once: final Kafka commit failed; the next run resumes from the last checkpoint", "err", err)
+			}
+		}
+		s.eos.abort(context.Background())
+	}
 	wait := func(c context.Context) {
 		for !s.wm.Drained() {
 			select {

@@ -36,6 +36,7 @@ type Config struct {
 type Sink struct {
 	client *kgo.Client
 	manual context.Context // marks records that carry an explicit partition
+	conn   []kgo.Opt       // brokers, TLS and SASL: for the checkpoint reader
 }
 
 // New builds the producer. It does not contact the brokers: a broker that is
@@ -64,12 +65,14 @@ func New(cfg Config) (*Sink, error) {
 	if cfg.MaxMessageBytes > 0 {
 		opts = append(opts, kgo.ProducerBatchMaxBytes(cfg.MaxMessageBytes))
 	}
+	s.conn = []kgo.Opt{kgo.SeedBrokers(cfg.Brokers...)}
 	if cfg.TLS != nil {
-		opts = append(opts, kgo.DialTLSConfig(cfg.TLS))
+		s.conn = append(s.conn, kgo.DialTLSConfig(cfg.TLS))
 	}
 	if cfg.SASL != nil {
-		opts = append(opts, kgo.SASL(cfg.SASL))
+		s.conn = append(s.conn, kgo.SASL(cfg.SASL))
 	}
+	opts = append(opts, s.conn...)
 	if cfg.Logger != nil {
 		opts = append(opts, kgo.WithLogger(logger{cfg.Logger}))
 	}

@@ -1,0 +1,93 @@
+package main
+
+import (
+	"context"
+	"time"
+
+	"github.com/outboxd/outboxd/sink/kafka"
+	"github.com/outboxd/outboxd/slot"
+	"github.com/outboxd/outboxd/wal"
+)
+
+// Exactly-once mode: each Kafka transaction carries whole PostgreSQL
+// transactions plus a checkpoint record with the end LSN of the last one, so
+// Kafka holds, atomically, the events and how far they go. A PostgreSQL
+// transaction enters the watermark as committed only when its Kafka
+// transaction has committed; the slot is confirmed no further.
+
+// Kafka transactions close at a PostgreSQL commit once they are this old or
+// this large, or when the stream goes quiet.
+const (
+	eosMaxAge     = 100 * time.Millisecond
+	eosMaxRecords = 10000
+)
+
+// txnSink is the part of the Kafka sink that exactly-once mode uses.
+type txnSink interface {
+	Begin() error
+	Commit(ctx context.Context, cp kafka.Checkpoints, lsn string) error
+	Abort(ctx context.Context)
+}
+
+// eos is one session's Kafka-transaction state, owned by the streamer.
+type eos struct {
+	sink    txnSink
+	cp      kafka.Checkpoints
+	open    bool
+	started time.Time
+	records int
+	txns    []*slot.Txn // PostgreSQL transactions inside the open Kafka one
+	ends    []wal.LSN
+}
+
+// begin opens a Kafka transaction if none is open.
+func (e *eos) begin() error {
+	if e.open {
+		return nil
+	}
+	if err := e.sink.Begin(); err != nil {
+		return err
+	}
+	e.open, e.started, e.records = true, time.Now(), 0
+	return nil
+}
+
+// pgCommit records a finished PostgreSQL transaction and commits the Kafka
+// transaction if it is due.
+func (e *eos) pgCommit(ctx context.Context, wm *slot.Watermark, txn *slot.Txn, end wal.LSN) error {
+	e.txns = append(e.txns, txn)
+	e.ends = append(e.ends, end)
+	if time.Since(e.started) >= eosMaxAge || e.records >= eosMaxRecords {
+		return e.commit(ctx, wm)
+	}
+	return nil
+}
+
+// commit commits the open Kafka transaction with its checkpoint, then lets
+// the watermark see its PostgreSQL transactions as committed.
+func (e *eos) commit(ctx context.Context, wm *slot.Watermark) error {
+	if !e.open || len(e.txns) == 0 {
+		return nil
+	}
+	if err := e.sink.Commit(ctx, e.cp, e.ends[len(e.ends)-1].String()); err != nil {
+		e.reset()
+		return err
+	}
+	for i, t := range e.txns {
+		wm.Commit(t, e.ends[i])
+	}
+	e.reset()
+	return nil
+}
+
+func (e *eos) abort(ctx context.Context) {
+	if e.open {
+		e.sink.Abort(ctx)
+	}
+	e.reset()
+}
+
+func (e *eos) reset() {
+	e.open, e.records = false, 0
+	e.txns, e.ends = e.txns[:0], e.ends[:0]
+}

@@ -1,0 +1,150 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Checkpoints makes the producer transactional (exactly-once mode): records
+// are committed in Kafka transactions, and each transaction also writes the
+// LSN it covers to a compacted checkpoint topic, atomically. After a crash,
+// read_committed consumers see each event once: the aborted tail never
+// becomes visible, and the next run resumes right after the checkpoint.
+type Checkpoints struct {
+	Topic string // compacted, one partition
+	Key   string // the slot name
+}
+
+// TransactionalID derives the producer's transactional id from the slot, so
+// a second outboxd on the same slot fences the first.
+func TransactionalID(slot string) string { return "outboxd." + slot }
+
+// ErrFenced means another producer with the same transactional id took over.
+var ErrFenced = errors.New("kafka: fenced by another outboxd with the same transactional id")
+
+// TxnOpts are the client options exactly-once mode adds.
+func TxnOpts(slot string) []kgo.Opt {
+	return []kgo.Opt{kgo.TransactionalID(TransactionalID(slot)), kgo.TransactionTimeout(60 * time.Second)}
+}
+
+// InitTransactions registers the transactional id with the coordinator now
+// rather than at the first record: that aborts whatever a previous instance
+// left open and fences it, before this instance streams anything.
+func (s *Sink) InitTransactions(ctx context.Context, cp Checkpoints) error {
+	adm := kadm.NewClient(s.client)
+	resp, err := adm.CreateTopic(ctx, 1, -1, map[string]*string{"cleanup.policy": ptr("compact")}, cp.Topic)
+	if err == nil {
+		err = resp.Err
+	}
+	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+		return fmt.Errorf("kafka: create checkpoint topic %s: %w", cp.Topic, err)
+	}
+	if _, _, err := s.client.ProducerID(ctx); err != nil {
+		return wrapFenced(fmt.Errorf("kafka: init transactional producer: %w", err))
+	}
+	return nil
+}
+
+// Begin opens a Kafka transaction.
+func (s *Sink) Begin() error { return wrapFenced(s.client.BeginTransaction()) }
+
+// Commit writes the checkpoint, waits for every record of the transaction
+// and commits it. On error the transaction is aborted; nothing of it is
+// visible to read_committed consumers.
+func (s *Sink) Commit(ctx context.Context, cp Checkpoints, lsn string) error {
+	rec := &kgo.Record{Topic: cp.Topic, Key: []byte(cp.Key), Value: []byte(lsn)}
+	err := s.client.ProduceSync(ctx, rec).FirstErr()
+	if err == nil {
+		err = s.client.Flush(ctx)
+	}
+	if err == nil {
+		err = s.client.EndTransaction(ctx, kgo.TryCommit)
+	}
+	if err != nil {
+		s.Abort(ctx)
+		return wrapFenced(fmt.Errorf("kafka: commit transaction: %w", err))
+	}
+	return nil
+}
+
+// Abort drops the open transaction and its buffered records.
+func (s *Sink) Abort(ctx context.Context) {
+	_ = s.client.AbortBufferedRecords(ctx)
+	_ = s.client.EndTransaction(ctx, kgo.TryAbort)
+}
+
+// LoadCheckpoint reads the checkpoint topic with read_committed isolation and
+// returns the last LSN committed for cp.Key ("" if none).
+func (s *Sink) LoadCheckpoint(ctx context.Context, cp Checkpoints) (string, error) {
+	adm := kadm.NewClient(s.client)
+	ends, err := adm.ListEndOffsets(ctx, cp.Topic)
+	if err != nil {
+		return "", fmt.Errorf("kafka: checkpoint end offsets: %w", err)
+	}
+	want := map[int32]int64{}
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Err == nil && o.Offset > 0 {
+			want[o.Partition] = o.Offset
+		}
+	})
+	if len(want) == 0 {
+		return "", nil
+	}
+	opts := append([]kgo.Opt{
+		kgo.ConsumeTopics(cp.Topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.FetchMaxWait(200 * time.Millisecond),
+	}, s.conn...)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return "", err
+	}
+	defer cl.Close()
+	// read_committed skips aborted records and stops at the last stable
+	// offset. A committed transaction ends with its checkpoint record just
+	// before the commit marker (end-2); if the newest transaction was
+	// aborted, that offset never shows, and a quiet second ends the read.
+	last, seen, start := "", false, time.Now()
+	for len(want) > 0 {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		fetches := cl.PollFetches(pctx)
+		cancel()
+		if err := ctx.Err(); err != nil {
+			return "", fmt.Errorf("kafka: read checkpoint: %w", err)
+		}
+		n := 0
+		fetches.EachRecord(func(r *kgo.Record) {
+			n++
+			if string(r.Key) == cp.Key {
+				last = string(r.Value)
+			}
+			if end, ok := want[r.Partition]; ok && r.Offset >= end-2 {
+				delete(want, r.Partition)
+			}
+		})
+		if n == 0 && (seen || time.Since(start) > 10*time.Second) {
+			break
+		}
+		seen = seen || n > 0
+	}
+	return last, nil
+}
+
+func wrapFenced(err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch) {
+		return fmt.Errorf("%w: %v", ErrFenced, err)
+	}
+	return err
+}
+
+func ptr(s string) *string { return &s }

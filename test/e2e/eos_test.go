@@ -1,0 +1,120 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxd/outboxd/test/harness"
+)
+
+// readCommitted reads the test topic as a read_committed consumer until it
+// holds want records, then for a further second to catch any extra.
+func (f *fixture) readCommitted(want int) []*kgo.Record {
+	f.t.Helper()
+	ctx, cancel := context.WithTimeout(f.ctx, 30*time.Second)
+	defer cancel()
+	recs, err := harness.ReadAll(ctx, f.kafka.Brokers(), []string{f.topic()}, want, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	if err != nil {
+		f.t.Fatalf("read_committed: %v", err)
+	}
+	extra, cancel2 := context.WithTimeout(f.ctx, 1500*time.Millisecond)
+	defer cancel2()
+	more, _ := harness.ReadAll(extra, f.kafka.Brokers(), []string{f.topic()}, want+1, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	if len(more) > len(recs) {
+		recs = more
+	}
+	return recs
+}
+
+// Exactly-once: SIGKILL mid-stream and restart leave read_committed
+// consumers with every event exactly once, in order per aggregate.
+func TestExactlyOnceSurvivesKill(t *testing.T) {
+	f := newFixture(t)
+	r := f.startRelay("--exactly-once", "--checkpoint-topic", "cp."+f.agg)
+	const total = 2000
+	done := make(chan uint64)
+	go func() {
+		var end uint64
+		for i := 1; i <= total; i += 10 {
+			var evs []event
+			for j := i; j < i+10; j++ {
+				evs = append(evs, event{j, fmt.Sprintf("k%d", j%5), "E", fmt.Sprintf(`{"n": %d}`, j)})
+			}
+			end = f.commitNoFatal(evs...)
+		}
+		done <- end
+	}()
+	for f.topicCount(f.topic()) < 300 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := r.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	end := <-done
+	f.waitSlotInactive(10 * time.Second)
+	r = f.startRelay("--exactly-once", "--checkpoint-topic", "cp."+f.agg)
+	if err := r.WaitLog(f.ctx, "checkpoint_lsn="); err != nil {
+		t.Fatal(err)
+	}
+	f.waitConfirmed(end, 60*time.Second)
+	recs := f.readCommitted(total)
+	first, dups := byID(t, recs)
+	if len(first) != total || dups != 0 {
+		t.Fatalf("read_committed: %d distinct events, %d duplicates; want %d and 0", len(first), dups, total)
+	}
+	got := perKey(t, recs)
+	for k := 0; k < 5; k++ {
+		key := fmt.Sprintf("k%d", k)
+		var want []string
+		for j := 1; j <= total; j++ {
+			if j%5 == k {
+				want = append(want, eventID(j))
+			}
+		}
+		if strings.Join(got[key], ",") != strings.Join(want, ",") {
+			t.Fatalf("aggregate %s out of order", key)
+		}
+	}
+	// The checkpoint topic holds the slot's last LSN.
+	cp, err := harness.ReadAll(f.ctx, f.kafka.Brokers(), []string{"cp." + f.agg}, 1, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	if err != nil || string(cp[0].Key) != f.slot || !strings.Contains(string(cp[0].Value), "/") {
+		t.Fatalf("checkpoint records %v, %v", cp, err)
+	}
+}
+
+// A second outboxd with the same slot (so the same transactional id) fences
+// the first: the old one stops producing and exits, the new one takes over.
+func TestExactlyOnceFencing(t *testing.T) {
+	f := newFixture(t)
+	args := []string{"--exactly-once", "--checkpoint-topic", "cp." + f.agg}
+	a := f.startRelay(args...)
+	end := f.commit(event{1, "a", "E", `{}`})
+	f.waitConfirmed(end, 20*time.Second)
+
+	b, _ := f.spawn(args...)
+	if err := b.WaitLog(f.ctx, "is active for PID"); err != nil {
+		t.Fatalf("second outboxd did not wait for the slot: %v\n%s", err, b.Log())
+	}
+	f.commit(event{2, "a", "E", `{}`})
+	ctx, cancel := context.WithTimeout(f.ctx, 30*time.Second)
+	defer cancel()
+	code, err := a.Wait(ctx)
+	if err != nil || code != 1 || !strings.Contains(a.Log(), "fenced") {
+		t.Fatalf("first outboxd: exit %d, %v; want exit 1 naming the fencing\n%s", code, err, a.Log())
+	}
+	if err := b.WaitLog(f.ctx, "msg=streaming"); err != nil {
+		t.Fatal(err)
+	}
+	end = f.commit(event{3, "a", "E", `{}`})
+	f.waitConfirmed(end, 30*time.Second)
+	recs := f.readCommitted(3)
+	first, dups := byID(t, recs)
+	if len(first) != 3 || dups != 0 {
+		t.Fatalf("%d distinct, %d duplicates; want 3 and 0", len(first), dups)
+	}
+}
