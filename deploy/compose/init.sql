@@ -1,0 +1,52 @@
+-- GENERATED from migrations/*.sql.tmpl by
+--   go test ./deploy/ -run TestComposeInitSQL -update
+-- Do not edit by hand. Table public.outbox, publication outboxd, role outboxd.
+-- The postgres image runs this once, on an empty data volume, as the
+-- superuser in POSTGRES_DB (deploy/compose.yaml).
+
+-- ===== migrations/001_outbox.sql.tmpl =====
+-- The outbox table in Debezium's layout (Outbox Event Router defaults):
+-- topic from aggregatetype, key from aggregateid, headers id and type, value = payload.
+-- Services INSERT into it in the same transaction as their business rows.
+CREATE TABLE IF NOT EXISTS public.outbox (
+    id            uuid         PRIMARY KEY DEFAULT gen_random_uuid(),
+    aggregatetype varchar(255) NOT NULL,
+    aggregateid   varchar(255) NOT NULL,
+    type          varchar(255) NOT NULL,
+    payload       jsonb        NOT NULL,
+    created_at    timestamptz  NOT NULL DEFAULT now()
+);
+
+-- ===== migrations/003_publication.sql.tmpl =====
+-- The publication outboxd streams. publish = 'insert' keeps UPDATEs, DELETEs and
+-- TRUNCATEs of the outbox inside PostgreSQL, so "insert then delete in the same
+-- transaction" outboxes cost nothing downstream.
+DO $outboxd$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = 'outboxd') THEN
+        CREATE PUBLICATION "outboxd" FOR TABLE public.outbox WITH (publish = 'insert');
+    ELSIF NOT EXISTS (SELECT 1 FROM pg_publication_tables
+                      WHERE pubname = 'outboxd' AND format('%I.%I', schemaname, tablename) = 'public.outbox') THEN
+        ALTER PUBLICATION "outboxd" ADD TABLE public.outbox;
+    END IF;
+END
+$outboxd$;
+
+-- ===== migrations/004_role.sql.tmpl =====
+-- A least-privilege role for outboxd: it may open replication connections and
+-- read the outbox table, nothing else. Set its password out of band:
+--   ALTER ROLE "outboxd" PASSWORD '…';
+-- outboxd creates its slot on first start (REPLICATION suffices for that).
+DO $outboxd$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'outboxd') THEN
+        CREATE ROLE "outboxd" WITH LOGIN REPLICATION;
+    END IF;
+    EXECUTE format('GRANT CONNECT ON DATABASE %I TO %I', current_database(), 'outboxd');
+END
+$outboxd$;
+GRANT USAGE ON SCHEMA public TO "outboxd";
+GRANT SELECT ON public.outbox TO "outboxd";
+
+-- Demo password only. In production set it out of band (deploy/README.md).
+ALTER ROLE outboxd PASSWORD 'outboxd';
