@@ -1,0 +1,146 @@
+package slot
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/outboxd/outboxd/wal"
+)
+
+func TestWatermarkConfirmsOnlyContiguousAckedCommits(t *testing.T) {
+	w := NewWatermark(100)
+	now := time.Now()
+	t1, t2, t3 := w.Begin(now), w.Begin(now), w.Begin(now)
+	w.Add(t1, 10)
+	w.Add(t2, 10)
+	w.Add(t2, 10)
+	w.Commit(t1, 200)
+	w.Commit(t2, 300)
+	w.Commit(t3, 400) // no events at all
+	if got := w.Confirmed(); got != 100 {
+		t.Fatalf("confirmed %s before any ack", got)
+	}
+	// Acks out of order: t2 first. t1 still holds everything behind it.
+	w.Ack(t2, 10, true)
+	w.Ack(t2, 10, true)
+	if got := w.Confirmed(); got != 100 {
+		t.Fatalf("confirmed %s past unacked t1", got)
+	}
+	w.Ack(t1, 10, true)
+	if got := w.Confirmed(); got != 400 {
+		t.Fatalf("confirmed %s, want 400 (t1, t2 and the empty t3)", got)
+	}
+	if s := w.Stats(); s.InflightEvents != 0 || s.InflightBytes != 0 || s.OpenTxns != 0 || !s.OldestUnacked.IsZero() {
+		t.Fatalf("stats after drain: %+v", s)
+	}
+}
+
+func TestWatermarkNeverPassesAnOpenOrFailedTransaction(t *testing.T) {
+	w := NewWatermark(1)
+	t1 := w.Begin(time.Now())
+	w.Add(t1, 1)
+	w.Ack(t1, 1, true)
+	if w.Confirmed() != 1 {
+		t.Fatal("confirmed an uncommitted transaction")
+	}
+	w.Commit(t1, 10)
+	t2 := w.Begin(time.Now())
+	w.Add(t2, 1)
+	w.Add(t2, 1)
+	w.Ack(t2, 1, false) // rejected by the broker
+	w.Ack(t2, 1, true)
+	w.Commit(t2, 20)
+	t3 := w.Begin(time.Now())
+	w.Commit(t3, 30)
+	if got := w.Confirmed(); got != 10 {
+		t.Fatalf("confirmed %s, want 10: t2 failed", got)
+	}
+	if !w.Drained() {
+		t.Fatal("a failed event must leave the in-flight counts")
+	}
+}
+
+func TestWatermarkIdleOnlyWhenNothingPending(t *testing.T) {
+	w := NewWatermark(5)
+	w.Idle(50)
+	if w.Confirmed() != 50 {
+		t.Fatalf("idle keepalive not confirmed: %s", w.Confirmed())
+	}
+	w.Idle(40) // never backwards
+	if w.Confirmed() != 50 {
+		t.Fatal("moved backwards")
+	}
+	t1 := w.Begin(time.Now())
+	w.Idle(90)
+	if w.Confirmed() != 50 {
+		t.Fatal("idle confirmed past an open transaction")
+	}
+	w.Add(t1, 1)
+	w.Commit(t1, 60)
+	w.Idle(90)
+	if w.Confirmed() != 50 {
+		t.Fatal("idle confirmed past an unacked transaction")
+	}
+	w.Ack(t1, 1, true)
+	w.Idle(90)
+	if w.Confirmed() != 90 {
+		t.Fatalf("confirmed %s, want 90", w.Confirmed())
+	}
+}
+
+// Back-pressure: WaitBelow blocks while the bound is reached and wakes on acks,
+// even inside one huge uncommitted transaction.
+func TestWatermarkWaitBelowWakesOnAcks(t *testing.T) {
+	w := NewWatermark(1)
+	txn := w.Begin(time.Now())
+	for i := 0; i < 3; i++ {
+		w.Add(txn, 100)
+	}
+	if !w.Full(3, 1<<20) {
+		t.Fatal("not full at the event bound")
+	}
+	done := make(chan error)
+	go func() { done <- w.WaitBelow(context.Background(), 3, 1<<20) }()
+	select {
+	case <-done:
+		t.Fatal("WaitBelow returned while full")
+	case <-time.After(50 * time.Millisecond):
+	}
+	w.Ack(txn, 100, true)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("WaitBelow did not wake on an ack")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := w.WaitBelow(ctx, 1, 1<<20); err != context.DeadlineExceeded {
+		t.Fatalf("WaitBelow with a deadline: %v", err)
+	}
+}
+
+// Acks from many goroutines, transactions committed in order: the final
+// confirmation is exactly the last commit's end.
+func TestWatermarkConcurrentAcks(t *testing.T) {
+	w := NewWatermark(1)
+	var wg sync.WaitGroup
+	const txns, per = 200, 50
+	for i := 0; i < txns; i++ {
+		txn := w.Begin(time.Now())
+		for j := 0; j < per; j++ {
+			w.Add(txn, 1)
+			wg.Add(1)
+			go func() { defer wg.Done(); w.Ack(txn, 1, true) }()
+		}
+		w.Commit(txn, wal.LSN(1000+i))
+	}
+	wg.Wait()
+	if got := w.Confirmed(); got != wal.LSN(1000+txns-1) {
+		t.Fatalf("confirmed %s", got)
+	}
+}
