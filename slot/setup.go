@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -55,6 +56,9 @@ type Info struct {
 	ConfirmedFlush wal.LSN
 	RestartLSN     wal.LSN
 	WALStatus      string
+	// SessionPID is the backend PID of the connection Prepare ran on: the
+	// walsender's PID once it streams (set by Prepare only).
+	SessionPID int
 }
 
 var slotNameRE = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
@@ -71,6 +75,11 @@ func ValidateName(name string) error {
 type Config struct {
 	Slot        string
 	Publication string
+	// TakeOver is the walsender PID of this process's previous session, or 0.
+	// If that walsender still holds the slot (its client vanished without a
+	// FIN: a partition, a dead NAT entry), it is terminated rather than waited
+	// for until wal_sender_timeout.
+	TakeOver int
 }
 
 // Prepare runs on a replication connection before streaming. It checks
@@ -108,7 +117,30 @@ func Prepare(ctx context.Context, conn *pgconn.PgConn, cfg Config) (info Info, c
 			return Info{}, false, err
 		}
 	}
+	if info.Active && cfg.TakeOver != 0 && info.ActivePID == cfg.TakeOver {
+		if info, err = takeOver(ctx, conn, info); err != nil {
+			return Info{}, false, err
+		}
+	}
+	info.SessionPID, _ = strconv.Atoi(db[1])
 	return info, created, checkSlot(ctx, conn, info, db[0], db[1])
+}
+
+// takeOver terminates our own previous, stale walsender and waits (bounded)
+// until the slot is free.
+func takeOver(ctx context.Context, conn *pgconn.PgConn, info Info) (Info, error) {
+	if _, err := query(ctx, conn, "SELECT pg_terminate_backend("+strconv.Itoa(info.ActivePID)+")"); err != nil {
+		return info, err
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for info.Active && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+		var err error
+		if info, _, err = Inspect(ctx, conn, info.Name); err != nil {
+			return info, err
+		}
+	}
+	return info, nil
 }
 
 func checkWALLevel(ctx context.Context, conn *pgconn.PgConn) error {

@@ -172,6 +172,10 @@ func (s *Stream) SendStatus(flushed LSN, replyRequested bool) error {
 	if flushed == 0 {
 		return errors.New("send standby status update: refusing to confirm LSN 0")
 	}
+	// A peer that stopped reading must not block the relay forever.
+	if err := s.conn.Conn().SetWriteDeadline(time.Now().Add(statusWriteTimeout)); err != nil {
+		return fmt.Errorf("send standby status update: %w", err)
+	}
 	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), s.conn, pglogrepl.StandbyStatusUpdate{
 		WALWritePosition: max(s.received, flushed),
 		// pglogrepl replaces a zero flush position with the write position;
@@ -185,6 +189,8 @@ func (s *Stream) SendStatus(flushed LSN, replyRequested bool) error {
 	}
 	return nil
 }
+
+const statusWriteTimeout = 10 * time.Second
 
 // Close releases the stream's hooks. The caller owns and closes the connection.
 func (s *Stream) Close() { s.stop() }

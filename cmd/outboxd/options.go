@@ -143,7 +143,11 @@ func scalar(v any) string {
 
 // usage prints every option with its default and environment variable.
 func (o *optionSet) usage(w io.Writer, summary string) {
-	fmt.Fprintf(w, "Usage: %s [options]\n\n%s\n\nOptions (each also read from the environment variable shown, and from the --config YAML file):\n", o.fs.Name(), summary)
+	sources := "the environment variable shown"
+	if o.fs.Lookup("config") != nil {
+		sources += ", and from the --config YAML file"
+	}
+	fmt.Fprintf(w, "Usage: %s [options]\n\n%s\n\nOptions (each also read from %s):\n", o.fs.Name(), summary, sources)
 	o.fs.VisitAll(func(f *flag.Flag) {
 		def := ""
 		if f.DefValue != "" {

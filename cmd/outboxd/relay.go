@@ -19,19 +19,20 @@ import (
 
 // relayConfig is what the relay loop needs; run.go fills it from options.
 type relayConfig struct {
-	Postgres          string
-	Slot              string
-	Publication       string
-	MaxInflightEvents int
-	MaxInflightBytes  int64
-	StatusInterval    time.Duration // the longest gap between standby status updates
-	ConfirmInterval   time.Duration // the shortest gap between confirmations while events flow
-	ShutdownTimeout   time.Duration
-	HeartbeatPrefix   string
-	MaxMessageBytes   int    // a record larger than this is an invalid row, not a broker error
-	OnInvalid         string // "fail" or "dead-letter"
-	DeadLetterTopic   string
-	MessagePrefix     string // the table-less outbox's pg_logical_emit_message prefix
+	Postgres           string
+	Slot               string
+	Publication        string
+	MaxInflightEvents  int
+	MaxInflightBytes   int64
+	StatusInterval     time.Duration // the longest gap between standby status updates
+	ConfirmInterval    time.Duration // the shortest gap between confirmations while events flow
+	ReplicationTimeout time.Duration // silence from the server after which the connection is presumed dead
+	ShutdownTimeout    time.Duration
+	HeartbeatPrefix    string
+	MaxMessageBytes    int    // a record larger than this is an invalid row, not a broker error
+	OnInvalid          string // "fail" or "dead-letter"
+	DeadLetterTopic    string
+	MessagePrefix      string // the table-less outbox's pg_logical_emit_message prefix
 	// Exactly-once mode: the transactional sink and its checkpoints.
 	TxnSink     txnSink
 	Checkpoints kafka.Checkpoints
@@ -58,6 +59,9 @@ type relay struct {
 	// next session dead-letters them in order (on-invalid = dead-letter).
 	// Owned by the relay goroutine; written from sink callbacks via errc.
 	poison map[eventPos]string
+	// lastPID is the walsender PID of the previous session, to take the slot
+	// back from it if it outlived its connection.
+	lastPID int
 	// lastLogged de-duplicates a session error repeated on every retry.
 	lastLogged   string
 	lastLoggedAt time.Time
@@ -132,12 +136,18 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, er
 	if err != nil {
 		return false, err
 	}
-	defer conn.Close(context.Background())
+	defer func() {
+		// Bounded: a connection to a vanished server must not hang the relay.
+		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		conn.Close(cctx)
+	}()
 
-	info, created, err := slot.Prepare(ctx, conn, slot.Config{Slot: r.cfg.Slot, Publication: r.cfg.Publication})
+	info, created, err := slot.Prepare(ctx, conn, slot.Config{Slot: r.cfg.Slot, Publication: r.cfg.Publication, TakeOver: r.lastPID})
 	if err != nil {
 		return false, err
 	}
+	r.lastPID = info.SessionPID
 	if created {
 		r.log.Info("created replication slot", "slot", info.Name, "plugin", "pgoutput", "confirmed_flush_lsn", info.ConfirmedFlush.String())
 	}
@@ -195,7 +205,7 @@ func (r *relay) logOnce(level slog.Level, msg string, err error, args ...any) {
 	} else {
 		r.lastLogged, r.lastLoggedAt = text, time.Now()
 	}
-	r.log.Log(context.Background(), level, msg, append([]any{"err", err}, args...)...)
+	r.log.Log(context.Background(), level, msg, append([]any{"err", redactText(text, r.cfg.Postgres)}, args...)...)
 }
 
 // backoff is exponential with a cap.

@@ -24,34 +24,35 @@ confirms the slot's flush LSN only after Kafka has acked every event up to it.`
 
 // runOptions are the daemon's options.
 type runOptions struct {
-	Config            string
-	Postgres          string
-	Publication       string
-	Slot              string
-	KafkaBrokers      listValue
-	HTTPAddr          string
-	LogFormat         string
-	LogLevel          string
-	ShutdownTimeout   time.Duration
-	StatusInterval    time.Duration
-	ConfirmInterval   time.Duration
-	MaxInflightEvents int
-	MaxInflightBytes  byteSize
-	KafkaLinger       time.Duration
-	Compression       string
-	MaxMessageBytes   byteSize
-	HeartbeatInterval time.Duration
-	MaxSlotLag        byteSize
-	PollInterval      time.Duration
-	Pprof             bool
-	KeyFormat         string
-	LSNHeaders        bool
-	MessagePrefix     string
-	OnInvalid         string
-	DeadLetterTopic   string
-	Kafka             kafkaAuth
-	ExactlyOnce       bool
-	CheckpointTopic   string
+	Config             string
+	Postgres           string
+	Publication        string
+	Slot               string
+	KafkaBrokers       listValue
+	HTTPAddr           string
+	LogFormat          string
+	LogLevel           string
+	ShutdownTimeout    time.Duration
+	StatusInterval     time.Duration
+	ConfirmInterval    time.Duration
+	ReplicationTimeout time.Duration
+	MaxInflightEvents  int
+	MaxInflightBytes   byteSize
+	KafkaLinger        time.Duration
+	Compression        string
+	MaxMessageBytes    byteSize
+	HeartbeatInterval  time.Duration
+	MaxSlotLag         byteSize
+	PollInterval       time.Duration
+	Pprof              bool
+	KeyFormat          string
+	LSNHeaders         bool
+	MessagePrefix      string
+	OnInvalid          string
+	DeadLetterTopic    string
+	Kafka              kafkaAuth
+	ExactlyOnce        bool
+	CheckpointTopic    string
 }
 
 func (o *runOptions) register(s *optionSet) {
@@ -67,6 +68,7 @@ func (o *runOptions) register(s *optionSet) {
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long to wait for in-flight Kafka acks before the final confirmation")
 	fs.DurationVar(&o.StatusInterval, "status-interval", 10*time.Second, "longest gap between standby status updates to PostgreSQL")
 	fs.DurationVar(&o.ConfirmInterval, "confirm-interval", 100*time.Millisecond, "shortest gap between flush LSN confirmations while events flow")
+	fs.DurationVar(&o.ReplicationTimeout, "replication-timeout", 30*time.Second, "silence from PostgreSQL (status updates ask for replies) after which the replication connection is presumed dead and replaced")
 	fs.IntVar(&o.MaxInflightEvents, "max-inflight-events", 50000, "events handed to Kafka and not yet acked before reading pauses")
 	o.MaxInflightBytes = 32 << 20
 	fs.Var(&o.MaxInflightBytes, "max-inflight-bytes", "bytes handed to Kafka and not yet acked before reading pauses")
@@ -109,6 +111,9 @@ func (o *runOptions) validate() error {
 	if o.MaxMessageBytes < 512 || o.MaxMessageBytes > 1<<30 {
 		errs = append(errs, errors.New("--max-message-bytes must be between 512 and 1GiB"))
 	}
+	if o.ReplicationTimeout <= o.StatusInterval {
+		errs = append(errs, errors.New("--replication-timeout must be longer than --status-interval"))
+	}
 	if o.StatusInterval <= 0 || o.ConfirmInterval <= 0 || o.PollInterval <= 0 {
 		errs = append(errs, errors.New("--status-interval, --confirm-interval and --poll-interval must be positive"))
 	}
@@ -121,8 +126,9 @@ func (o *runOptions) validate() error {
 	return errors.Join(errs...)
 }
 
-func runCommand(ctx context.Context, e env, args []string) error {
+func runCommand(ctx context.Context, e env, args []string) (err error) {
 	var o runOptions
+	defer func() { err = redactErr(err, o.Postgres) }()
 	set := newOptionSet("run", "router", "tables")
 	o.register(set)
 	if err := set.parse(args, e.getenv); err != nil {
@@ -143,7 +149,7 @@ func runCommand(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return fmt.Errorf("router options: %w", err)
 	}
-	st := &state{slotName: o.Slot, maxSlotLag: int64(o.MaxSlotLag)}
+	st := &state{dsn: o.Postgres, slotName: o.Slot, maxSlotLag: int64(o.MaxSlotLag)}
 	m := newMetrics(version, st)
 	tlsCfg, err := o.Kafka.tlsConfig()
 	if err != nil {
@@ -184,7 +190,8 @@ func runCommand(ctx context.Context, e env, args []string) error {
 			Postgres: o.Postgres, Slot: o.Slot, Publication: o.Publication,
 			MaxInflightEvents: o.MaxInflightEvents, MaxInflightBytes: int64(o.MaxInflightBytes),
 			StatusInterval: o.StatusInterval, ConfirmInterval: o.ConfirmInterval, ShutdownTimeout: o.ShutdownTimeout,
-			HeartbeatPrefix: heartbeatPrefix, MaxMessageBytes: int(o.MaxMessageBytes),
+			ReplicationTimeout: o.ReplicationTimeout,
+			HeartbeatPrefix:    heartbeatPrefix, MaxMessageBytes: int(o.MaxMessageBytes),
 			OnInvalid: o.OnInvalid, DeadLetterTopic: o.DeadLetterTopic, MessagePrefix: o.MessagePrefix,
 			TxnSink: eosCfg.TxnSink, Checkpoints: eosCfg.Checkpoints, SkipBefore: eosCfg.SkipBefore,
 		},

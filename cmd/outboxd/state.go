@@ -16,6 +16,7 @@ const stalledAfter = time.Minute
 // state is what the relay, the monitor and the HTTP handlers share.
 type state struct {
 	mu         sync.Mutex
+	dsn        string // to mask its password in errors shown on /status and /readyz
 	slotName   string
 	maxSlotLag int64
 	wm         *slot.Watermark // the current session's; nil before the first
@@ -35,7 +36,7 @@ func (s *state) setErr(err error) {
 		return
 	}
 	s.mu.Lock()
-	s.lastErr, s.lastErrAt = err.Error(), time.Now()
+	s.lastErr, s.lastErrAt = redactText(err.Error(), s.dsn), time.Now()
 	s.mu.Unlock()
 }
 

@@ -27,7 +27,28 @@ type streamer struct {
 	ordinal  int  // events so far in the current transaction
 	eos      *eos // exactly-once mode; nil otherwise
 	skipping bool // the current transaction is already in Kafka (exactly-once)
+	lastRecv time.Time
+	pings    pingStreak
 }
+
+// pingStreak counts keepalives that ask for a reply in quick succession. A
+// walsender only does that when it waits for the client to confirm what it
+// sent before it can exit: PostgreSQL is shutting down.
+type pingStreak struct {
+	n           int
+	since, last time.Time
+}
+
+func (p *pingStreak) observe(now time.Time) {
+	if p.n == 0 || now.Sub(p.last) > time.Second {
+		p.n, p.since = 0, now
+	}
+	p.n++
+	p.last = now
+}
+
+// persistent reports a streak of at least 5 pings over more than 2 seconds.
+func (p *pingStreak) persistent() bool { return p.n >= 5 && p.last.Sub(p.since) > 2*time.Second }
 
 // errStalled ends a session that stopped on a row it may not pass; the
 // relay does not reconnect for it.
@@ -35,6 +56,7 @@ var errStalled = errors.New("stalled on an invalid event")
 
 func (s *streamer) loop(ctx context.Context) error {
 	nextStatus := time.Now().Add(s.cfg.StatusInterval)
+	s.lastRecv = time.Now()
 	for {
 		select {
 		case err := <-s.errc:
@@ -43,7 +65,9 @@ func (s *streamer) loop(ctx context.Context) error {
 		}
 		now := time.Now()
 		if now.After(nextStatus) || (s.wm.Confirmed() != s.lastSent && now.Sub(s.sentAt) >= s.cfg.ConfirmInterval) {
-			if err := s.sendStatus(false); err != nil {
+			// The periodic update asks for a reply: hearing nothing back is
+			// how a connection that died silently is noticed.
+			if err := s.sendStatus(now.After(nextStatus)); err != nil {
 				return err
 			}
 			nextStatus = now.Add(s.cfg.StatusInterval)
@@ -62,6 +86,9 @@ func (s *streamer) loop(ctx context.Context) error {
 		}
 		msg, err := s.stream.Next(ctx, deadline)
 		if errors.Is(err, wal.ErrTimeout) {
+			if silent := time.Since(s.lastRecv); silent > s.cfg.ReplicationTimeout {
+				return fmt.Errorf("no message from PostgreSQL for %s (--replication-timeout) although replies were requested: presuming the connection dead", silent.Round(time.Second))
+			}
 			if s.eos != nil && s.txn == nil {
 				// Quiet stream: commit what the open Kafka transaction holds.
 				if err := s.eos.commit(ctx, s.wm); err != nil {
@@ -73,6 +100,7 @@ func (s *streamer) loop(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		s.lastRecv = time.Now()
 		if err := s.handle(msg); err != nil {
 			if errors.Is(err, errStalled) {
 				return s.stall(ctx, err)
@@ -155,6 +183,10 @@ func (s *streamer) handle(msg *wal.Msg) error {
 			s.wm.Idle(msg.Keepalive.WALEnd)
 		}
 		if msg.Keepalive.ReplyRequested {
+			s.pings.observe(time.Now())
+			if s.pings.persistent() && s.wm.Confirmed() < msg.Keepalive.WALEnd {
+				return fmt.Errorf("PostgreSQL is shutting down and waits for outboxd to confirm %s, but Kafka has not acked the events before it: disconnecting so the server can stop; those events are sent again after it restarts", msg.Keepalive.WALEnd)
+			}
 			return s.sendStatus(false)
 		}
 	}

@@ -1,0 +1,335 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/jackc/pgx/v5"
+)
+
+const statusSummary = `Shows every replication slot of the database (holder, confirmed flush LSN, lag,
+retained WAL, wal_status) and the publication's tables, from PostgreSQL alone:
+it needs no running outboxd, and an ordinary connection suffices.`
+
+type statusOptions struct {
+	Postgres    string
+	Slot        string
+	Publication string
+	JSON        bool
+}
+
+func (o *statusOptions) register(s *optionSet) {
+	fs := s.fs
+	fs.StringVar(&o.Postgres, "postgres", "", "PostgreSQL connection string (any role that may log in)")
+	fs.StringVar(&o.Slot, "slot", "outboxd", "outboxd's slot, marked * in the table")
+	fs.StringVar(&o.Publication, "publication", "outboxd", "publication whose tables to list")
+	fs.BoolVar(&o.JSON, "json", false, "print one JSON object instead of tables")
+}
+
+// statusSlot is one row of pg_replication_slots. LSNs are text as PostgreSQL
+// prints them; byte counts are numbers; null where PostgreSQL has none.
+type statusSlot struct {
+	Name            string  `json:"slot_name"`
+	Type            string  `json:"slot_type"`
+	Plugin          string  `json:"plugin"`
+	Database        string  `json:"database"`
+	Active          bool    `json:"active"`
+	ActivePID       *int64  `json:"active_pid"`
+	ApplicationName string  `json:"application_name"`
+	ClientAddr      string  `json:"client_addr"`
+	ConfirmedFlush  *string `json:"confirmed_flush_lsn"`
+	RestartLSN      *string `json:"restart_lsn"`
+	LagBytes        *int64  `json:"lag_bytes"`
+	RetainedBytes   *int64  `json:"retained_wal_bytes"`
+	WALStatus       string  `json:"wal_status"`
+	SafeWALSize     *int64  `json:"safe_wal_size_bytes"`
+	Selected        bool    `json:"selected"` // the --slot
+}
+
+type statusPublication struct {
+	Name      string   `json:"name"`
+	Exists    bool     `json:"exists"`
+	AllTables bool     `json:"all_tables"`
+	Insert    bool     `json:"insert"`
+	Update    bool     `json:"update"`
+	Delete    bool     `json:"delete"`
+	Truncate  bool     `json:"truncate"`
+	Tables    []string `json:"tables"`
+}
+
+type statusReport struct {
+	Database      string            `json:"database"`
+	ServerVersion string            `json:"server_version"`
+	InRecovery    bool              `json:"in_recovery"`
+	CurrentWALLSN string            `json:"current_wal_lsn"`
+	Slot          string            `json:"slot"`
+	SlotFound     bool              `json:"slot_found"`
+	Slots         []statusSlot      `json:"slots"`       // of this database
+	OtherSlots    []statusSlot      `json:"other_slots"` // of other databases, and physical slots
+	Publication   statusPublication `json:"publication"`
+}
+
+func statusCommand(ctx context.Context, e env, args []string) (err error) {
+	var o statusOptions
+	defer func() { err = redactErr(err, o.Postgres) }()
+	set := newOptionSet("status")
+	o.register(set)
+	if err := set.parse(args, e.getenv); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			set.usage(e.stdout, statusSummary)
+		}
+		return err
+	}
+	if o.Postgres == "" {
+		return errors.New("--postgres (OUTBOXD_POSTGRES) is required")
+	}
+	conn, err := connectPlain(ctx, o.Postgres, "outboxd status")
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	r, err := readStatus(ctx, conn, o)
+	if err != nil {
+		return err
+	}
+	if o.JSON {
+		enc := json.NewEncoder(e.stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(r)
+	}
+	writeStatus(e.stdout, r)
+	return nil
+}
+
+func readStatus(ctx context.Context, conn *pgx.Conn, o statusOptions) (*statusReport, error) {
+	r := &statusReport{Slot: o.Slot, Slots: []statusSlot{}, OtherSlots: []statusSlot{}}
+	// On a standby pg_current_wal_lsn() fails; the replay position is the
+	// standby's "now".
+	if err := conn.QueryRow(ctx, `SELECT current_database()::text, current_setting('server_version'), pg_is_in_recovery(),
+		(CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END)::text`).
+		Scan(&r.Database, &r.ServerVersion, &r.InRecovery, &r.CurrentWALLSN); err != nil {
+		return nil, err
+	}
+	rows, err := conn.Query(ctx, `SELECT s.slot_name::text, s.slot_type, coalesce(s.plugin::text, ''), coalesce(s.database::text, ''),
+		s.active, s.active_pid::bigint, coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''),
+		s.confirmed_flush_lsn::text, s.restart_lsn::text,
+		($1::pg_lsn - s.confirmed_flush_lsn)::bigint, ($1::pg_lsn - s.restart_lsn)::bigint,
+		coalesce(s.wal_status, ''), s.safe_wal_size
+		FROM pg_replication_slots s LEFT JOIN pg_stat_activity a ON a.pid = s.active_pid
+		ORDER BY s.slot_name`, r.CurrentWALLSN)
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var s statusSlot
+		if err := rows.Scan(&s.Name, &s.Type, &s.Plugin, &s.Database, &s.Active, &s.ActivePID, &s.ApplicationName, &s.ClientAddr,
+			&s.ConfirmedFlush, &s.RestartLSN, &s.LagBytes, &s.RetainedBytes, &s.WALStatus, &s.SafeWALSize); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		s.Selected = s.Name == o.Slot
+		r.SlotFound = r.SlotFound || s.Selected
+		if s.Database == r.Database {
+			r.Slots = append(r.Slots, s)
+		} else {
+			r.OtherSlots = append(r.OtherSlots, s)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+
+	p := &r.Publication
+	p.Name, p.Tables = o.Publication, []string{}
+	err = conn.QueryRow(ctx, `SELECT puballtables, pubinsert, pubupdate, pubdelete, pubtruncate FROM pg_publication WHERE pubname = $1`,
+		o.Publication).Scan(&p.AllTables, &p.Insert, &p.Update, &p.Delete, &p.Truncate)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return r, nil
+	case err != nil:
+		return nil, err
+	}
+	p.Exists = true
+	rows, err = conn.Query(ctx, `SELECT format('%I.%I', schemaname, tablename) FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1`, o.Publication)
+	if err != nil {
+		return nil, err
+	}
+	if p.Tables, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func writeStatus(w io.Writer, r *statusReport) {
+	where := "current WAL"
+	if r.InRecovery {
+		where = "standby, replayed WAL"
+	}
+	version, _, _ := strings.Cut(r.ServerVersion, " ") // "15.4 (Debian 15.4-1)"
+	fmt.Fprintf(w, "database %s on PostgreSQL %s, %s %s\n\n", r.Database, version, where, r.CurrentWALLSN)
+
+	if len(r.Slots) == 0 {
+		fmt.Fprintf(w, "no replication slots in database %s\n", r.Database)
+	} else {
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "  SLOT\tPLUGIN\tACTIVE\tHOLDER\tCONFIRMED FLUSH\tLAG\tRETAINED WAL\tWAL STATUS\tSAFE WAL SIZE")
+		for _, s := range r.Slots {
+			mark := " "
+			if s.Selected {
+				mark = "*"
+			}
+			fmt.Fprintf(tw, "%s %s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", mark, s.Name, orDash(s.Plugin), yesNo(s.Active), holder(s),
+				lsnOrDash(s.ConfirmedFlush), bytesOrDash(s.LagBytes), bytesOrDash(s.RetainedBytes), orDash(s.WALStatus), safeWALSize(s))
+		}
+		tw.Flush()
+	}
+	switch {
+	case r.SlotFound && slotIn(r.Slots, r.Slot):
+		fmt.Fprintf(w, "(* is --slot %s)\n", r.Slot)
+	case r.SlotFound:
+		for _, s := range r.OtherSlots {
+			if s.Selected {
+				fmt.Fprintf(w, "slot %s belongs to database %q, not %s: point --postgres at that database\n", r.Slot, s.Database, r.Database)
+			}
+		}
+	default:
+		fmt.Fprintf(w, "slot %s does not exist (outboxd setup or outboxd run creates it)\n", r.Slot)
+	}
+	if n := len(r.OtherSlots); n > 0 {
+		byDB := map[string]int{}
+		var retained int64
+		for _, s := range r.OtherSlots {
+			db := s.Database
+			if db == "" {
+				db = "physical"
+			}
+			byDB[db]++
+			if s.RetainedBytes != nil {
+				retained = max(retained, *s.RetainedBytes)
+			}
+		}
+		dbs := make([]string, 0, len(byDB))
+		for db, c := range byDB {
+			dbs = append(dbs, db+": "+strconv.Itoa(c))
+		}
+		sort.Strings(dbs)
+		if len(dbs) > 6 {
+			dbs = append(dbs[:6], "…")
+		}
+		fmt.Fprintf(w, "note: %d more slot(s) of other databases or physical replication not shown (%s), retaining up to %s of WAL\n",
+			n, strings.Join(dbs, ", "), humanBytes(retained))
+	}
+	var idle []string
+	for _, s := range r.Slots {
+		if !s.Active && s.WALStatus != "lost" {
+			idle = append(idle, s.Name)
+		}
+		if s.WALStatus == "lost" {
+			fmt.Fprintf(w, "warning: slot %s was invalidated (wal_status lost): WAL it needed is gone and events were lost; drop it (outboxd slot drop --slot %s) and re-publish from the outbox table\n", s.Name, s.Name)
+		}
+	}
+	if len(idle) > 0 {
+		fmt.Fprintf(w, "note: inactive slots keep their WAL until a consumer confirms it or they are dropped (outboxd slot drop --slot NAME): %s\n", strings.Join(idle, ", "))
+	}
+
+	p := r.Publication
+	fmt.Fprintln(w)
+	if !p.Exists {
+		fmt.Fprintf(w, "publication %s does not exist in database %s (outboxd setup creates it)\n", p.Name, r.Database)
+		return
+	}
+	scope := ""
+	if p.AllTables {
+		scope = ", FOR ALL TABLES"
+	}
+	fmt.Fprintf(w, "publication %s (publish %s%s)\n", p.Name, orDash(publishedOps(p.Insert, p.Update, p.Delete, p.Truncate)), scope)
+	if len(p.Tables) == 0 {
+		fmt.Fprintln(w, "  no tables: ALTER PUBLICATION … ADD TABLE public.outbox; (or outboxd setup)")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "  TABLE\tINSERT\tUPDATE\tDELETE\tTRUNCATE")
+	for _, t := range p.Tables {
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", t, yesNo(p.Insert), yesNo(p.Update), yesNo(p.Delete), yesNo(p.Truncate))
+	}
+	tw.Flush()
+	if !p.Insert {
+		fmt.Fprintf(w, "warning: the publication does not publish INSERTs, so no outbox event arrives; fix: ALTER PUBLICATION %s SET (publish = 'insert');\n", sqlQuote(p.Name))
+	}
+}
+
+func slotIn(slots []statusSlot, name string) bool {
+	for _, s := range slots {
+		if s.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// holder says who streams from a slot: PID, application_name, client address.
+func holder(s statusSlot) string {
+	if !s.Active || s.ActivePID == nil {
+		return "-"
+	}
+	h := "PID " + strconv.FormatInt(*s.ActivePID, 10)
+	var who []string
+	if s.ApplicationName != "" {
+		who = append(who, s.ApplicationName)
+	}
+	if s.ClientAddr != "" {
+		who = append(who, s.ClientAddr)
+	}
+	if len(who) > 0 {
+		h += " (" + strings.Join(who, ", ") + ")"
+	}
+	return h
+}
+
+func safeWALSize(s statusSlot) string {
+	switch {
+	case s.SafeWALSize != nil:
+		return humanBytes(*s.SafeWALSize)
+	case s.WALStatus == "lost" || s.WALStatus == "":
+		return "-"
+	default:
+		return "unlimited" // max_slot_wal_keep_size = -1
+	}
+}
+
+func bytesOrDash(n *int64) string {
+	if n == nil {
+		return "-"
+	}
+	return humanBytes(*n)
+}
+
+func lsnOrDash(p *string) string {
+	if p == nil {
+		return "-"
+	}
+	return *p
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
