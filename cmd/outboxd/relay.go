@@ -96,7 +96,7 @@ func (r *relay) run(ctx context.Context) error {
 		if !first {
 			r.m.reconnects.WithLabelValues("postgres").Inc()
 		}
-		streamed, err := r.session(ctx, &resume)
+		streamed, wm, err := r.session(ctx, &resume)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -119,6 +119,14 @@ func (r *relay) run(ctx context.Context) error {
 		default:
 			r.logOnce(slog.LevelError, "replication session ended; reconnecting", err, "resume_lsn", resume.String())
 		}
+		if wm != nil {
+			// The connection is closed; let the session's in-flight events
+			// settle so the next session starts as late as possible.
+			if !waitDrained(ctx, wm) {
+				return nil
+			}
+			resume = max(resume, wm.Confirmed())
+		}
 		if streamed {
 			bo.reset()
 		}
@@ -131,10 +139,10 @@ func (r *relay) run(ctx context.Context) error {
 // session is one replication connection from connect to close. It reports
 // whether streaming started, and leaves in *resume the LSN the next session
 // may start from (everything before it is acked).
-func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, err error) {
+func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm *slot.Watermark, err error) {
 	conn, err := wal.Connect(ctx, r.cfg.Postgres)
 	if err != nil {
-		return false, err
+		return false, nil, err
 	}
 	defer func() {
 		// Bounded: a connection to a vanished server must not hang the relay.
@@ -145,7 +153,7 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, er
 
 	info, created, err := slot.Prepare(ctx, conn, slot.Config{Slot: r.cfg.Slot, Publication: r.cfg.Publication, TakeOver: r.lastPID})
 	if err != nil {
-		return false, err
+		return false, nil, err
 	}
 	r.lastPID = info.SessionPID
 	if created {
@@ -158,11 +166,11 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, er
 		Slot: r.cfg.Slot, Publications: []string{r.cfg.Publication}, StartLSN: start, Messages: true,
 	})
 	if err != nil {
-		return false, err
+		return false, nil, err
 	}
 	defer stream.Close()
 
-	wm := slot.NewWatermark(start)
+	wm = slot.NewWatermark(start)
 	r.state.mu.Lock()
 	r.state.wm, r.state.streaming, r.state.slotInfo, r.state.stalled = wm, true, info, ""
 	r.state.mu.Unlock()
@@ -181,7 +189,7 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, er
 	r.state.mu.Unlock()
 	s.finish(ctx, pgconnAlive(conn))
 	*resume = max(*resume, wm.Confirmed())
-	return true, err
+	return true, wm, err
 }
 
 // isConfigError reports server errors that retrying cannot fix: bad

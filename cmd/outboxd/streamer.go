@@ -184,6 +184,9 @@ func (s *streamer) handle(msg *wal.Msg) error {
 		}
 		if msg.Keepalive.ReplyRequested {
 			s.pings.observe(time.Now())
+			if s.pings.n == 1 {
+				s.log.Debug("keepalive asks for a reply", "wal_end", msg.Keepalive.WALEnd.String(), "confirmed", s.wm.Confirmed().String())
+			}
 			if s.pings.persistent() && s.wm.Confirmed() < msg.Keepalive.WALEnd {
 				return fmt.Errorf("PostgreSQL is shutting down and waits for outboxd to confirm %s, but Kafka has not acked the events before it: disconnecting so the server can stop; those events are sent again after it restarts", msg.Keepalive.WALEnd)
 			}
@@ -326,11 +329,14 @@ func (s *streamer) stall(ctx context.Context, cause error) error {
 	}
 }
 
-// finish waits (bounded by the shutdown timeout) for in-flight events and
-// sends the final confirmation if the connection is still up.
+// finish ends the session. On shutdown it waits (bounded by the shutdown
+// timeout) for in-flight events and sends the final confirmation. After an
+// error it returns at once, so the caller can close the connection: a server
+// waiting for this session (shutting down, say) must not wait on Kafka too.
 func (s *streamer) finish(ctx context.Context, connAlive bool) {
+	shutdown := ctx.Err() != nil
 	if s.eos != nil {
-		if ctx.Err() != nil && s.txn == nil {
+		if shutdown && s.txn == nil {
 			// Clean shutdown between transactions: commit what is complete.
 			if err := s.eos.commit(context.Background(), s.wm); err != nil {
 				s.log.Warn("exactly-once: final Kafka commit failed; the next run resumes from the last checkpoint", "err", err)
@@ -338,31 +344,29 @@ func (s *streamer) finish(ctx context.Context, connAlive bool) {
 		}
 		s.eos.abort(context.Background())
 	}
-	wait := func(c context.Context) {
-		for !s.wm.Drained() {
-			select {
-			case <-s.wm.Changed():
-			case <-c.Done():
-				return
-			}
-		}
+	if !shutdown {
+		return
 	}
-	if ctx.Err() != nil {
-		// Shutdown: bounded wait, then confirm what was acked.
-		tctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
-		wait(tctx)
-		cancel()
-		if !s.wm.Drained() {
-			s.log.Warn("shutdown timeout: events still unacked; they will be re-sent from the slot on restart", "inflight", s.wm.Stats().InflightEvents)
-		}
-	} else {
-		// Session error: let in-flight events settle so the next session
-		// starts as late as possible and re-sends little.
-		wait(ctx)
+	tctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
+	defer cancel()
+	if !waitDrained(tctx, s.wm) {
+		s.log.Warn("shutdown timeout: events still unacked; they will be re-sent from the slot on restart", "inflight", s.wm.Stats().InflightEvents)
 	}
 	if connAlive {
 		if err := s.sendStatus(false); err == nil {
 			s.log.Info("confirmed", "lsn", s.lastSent.String())
 		}
 	}
+}
+
+// waitDrained waits until no event of wm is in flight, or ctx ends.
+func waitDrained(ctx context.Context, wm *slot.Watermark) bool {
+	for !wm.Drained() {
+		select {
+		case <-wm.Changed():
+		case <-ctx.Done():
+			return false
+		}
+	}
+	return true
 }
