@@ -7,9 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/outboxd/outboxd/test/harness"
 )
 
@@ -76,16 +73,7 @@ func TestStartupCheckSlotPlugin(t *testing.T) {
 func TestSlotHeldByAnotherProcess(t *testing.T) {
 	f := newFixture(t)
 	f.exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, f.slot)
-	holder, err := pgconn.Connect(f.ctx, f.dsn+"&replication=database&application_name=intruder")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Close(context.Background())
-	if err := pglogrepl.StartReplication(f.ctx, holder, f.slot, 0, pglogrepl.StartReplicationOptions{
-		PluginArgs: []string{"proto_version '1'", "publication_names 'outboxd'"}}); err != nil {
-		t.Fatal(err)
-	}
-	pid := f.slotState().ActivePID
+	pid, release := f.holdSlot()
 	p, _ := f.spawn()
 	want := fmt.Sprintf("is active for PID %d (intruder from", pid)
 	if err := p.WaitLog(f.ctx, want); err != nil {
@@ -94,7 +82,7 @@ func TestSlotHeldByAnotherProcess(t *testing.T) {
 	if err := p.WaitLog(f.ctx, fmt.Sprintf("SELECT pg_terminate_backend(%d);", pid)); err != nil {
 		t.Fatal(err)
 	}
-	holder.Close(f.ctx)
+	release()
 	if err := p.WaitLog(f.ctx, "msg=streaming"); err != nil {
 		t.Fatalf("did not stream after the slot was released: %v\n%s", err, p.Log())
 	}

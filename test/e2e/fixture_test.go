@@ -13,7 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -410,3 +412,21 @@ func (f *fixture) admin() *kadm.Client {
 type kadmAlter = kadm.AlterConfig
 
 func (f *fixture) topicCountInt() int { return int(f.topicCount(f.topic())) }
+
+// holdSlot streams the test's slot from a foreign replication connection
+// (application_name "intruder") and returns its walsender PID. The
+// connection closes with the test, or earlier via the returned func.
+func (f *fixture) holdSlot() (pid int, release func()) {
+	f.t.Helper()
+	holder, err := pgconn.Connect(f.ctx, f.dsn+"&replication=database&application_name=intruder")
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	release = func() { holder.Close(context.Background()) }
+	f.t.Cleanup(release)
+	if err := pglogrepl.StartReplication(f.ctx, holder, f.slot, 0, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names 'outboxd'"}}); err != nil {
+		f.t.Fatal(err)
+	}
+	return f.slotState().ActivePID, release
+}

@@ -13,9 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd/test/harness"
 )
@@ -325,16 +323,7 @@ func TestOpsSlotDrop(t *testing.T) {
 
 	// Active: refused, naming the holder; --force terminates it and drops.
 	f.exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, f.slot)
-	holder, err := pgconn.Connect(f.ctx, f.dsn+"&replication=database&application_name=intruder")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Close(context.Background())
-	if err := pglogrepl.StartReplication(f.ctx, holder, f.slot, 0, pglogrepl.StartReplicationOptions{
-		PluginArgs: []string{"proto_version '1'", "publication_names 'outboxd'"}}); err != nil {
-		t.Fatal(err)
-	}
-	pid := f.slotState().ActivePID
+	pid, _ := f.holdSlot()
 	out, code = drop()
 	t.Logf("outboxd slot drop (active):\n%s", out)
 	if code != 1 || !strings.Contains(out, fmt.Sprintf("replication slot %q is active for PID %d (intruder", f.slot, pid)) ||
