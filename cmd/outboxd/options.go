@@ -53,7 +53,7 @@ func (o *optionSet) parse(args []string, getenv func(string) string) error {
 	set := map[string]bool{}
 	o.fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 
-	file := map[string]string{}
+	file := map[string]fileValue{}
 	if cf := o.fs.Lookup("config"); cf != nil {
 		path := cf.Value.String()
 		if !set["config"] && getenv(envName("config")) != "" {
@@ -75,7 +75,7 @@ func (o *optionSet) parse(args []string, getenv func(string) string) error {
 		if ev := getenv(envName(f.Name)); ev != "" {
 			src, v = envName(f.Name), ev
 		} else if fv, ok := file[f.Name]; ok {
-			src, v = "config file key "+strings.ReplaceAll(f.Name, "-", "."), fv
+			src, v = "config file key "+fv.key, fv.value
 		} else {
 			return
 		}
@@ -86,8 +86,11 @@ func (o *optionSet) parse(args []string, getenv func(string) string) error {
 	return errors.Join(errs...)
 }
 
+// fileValue is an option's value from the config file, and the key it had there.
+type fileValue struct{ value, key string }
+
 // loadFile flattens a YAML file into option names. Unknown keys are errors.
-func (o *optionSet) loadFile(path string) (map[string]string, error) {
+func (o *optionSet) loadFile(path string) (map[string]fileValue, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("config file: %w", err)
@@ -96,7 +99,7 @@ func (o *optionSet) loadFile(path string) (map[string]string, error) {
 	if err := yaml.Unmarshal(data, &tree); err != nil {
 		return nil, fmt.Errorf("config file %s: %w", path, err)
 	}
-	out := map[string]string{}
+	out := map[string]fileValue{}
 	var unknown []string
 	var walk func(prefix string, m map[string]any)
 	walk = func(prefix string, m map[string]any) {
@@ -115,7 +118,7 @@ func (o *optionSet) loadFile(path string) (map[string]string, error) {
 				unknown = append(unknown, name)
 				continue
 			}
-			out[flagName] = scalar(v)
+			out[flagName] = fileValue{value: scalar(v), key: name}
 		}
 	}
 	walk("", tree)

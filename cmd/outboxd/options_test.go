@@ -1,0 +1,99 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func parseRun(t *testing.T, args []string, env map[string]string, file string) (runOptions, *optionSet, error) {
+	t.Helper()
+	if file != "" {
+		p := filepath.Join(t.TempDir(), "outboxd.yaml")
+		if err := os.WriteFile(p, []byte(file), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		args = append([]string{"--config", p}, args...)
+	}
+	var o runOptions
+	set := newOptionSet("run", "router", "tables")
+	o.register(set)
+	err := set.parse(args, func(k string) string { return env[k] })
+	return o, set, err
+}
+
+// Command line over environment over file over defaults, one name for all three.
+func TestOptionPrecedence(t *testing.T) {
+	file := `
+postgres: postgres://file@db/app
+slot: from_file
+kafka:
+  brokers: [k1:9092, k2:9092]
+  sasl:
+    mechanism: SCRAM-SHA-512
+shutdown-timeout: 5s
+router:
+  route.by.field: event_type
+`
+	o, set, err := parseRun(t, []string{"--slot", "from_flag"},
+		map[string]string{"OUTBOXD_SLOT": "from_env", "OUTBOXD_POSTGRES": "postgres://env@db/app"}, file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Slot != "from_flag" || o.Postgres != "postgres://env@db/app" || o.KafkaBrokers.String() != "k1:9092,k2:9092" ||
+		o.Kafka.SASLMechanism != "SCRAM-SHA-512" || o.ShutdownTimeout != 5*time.Second || o.Publication != "outboxd" {
+		t.Fatalf("options: %+v", o)
+	}
+	if _, ok := set.sections["router"]; !ok {
+		t.Fatal("router section not kept for the router")
+	}
+}
+
+func TestOptionErrorsNameTheOption(t *testing.T) {
+	for name, tc := range map[string]struct {
+		args []string
+		env  map[string]string
+		file string
+		want string
+	}{
+		"unknown file key": {file: "kafka:\n  brokerz: [x]\n", want: "unknown key(s) kafka.brokerz"},
+		"bad env value":    {env: map[string]string{"OUTBOXD_SHUTDOWN_TIMEOUT": "soon"}, want: "OUTBOXD_SHUTDOWN_TIMEOUT (--shutdown-timeout)"},
+		"bad file choice":  {file: "on-invalid: drop\n", want: "config file key on-invalid (--on-invalid)"},
+		"bad flag":         {args: []string{"--max-slot-lag", "lots"}, want: "max-slot-lag"},
+		"stray argument":   {args: []string{"extra"}, want: `unexpected argument "extra"`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, _, err := parseRun(t, tc.args, tc.env, tc.file)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want it to contain %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestRunValidation(t *testing.T) {
+	o, _, err := parseRun(t, []string{"--slot", "Bad-Name", "--max-inflight-events", "0"}, nil, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = o.validate()
+	for _, want := range []string{"--postgres", "--kafka-brokers", "--slot", "--max-inflight-events"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("validate: %v, want it to name %s", err, want)
+		}
+	}
+}
+
+func TestByteSize(t *testing.T) {
+	for in, want := range map[string]int64{"1048576": 1 << 20, "64MiB": 64 << 20, "1GiB": 1 << 30, "512KB": 512000, "2 GiB": 2 << 30} {
+		var b byteSize
+		if err := b.Set(in); err != nil || int64(b) != want {
+			t.Errorf("%q → %d, %v; want %d", in, b, err, want)
+		}
+	}
+	if humanBytes(1536<<20) != "1.5GiB" || humanBytes(544) != "544B" {
+		t.Errorf("humanBytes: %s %s", humanBytes(1536<<20), humanBytes(544))
+	}
+}
