@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
@@ -59,6 +60,9 @@ type relay struct {
 	// next session dead-letters them in order (on-invalid = dead-letter).
 	// Owned by the relay goroutine; written from sink callbacks via errc.
 	poison map[eventPos]string
+	// published caches outboxd_events_published_total per topic; owned by
+	// the relay goroutine.
+	published map[string]prometheus.Counter
 	// lastPID is the walsender PID of the previous session, to take the slot
 	// back from it if it outlived its connection.
 	lastPID int

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxd/outboxd/router"
@@ -195,8 +196,8 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 			OnInvalid: o.OnInvalid, DeadLetterTopic: o.DeadLetterTopic, MessagePrefix: o.MessagePrefix,
 			TxnSink: eosCfg.TxnSink, Checkpoints: eosCfg.Checkpoints, SkipBefore: eosCfg.SkipBefore,
 		},
-		poison: map[eventPos]string{},
-		log:    log, router: rt, sink: sk, m: m, state: st, onHeartbeat: mo.onHeartbeat,
+		poison: map[eventPos]string{}, published: map[string]prometheus.Counter{},
+		log: log, router: rt, sink: sk, m: m, state: st, onHeartbeat: mo.onHeartbeat,
 	}
 
 	var wg sync.WaitGroup

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/slot"
 	"github.com/outboxd/outboxd/wal"
@@ -283,6 +285,7 @@ const recordOverhead = 128
 // never moved past the failed event.
 func (s *streamer) produce(rec *router.Record, pos eventPos) {
 	txn, size, commit, topic := s.txn, rec.Size(), s.tx.CommitTime, rec.Topic
+	published := s.publishedCounter(topic)
 	s.wm.Add(txn, size)
 	if s.eos != nil {
 		s.eos.records++
@@ -297,9 +300,20 @@ func (s *streamer) produce(rec *router.Record, pos eventPos) {
 			}
 			return
 		}
-		s.m.published.WithLabelValues(topic).Inc()
+		published.Inc()
 		s.m.publishLatency.Observe(time.Since(commit).Seconds())
 	})
+}
+
+// publishedCounter returns the topic's counter, looked up once per topic
+// rather than once per ack.
+func (s *streamer) publishedCounter(topic string) prometheus.Counter {
+	c, ok := s.published[topic]
+	if !ok {
+		c = s.m.published.WithLabelValues(topic)
+		s.published[topic] = c
+	}
+	return c
 }
 
 // stall holds the session on an event it may not pass: no further reading,
