@@ -1,0 +1,105 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestDrainQuick runs one small drain case end to end (backlog, read-only
+// ceiling, outboxd, polling publisher) so that `make test` keeps the bench
+// working, and checks that its numbers are sane.
+func TestDrainQuick(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL, kfaked and outboxd")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	cfg := DefaultConfig(true)
+	cfg.Cases = map[string]bool{"drain": true}
+	cfg.TxnSizes = []int{10}
+	e, err := StartEnv(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+
+	const events, perTxn = 5000, 10
+	start := time.Now()
+	c := e.RelayCase(ctx, "test_drain", events, perTxn, 200, 1, true)
+	took := time.Since(start)
+	if c.Err != nil {
+		t.Fatal(c.Err)
+	}
+	t.Logf("case took %s: ceiling %s, outboxd %s (kafka %s, confirmed %s, CPU %s, RSS %.1f MiB), polling %s",
+		took, c.Ceiling().Elapsed, c.Relay().Elapsed, c.Relay().KafkaAt, c.Relay().ConfirmedAt, c.RelayCPU(), mib(c.PeakRSS()), c.Polling.Elapsed)
+	if took > 30*time.Second {
+		t.Errorf("one quick drain case took %s, want < 30s", took)
+	}
+	b := c.Backlog
+	if b.Events != events || b.Txns != events/perTxn || b.PayloadBytes < 150*events || b.PayloadBytes > 300*events {
+		t.Errorf("backlog %+v: want %d events in %d transactions of ~200-byte payloads", b, events, events/perTxn)
+	}
+	if len(c.Ceilings) != 1 || len(c.Relays) != 1 {
+		t.Fatalf("%d ceiling reads and %d outboxd runs, want 1 each", len(c.Ceilings), len(c.Relays))
+	}
+	if ce := c.Ceiling(); ce.Inserts != events || ce.Commits != events/perTxn || ce.EndLSN == 0 || ce.Elapsed <= 0 {
+		t.Errorf("ceiling %+v: want %d inserts in %d commits", ce, events, events/perTxn)
+	}
+	r := c.Relay()
+	if r.Delivered != events || r.KafkaAt <= 0 || r.ConfirmedAt <= 0 || r.Elapsed < r.KafkaAt || r.Elapsed < r.ConfirmedAt {
+		t.Errorf("outboxd run %+v: want all %d events delivered and confirmed", r, events)
+	}
+	if r.OutboxdCPU <= 0 || r.PeakRSS < 1<<20 || r.PeakRSS > 1<<30 {
+		t.Errorf("outboxd CPU %s, peak RSS %d bytes: not plausible", r.OutboxdCPU, r.PeakRSS)
+	}
+	if p := c.Polling; p == nil || p.Published != events || p.Elapsed <= 0 || p.Loops < events/100 {
+		t.Errorf("polling run %+v: want %d events published in ≥ %d claims", p, events, events/100)
+	}
+	for name, d := range map[string]time.Duration{"ceiling": c.Ceiling().Elapsed, "outboxd": r.Elapsed, "polling": c.Polling.Elapsed} {
+		if rate := EventsPerSec(events, d); rate < 200 || rate > 10_000_000 {
+			t.Errorf("%s: %.0f events/s is not plausible", name, rate)
+		}
+	}
+
+	// The report renders the case.
+	res := &Results{Config: cfg, Started: start, Machine: e.Machine, Drains: []RelayCase{c}}
+	var out bytes.Buffer
+	res.Table(&out)
+	for _, want := range []string{"drain 5,000 events, 10 ev/txn", "read-only ceiling", "polling (100/claim)", "exactly-once", "nproc"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+func TestHelpers(t *testing.T) {
+	if got := seqFromID([]byte(latencyID(4321))); got != 4321 {
+		t.Errorf("seqFromID(latencyID(4321)) = %d", got)
+	}
+	if got := seqFromID([]byte("not-a-uuid")); got != -1 {
+		t.Errorf("seqFromID(junk) = %d", got)
+	}
+	for n, want := range map[int64]string{0: "0", 999: "999", 1000: "1,000", 1234567: "1,234,567", -5000: "-5,000"} {
+		if got := commas(n); got != want {
+			t.Errorf("commas(%d) = %q, want %q", n, got, want)
+		}
+	}
+	// An Insert message: 'I', relation id, 'N', 2 columns: text id, null.
+	id := latencyID(7)
+	msg := []byte{'I', 0, 0, 0x40, 0x01, 'N', 0, 2, 't'}
+	msg = binary.BigEndian.AppendUint32(msg, uint32(len(id)))
+	msg = append(append(msg, id...), 'n')
+	if got := string(firstColumn(msg)); got != id {
+		t.Errorf("firstColumn = %q, want %q", got, id)
+	}
+	if firstColumn(msg[:12]) != nil {
+		t.Error("firstColumn of a truncated message is not nil")
+	}
+	if got := chunksFor(200); got != 2 {
+		t.Errorf("chunksFor(200) = %d, want 2", got)
+	}
+}

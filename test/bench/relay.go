@@ -1,0 +1,190 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/outboxd/outboxd/test/harness"
+)
+
+// RelayRun is one outboxd drain: from process start until Kafka holds every
+// event and the slot confirmed the end LSN.
+type RelayRun struct {
+	Elapsed     time.Duration // max(KafkaAt, ConfirmedAt)
+	KafkaAt     time.Duration // the topic's end offsets reached the event count
+	ConfirmedAt time.Duration // confirmed_flush_lsn reached the end LSN
+	Delivered   int64         // records in the topic at the end
+	OutboxdCPU  time.Duration // utime+stime of outboxd over its whole life
+	PeakRSS     int64         // outboxd's VmHWM, bytes
+	CPU         CPUSplit
+}
+
+// outboxd is a running relay.
+type outboxd struct {
+	*harness.Proc
+	httpAddr string // /metrics, /status
+	perf     []*exec.Cmd
+}
+
+// startOutboxd runs outboxd on w's database and slot with the bench's extra
+// arguments appended.
+func (e *Env) startOutboxd(ctx context.Context, w *world, slot, name string) (*outboxd, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	args := append([]string{"run",
+		"--postgres", w.dsn, "--slot", slot, "--publication", "outboxd",
+		"--kafka-brokers", strings.Join(e.Kafka.Brokers(), ","),
+		"--http-addr", addr,
+	}, e.cfg.OutboxdArgs...)
+	p, err := harness.StartProc(ctx, "outboxd-"+name, e.bin, args, e.cfg.OutboxdEnv, e.logDir)
+	if err != nil {
+		return nil, err
+	}
+	return &outboxd{Proc: p, httpAddr: addr}, nil
+}
+
+// stop sends SIGTERM, waits for a clean exit (bounded) and kills otherwise.
+func (o *outboxd) stop() error {
+	o.stopPerf()
+	if o.Exited() {
+		return nil
+	}
+	_ = o.Signal(syscall.SIGTERM)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	code, err := o.Wait(ctx)
+	if err != nil {
+		_ = o.Kill()
+		return fmt.Errorf("outboxd did not stop on SIGTERM: %w", err)
+	}
+	if code != 0 {
+		return fmt.Errorf("outboxd exited with code %d; log tail:\n%s", code, tailOf(o.Log(), 3000))
+	}
+	return nil
+}
+
+// perfRecord attaches `perf record -g` to pid (a no-op without -perf-dir).
+func (e *Env) perfRecord(o *outboxd, pid int, name string) {
+	if e.cfg.PerfDir == "" || pid <= 0 {
+		return
+	}
+	_ = os.MkdirAll(e.cfg.PerfDir, 0o755)
+	out := filepath.Join(e.cfg.PerfDir, name+".perf.data")
+	cmd := exec.Command("perf", "record", "-q", "-F", "999", "-g", "-p", fmt.Sprint(pid), "-o", out)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		e.progress("perf record %s: %v", name, err)
+		return
+	}
+	o.perf = append(o.perf, cmd)
+}
+
+func (o *outboxd) stopPerf() {
+	for _, c := range o.perf {
+		_ = c.Process.Signal(syscall.SIGINT)
+		done := make(chan struct{})
+		go func() { _ = c.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			_ = c.Process.Kill()
+			<-done
+		}
+	}
+	o.perf = nil
+}
+
+func tailOf(s string, n int) string {
+	if len(s) > n {
+		return "…" + s[len(s)-n:]
+	}
+	return s
+}
+
+// drainOutboxd starts outboxd on a slot that holds want events ending at
+// endLSN and measures until both Kafka and the slot have everything.
+func (e *Env) drainOutboxd(ctx context.Context, w *world, slot string, want int64, endLSN uint64, timeout time.Duration) (RelayRun, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var r RelayRun
+	// Earlier runs on the same backlog left their records in the topic.
+	base, err := w.topicCount(ctx)
+	if err != nil {
+		return r, err
+	}
+	snap := e.snapshot()
+	start := time.Now()
+	o, err := e.startOutboxd(ctx, w, slot, slot)
+	if err != nil {
+		return r, err
+	}
+	defer o.stop()
+	e.perfRecord(o, o.Pid(), "outboxd-"+slot)
+	walsender := 0
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if o.Exited() {
+			code, _ := o.Wait(ctx)
+			return r, fmt.Errorf("outboxd exited (code %d) during the drain; log tail:\n%s", code, tailOf(o.Log(), 3000))
+		}
+		if r.KafkaAt == 0 {
+			n, err := w.topicCount(ctx)
+			if err == nil && n-base >= want {
+				r.KafkaAt = time.Since(start)
+			}
+		}
+		if r.ConfirmedAt == 0 || walsender == 0 {
+			confirmed, pid, err := w.slotConfirmed(ctx, slot)
+			if err == nil && pid > 0 && walsender == 0 {
+				walsender = pid
+				e.perfRecord(o, pid, "walsender-"+slot)
+			}
+			if err == nil && r.ConfirmedAt == 0 && confirmed >= endLSN {
+				r.ConfirmedAt = time.Since(start)
+			}
+		}
+		if r.KafkaAt > 0 && r.ConfirmedAt > 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			n, _ := w.topicCount(context.Background())
+			n -= base
+			return r, fmt.Errorf("outboxd drain of %d events: %d in Kafka, kafka done=%v confirmed=%v: %w; log tail:\n%s",
+				want, n, r.KafkaAt > 0, r.ConfirmedAt > 0, ctx.Err(), tailOf(o.Log(), 3000))
+		case <-tick.C:
+		}
+	}
+	r.Elapsed = max(r.KafkaAt, r.ConfirmedAt)
+	r.OutboxdCPU = cpuOf(o.Pid())
+	r.PeakRSS = peakRSS(o.Pid())
+	r.CPU = e.split(snap, walsender)
+	r.CPU.Outboxd = r.OutboxdCPU
+	// Count after stopping: nothing may arrive beyond want (no duplicates
+	// without faults).
+	if err := o.stop(); err != nil {
+		return r, err
+	}
+	n, err := w.topicCount(ctx)
+	if err != nil {
+		return r, err
+	}
+	n -= base
+	r.Delivered = n
+	if n != want {
+		return r, fmt.Errorf("outboxd delivered %d records, want exactly %d", n, want)
+	}
+	return r, nil
+}

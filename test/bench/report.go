@@ -1,0 +1,317 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// Targets, printed beside the figures.
+const (
+	targetCeilingRatio = 1.0                   // drain ≥ 1.0× the read-only ceiling, every transaction size
+	targetPollRatio    = 2.0                   // drain ≥ 2× polling at 1 ev/txn
+	targetP99          = 20 * time.Millisecond // p99 at 5k ev/s
+	targetP99Rate      = 5000
+	targetRSSSteady    = 64 << 20  // bytes
+	targetRSSBigTxn    = 128 << 20 // bytes
+	targetCPUPerEvent  = 10 * time.Microsecond
+	targetCPUTxnSize   = 100
+)
+
+type row [7]string // #, measurement, outboxd, baseline, ratio, target, result
+
+func verdict(ok bool) string {
+	if ok {
+		return "PASS"
+	}
+	return "FAIL"
+}
+
+func commas(n int64) string {
+	s := fmt.Sprint(n)
+	if n < 0 {
+		return "-" + commas(-n)
+	}
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
+
+func rate(events int64, d time.Duration) string {
+	return commas(int64(EventsPerSec(events, d)+0.5)) + " ev/s"
+}
+
+func secs(d time.Duration) string { return fmt.Sprintf("%.2f s", d.Seconds()) }
+
+func ratio(a, b float64) (string, float64) {
+	if b <= 0 || a <= 0 {
+		return "—", 0
+	}
+	return fmt.Sprintf("%.2f×", a/b), a / b
+}
+
+func short(err error) string {
+	s := err.Error()
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		s = s[:i]
+	}
+	if len(s) > 120 {
+		s = s[:120] + "…"
+	}
+	return "ERROR: " + s
+}
+
+func fourQ(l LatencyRun) string {
+	return fmt.Sprintf("%s / %s / %s / %s", ms(l.P50), ms(l.P95), ms(l.P99), ms(l.Max))
+}
+
+// Table renders the results as one table with a header and a legend.
+func (r *Results) Table(w io.Writer) {
+	outboxdArgs := append(append([]string(nil), r.Config.OutboxdEnv...), r.Config.OutboxdArgs...)
+	m := r.Machine
+	fmt.Fprintf(w, "outboxd bench — %s, took %s%s\n", r.Started.UTC().Format("2006-01-02 15:04 UTC"), r.Took.Round(time.Second),
+		map[bool]string{true: " (QUICK mode: smoke-test sizes, not comparable)", false: ""}[r.Config.DrainEvents < 100_000])
+	fmt.Fprintf(w, "machine:  nproc %d · %s · %s RAM · Linux %s · %s · PostgreSQL %s\n", m.NProc, m.CPUModel, m.MemTotal, m.Kernel, m.Go, m.Postgres)
+	fmt.Fprintf(w, "load avg: %s at start, %s at end (anything else running on the machine skews these numbers)\n", m.LoadAvg, r.LoadEnd)
+	if r.Restarts > 0 {
+		fmt.Fprintf(w, "WARNING:  a server was stopped from outside the bench %d time(s) and restarted; the case running then shows ERROR\n", r.Restarts)
+	}
+	fmt.Fprintf(w, "postgres: throwaway cluster, %s\n", r.PGSettings)
+	fmt.Fprintf(w, "kafka:    kfaked (franz-go kfake, 1 broker on 127.0.0.1, 3 partitions, segment files on disk); every producer acks=all\n")
+	args := "defaults"
+	if len(outboxdArgs) > 0 {
+		args = "defaults + " + strings.Join(outboxdArgs, " ")
+	}
+	fmt.Fprintf(w, "outboxd:  %s\n\n", args)
+
+	rows := []row{{"#", "measurement", "outboxd", "baseline", "ratio", "target", "result"}}
+	add := func(cells ...string) {
+		var rw row
+		copy(rw[:], cells)
+		rows = append(rows, rw)
+	}
+
+	// 1. Drain.
+	if !r.Config.Cases["drain"] {
+		add("1", "backlog drain", "not run (-cases)")
+	}
+	for _, c := range r.Drains {
+		k := c.Backlog.PerTxn
+		if k == 0 && len(r.Config.TxnSizes) > 0 {
+			k = r.Config.TxnSizes[len(r.Drains)-1]
+		}
+		label := fmt.Sprintf("drain %s events, %d ev/txn (%.0f B payloads)", commas(int64(c.Backlog.Events)), k, float64(c.Backlog.PayloadBytes)/float64(max(1, c.Backlog.Events)))
+		if len(c.Relays) > 1 {
+			label += fmt.Sprintf(", best of %d", len(c.Relays))
+		}
+		if c.Err != nil && c.Relay().Elapsed == 0 {
+			add("1", label, short(c.Err), "", "", "", "ERROR")
+			continue
+		}
+		n := int64(c.Backlog.Events)
+		rs, rv := ratio(EventsPerSec(n, c.Relay().Elapsed), EventsPerSec(n, c.Ceiling().Elapsed))
+		add("1", label, rate(n, c.Relay().Elapsed)+" ("+secs(c.Relay().Elapsed)+")",
+			"read-only ceiling "+rate(n, c.Ceiling().Elapsed)+" ("+secs(c.Ceiling().Elapsed)+")",
+			rs, fmt.Sprintf("≥ %.1f× ceiling", targetCeilingRatio), verdict(rv >= targetCeilingRatio))
+		switch {
+		case c.Polling == nil:
+			add("", "  ″ vs polling", "", "not run")
+		case c.Err != nil:
+			add("", "  ″ vs polling", "", short(c.Err), "", "", "ERROR")
+		default:
+			ps, pv := ratio(EventsPerSec(n, c.Relay().Elapsed), EventsPerSec(n, c.Polling.Elapsed))
+			target, res := "—", "—"
+			if k == 1 {
+				target, res = fmt.Sprintf("≥ %.0f× polling", targetPollRatio), verdict(pv >= targetPollRatio)
+			}
+			add("", "  ″ vs polling", "", "polling (100/claim) "+rate(n, c.Polling.Elapsed)+" ("+secs(c.Polling.Elapsed)+")", ps, target, res)
+		}
+	}
+
+	// 2. Latency.
+	if !r.Config.Cases["latency"] {
+		add("2", "latency", "not run (-cases)")
+	}
+	var obLat = map[int]LatencyRun{}
+	for i, l := range r.Latency {
+		err := r.LatencyErrs[i]
+		if l.Publisher != "outboxd" {
+			continue
+		}
+		obLat[l.Rate] = l
+		label := fmt.Sprintf("latency %s ev/s × %s, 1 ev/txn: p50 / p95 / p99 / max", commas(int64(l.Rate)), l.Duration)
+		writers := fmt.Sprintf("  writers: %d conns, %s (achieved %s/s, %.1f%% > 10 ms late, max %s)", l.Writers,
+			map[bool]string{true: "FELL BEHIND", false: "on schedule"}[l.Behind()], commas(int64(l.Achieved+0.5)), 100*float64(l.Late)/float64(max(1, l.Sent)), ms(l.MaxLag))
+		target, res := "—", "—"
+		if l.Rate == targetP99Rate {
+			target, res = "p99 ≤ "+ms(targetP99), verdict(l.P99 > 0 && l.P99 <= targetP99 && err == nil)
+		}
+		if err != nil {
+			add("2", label, short(err), "", "", target, "ERROR")
+		} else {
+			add("2", label, fourQ(l), "", "", target, res)
+		}
+		add("", writers+fmt.Sprintf("; outboxd CPU %.1f µs/ev", float64(l.OutboxdCPU.Microseconds())/float64(max(1, l.Sent))))
+		for j, p := range r.Latency {
+			if p.Publisher == "outboxd" || p.Rate != l.Rate {
+				continue
+			}
+			perr := r.LatencyErrs[j]
+			cell := p.Publisher + ": " + fourQ(p)
+			if perr != nil {
+				cell = p.Publisher + ": " + short(perr)
+				if p.Received > 0 {
+					cell += fmt.Sprintf(" (of %d received: %s)", p.Received, fourQ(p))
+				}
+			}
+			rs, _ := ratio(float64(l.P99), float64(p.P99))
+			if p.Behind() {
+				cell += " (writers fell behind)"
+			}
+			vs := "  ″ vs polling"
+			if p.Publisher == "read-only pgoutput reader" {
+				vs = "  ″ vs the walsender alone"
+			}
+			add("", vs, "", cell, "p99 "+rs, "", "")
+		}
+	}
+
+	// 3. Resources.
+	var steadyRSS int64
+	var steadyFrom string
+	note := func(rss int64, from string) {
+		if rss > steadyRSS {
+			steadyRSS, steadyFrom = rss, from
+		}
+	}
+	for _, c := range r.Drains {
+		if c.Relay().Elapsed == 0 {
+			continue
+		}
+		n := float64(c.Backlog.Events)
+		perEv := time.Duration(float64(c.RelayCPU()) / n)
+		target, res := "—", "—"
+		if c.Backlog.PerTxn == targetCPUTxnSize {
+			target, res = "≤ "+fmt.Sprint(targetCPUPerEvent.Microseconds())+" µs/ev", verdict(perEv <= targetCPUPerEvent)
+		}
+		add("3", fmt.Sprintf("outboxd CPU per 100k events, drain %d ev/txn (median run)", c.Backlog.PerTxn),
+			fmt.Sprintf("%.2f s (%.1f µs/ev)", c.RelayCPU().Seconds()*100_000/n, float64(c.RelayCPU().Nanoseconds())/n/1000),
+			"", "", target, res)
+		note(c.PeakRSS(), fmt.Sprintf("drain %d ev/txn", c.Backlog.PerTxn))
+	}
+	for i, l := range r.Latency {
+		if l.Publisher == "outboxd" && r.LatencyErrs[i] == nil {
+			note(l.PeakRSS, fmt.Sprintf("latency %d/s", l.Rate))
+		}
+	}
+	if r.Large != nil && r.Large.Err == nil {
+		note(r.Large.PeakRSS(), "4 KB payloads")
+	}
+	if steadyRSS > 0 {
+		add("3", "outboxd peak RSS (VmHWM), every run but the 1M-row txn", fmt.Sprintf("%.1f MiB (max: %s)", mib(steadyRSS), steadyFrom),
+			"", "", "≤ 64 MiB", verdict(steadyRSS <= targetRSSSteady))
+	}
+	if !r.Config.Cases["resources"] {
+		add("3", "single large transaction, 4 KB payloads", "not run (-cases)")
+	}
+	if c := r.BigTxn; c != nil {
+		label := fmt.Sprintf("single %s-row transaction relayed", commas(int64(c.Backlog.Events)))
+		if c.Err != nil {
+			add("3", label, short(c.Err), "", "", "≤ 128 MiB peak RSS", "ERROR")
+		} else {
+			n := int64(c.Backlog.Events)
+			rs, _ := ratio(EventsPerSec(n, c.Relay().Elapsed), EventsPerSec(n, c.Ceiling().Elapsed))
+			add("3", label, fmt.Sprintf("%s (%s), peak RSS %.1f MiB", secs(c.Relay().Elapsed), rate(n, c.Relay().Elapsed), mib(c.PeakRSS())),
+				"read-only ceiling "+secs(c.Ceiling().Elapsed), rs, "≤ 128 MiB peak RSS", verdict(c.PeakRSS() <= targetRSSBigTxn))
+		}
+	}
+	if c := r.Large; c != nil {
+		label := fmt.Sprintf("%s events of %.1f KB, 10 ev/txn", commas(int64(c.Backlog.Events)), float64(c.Backlog.PayloadBytes)/float64(max(1, c.Backlog.Events))/1000)
+		if len(c.Relays) > 1 {
+			label += fmt.Sprintf(", best of %d", len(c.Relays))
+		}
+		if c.Err != nil {
+			add("3", label, short(c.Err), "", "", "", "ERROR")
+		} else {
+			mbps := func(d time.Duration) float64 { return float64(c.Backlog.PayloadBytes) / 1e6 / d.Seconds() }
+			rs, _ := ratio(mbps(c.Relay().Elapsed), mbps(c.Ceiling().Elapsed))
+			add("3", label, fmt.Sprintf("%.1f MB/s (%s), peak RSS %.1f MiB", mbps(c.Relay().Elapsed), rate(int64(c.Backlog.Events), c.Relay().Elapsed), mib(c.PeakRSS())),
+				fmt.Sprintf("read-only ceiling %.1f MB/s", mbps(c.Ceiling().Elapsed)), rs, "—", "—")
+		}
+	}
+	for _, c := range r.Drains {
+		if c.Relay().Elapsed == 0 {
+			continue
+		}
+		add("3", fmt.Sprintf("CPU split, drain %d ev/txn (%% of one core)", c.Backlog.PerTxn), "outboxd run: "+c.Relay().CPU.String(), "ceiling run: "+c.Ceiling().CPU.String())
+		if c.Polling != nil && c.Polling.Elapsed > 0 {
+			add("", "", "", "polling run: "+c.Polling.CPU.String())
+		}
+	}
+	for i, l := range r.Latency {
+		if r.LatencyErrs[i] != nil || l.Publisher != "outboxd" {
+			continue
+		}
+		add("3", fmt.Sprintf("CPU split, latency %s ev/s (%% of one core)", commas(int64(l.Rate))), "outboxd run: "+l.CPU.String())
+		for j, p := range r.Latency {
+			if p.Rate == l.Rate && p.Publisher != "outboxd" && r.LatencyErrs[j] == nil {
+				add("", "", "", p.Publisher+" run: "+p.CPU.String())
+			}
+		}
+	}
+
+	// 4. Exactly-once.
+	add("4", "exactly-once", "n/a (mode not implemented yet)", "", "", "", "n/a")
+
+	writeTable(w, rows)
+	fmt.Fprint(w, `
+drain:    events/s from outboxd process start until the topic's end offsets sum to the event count AND the slot's
+          confirmed_flush_lsn reached the last commit's end LSN. ceiling: a client opening the same kind of slot (pgoutput
+          proto 1, same publication, created at the same LSN before the backlog was written) that only counts Insert
+          messages, from connect to the last commit. Ceiling and outboxd runs alternate on their own slots; the fastest
+          of each is shown (the least disturbed by other load). polling: one loop of SELECT … WHERE published_at IS NULL
+          ORDER BY id FOR UPDATE SKIP LOCKED LIMIT 100 → produce (acks=all, wait) → UPDATE published_at → COMMIT, on the
+          same rows after ANALYZE, run once. ratio = outboxd / baseline (throughput: > 1 is better; latency: < 1 is).
+latency:  receipt by a franz-go consumer minus the writer's COMMIT acknowledgement, same clock; polling sleeps its idle
+          interval only when a claim found nothing.
+CPU:      utime+stime from /proc/<pid>/stat over the run's wall time, as % of one core (the machine has nproc × 100%);
+          "others" is the machine's busy time (/proc/stat) not spent in the processes listed: other tenants, kernel threads.
+          RSS: VmHWM from /proc/<pid>/status just before outboxd is stopped. MiB = 2^20 bytes.
+`)
+}
+
+func writeTable(w io.Writer, rows []row) {
+	var width [7]int
+	for _, r := range rows {
+		for i, c := range r {
+			width[i] = max(width[i], utf8.RuneCountInString(c))
+		}
+	}
+	line := func(r row) {
+		var b strings.Builder
+		b.WriteString("|")
+		for i, c := range r {
+			b.WriteString(" ")
+			b.WriteString(c)
+			b.WriteString(strings.Repeat(" ", width[i]-utf8.RuneCountInString(c)))
+			b.WriteString(" |")
+		}
+		fmt.Fprintln(w, b.String())
+	}
+	line(rows[0])
+	var sep row
+	for i := range sep {
+		sep[i] = strings.Repeat("-", width[i])
+	}
+	line(sep)
+	for _, r := range rows[1:] {
+		line(r)
+	}
+}

@@ -1,0 +1,78 @@
+// Command bench is `make bench`: outboxd's throughput, latency and resource
+// use, each beside what bounds it (a read-only pgoutput reader) and what it
+// replaces (a polling publisher), measured in one run on one throwaway
+// PostgreSQL cluster and one kfaked broker, printed as one table.
+//
+//	go run ./test/cmd/bench                  # full run, ~5 minutes on 2 cores
+//	go run ./test/cmd/bench -quick           # smoke test: 10k events per case, 5 s latency runs
+//	go run ./test/cmd/bench -cases drain -outboxd-args '--kafka-linger 5ms'
+//	go run ./test/cmd/bench -cases latency -outboxd-env 'GOMAXPROCS=1'
+//	go run ./test/cmd/bench -cases drain -perf-dir /tmp/perf   # perf record outboxd + walsender
+//
+// Progress goes to stderr, the table to stdout.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/outboxd/outboxd/test/bench"
+)
+
+func main() {
+	var (
+		quick       = flag.Bool("quick", false, "smoke-test sizes: 10k events per case, 5 s latency runs")
+		outboxdArgs = flag.String("outboxd-args", "", "extra arguments for outboxd run, space-separated (e.g. '--kafka-linger 5ms')")
+		outboxdEnv  = flag.String("outboxd-env", "", "extra environment for outboxd, space-separated KEY=VALUE (e.g. 'GOMAXPROCS=1 GOGC=200')")
+		cases       = flag.String("cases", "drain,latency,resources", "comma-separated cases to run: drain, latency, resources")
+		perfDir     = flag.String("perf-dir", "", "record perf record -g profiles of outboxd and its walsender during each drain into this directory")
+		noPolling   = flag.Bool("no-polling", false, "skip the polling publisher in the drain cases")
+		timeout     = flag.Duration("timeout", 30*time.Minute, "give up after this long")
+	)
+	flag.Parse()
+	cfg := bench.DefaultConfig(*quick)
+	cfg.OutboxdArgs = strings.Fields(*outboxdArgs)
+	cfg.OutboxdEnv = strings.Fields(*outboxdEnv)
+	for _, kv := range cfg.OutboxdEnv {
+		if !strings.Contains(kv, "=") {
+			fmt.Fprintf(os.Stderr, "bench: -outboxd-env: %q is not KEY=VALUE\n", kv)
+			os.Exit(2)
+		}
+	}
+	cfg.Cases = map[string]bool{}
+	for _, c := range strings.Split(*cases, ",") {
+		switch c = strings.TrimSpace(c); c {
+		case "drain", "latency", "resources":
+			cfg.Cases[c] = true
+		case "":
+		default:
+			fmt.Fprintf(os.Stderr, "bench: unknown case %q (drain, latency, resources)\n", c)
+			os.Exit(2)
+		}
+	}
+	cfg.PerfDir = *perfDir
+	cfg.SkipPolling = *noPolling
+	cfg.Progress = os.Stderr
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	res, err := bench.Run(ctx, cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+	fmt.Println()
+	res.Table(os.Stdout)
+	if res.Failed() {
+		fmt.Fprintln(os.Stderr, "bench: some cases failed to run (see ERROR rows)")
+		os.Exit(1)
+	}
+}
