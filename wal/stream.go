@@ -1,9 +1,11 @@
 package wal
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"time"
 
@@ -25,6 +27,11 @@ func Connect(ctx context.Context, dsn string) (*pgconn.PgConn, error) {
 		return nil, fmt.Errorf("parse postgres connection string: %w", err)
 	}
 	cfg.RuntimeParams["replication"] = "database"
+	// Read the stream in large chunks: pgoutput messages are small, and the
+	// default 8 KiB reads cost a syscall every few dozen events.
+	cfg.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
+		return pgproto3.NewFrontend(bufio.NewReaderSize(r, 256<<10), w)
+	}
 	if cfg.RuntimeParams["application_name"] == "" {
 		cfg.RuntimeParams["application_name"] = "outboxd"
 	}

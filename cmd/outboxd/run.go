@@ -68,12 +68,12 @@ func (o *runOptions) register(s *optionSet) {
 	s.choice(&o.LogLevel, "log-level", "info", "log level", "debug", "info", "warn", "error")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long to wait for in-flight Kafka acks before the final confirmation")
 	fs.DurationVar(&o.StatusInterval, "status-interval", 10*time.Second, "longest gap between standby status updates to PostgreSQL")
-	fs.DurationVar(&o.ConfirmInterval, "confirm-interval", 100*time.Millisecond, "shortest gap between flush LSN confirmations while events flow")
+	fs.DurationVar(&o.ConfirmInterval, "confirm-interval", 25*time.Millisecond, "shortest gap between flush LSN confirmations while events flow")
 	fs.DurationVar(&o.ReplicationTimeout, "replication-timeout", 30*time.Second, "silence from PostgreSQL (status updates ask for replies) after which the replication connection is presumed dead and replaced")
 	fs.IntVar(&o.MaxInflightEvents, "max-inflight-events", 50000, "events handed to Kafka and not yet acked before reading pauses")
 	o.MaxInflightBytes = 32 << 20
 	fs.Var(&o.MaxInflightBytes, "max-inflight-bytes", "bytes handed to Kafka and not yet acked before reading pauses")
-	fs.DurationVar(&o.KafkaLinger, "kafka-linger", 0, "how long a partition waits to fill a batch (0: send as soon as a request slot is free)")
+	fs.DurationVar(&o.KafkaLinger, "kafka-linger", 2*time.Millisecond, "how long a partition waits to fill a batch: a little batching halves CPU per event under load (0: send at once)")
 	s.choice(&o.Compression, "compression", "none", "producer compression", "none", "gzip", "snappy", "lz4", "zstd")
 	o.MaxMessageBytes = 1000012
 	fs.Var(&o.MaxMessageBytes, "max-message-bytes", "largest record batch the producer sends; larger events are rejected")

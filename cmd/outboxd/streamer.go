@@ -30,6 +30,7 @@ type streamer struct {
 	eos      *eos // exactly-once mode; nil otherwise
 	skipping bool // the current transaction is already in Kafka (exactly-once)
 	lastRecv time.Time
+	wakeAt   time.Time // read deadline while acks are awaited
 	pings    pingStreak
 }
 
@@ -80,11 +81,15 @@ func (s *streamer) loop(ctx context.Context) error {
 			}
 			continue // re-check errors and status before reading on
 		}
-		// While events are in flight, wake up soon to confirm their acks;
-		// otherwise sleep until the next status update is due.
+		// While events are in flight, wake up every tick to confirm their
+		// acks; otherwise sleep until the next status update is due. The
+		// deadline moves once per tick, not per message: setting it costs.
 		deadline := nextStatus
 		if !s.wm.Drained() || s.wm.Confirmed() != s.lastSent {
-			deadline = now.Add(s.cfg.ConfirmInterval)
+			if !now.Before(s.wakeAt) {
+				s.wakeAt = now.Add(max(s.cfg.ConfirmInterval/4, time.Millisecond))
+			}
+			deadline = s.wakeAt
 		}
 		msg, err := s.stream.Next(ctx, deadline)
 		if errors.Is(err, wal.ErrTimeout) {
@@ -102,8 +107,8 @@ func (s *streamer) loop(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		s.lastRecv = time.Now()
-		if err := s.handle(msg); err != nil {
+		s.lastRecv = now // close enough: only compared against a timeout of seconds
+		if err := s.handle(msg, now); err != nil {
 			if errors.Is(err, errStalled) {
 				return s.stall(ctx, err)
 			}
@@ -134,10 +139,10 @@ func (s *streamer) sendStatus(reply bool) error {
 	return nil
 }
 
-func (s *streamer) handle(msg *wal.Msg) error {
+func (s *streamer) handle(msg *wal.Msg, now time.Time) error {
 	switch msg.Kind {
 	case wal.KindBegin:
-		s.txn = s.wm.Begin(time.Now())
+		s.txn = s.wm.Begin(now)
 		s.tx = router.Tx{Xid: msg.Begin.Xid, CommitLSN: msg.Begin.FinalLSN, CommitTime: msg.Begin.CommitTime}
 		s.ordinal = 0
 		if s.eos != nil {
@@ -185,7 +190,7 @@ func (s *streamer) handle(msg *wal.Msg) error {
 			s.wm.Idle(msg.Keepalive.WALEnd)
 		}
 		if msg.Keepalive.ReplyRequested {
-			s.pings.observe(time.Now())
+			s.pings.observe(now)
 			if s.pings.n == 1 {
 				s.log.Debug("keepalive asks for a reply", "wal_end", msg.Keepalive.WALEnd.String(), "confirmed", s.wm.Confirmed().String())
 			}
