@@ -10,8 +10,9 @@ import (
 )
 
 // TestDrainQuick runs one small drain case end to end (backlog, read-only
-// ceiling, outboxd, polling publisher) so that `make test` keeps the bench
-// working, and checks that its numbers are sane.
+// ceiling, outboxd at-least-once and --exactly-once, polling publisher) so
+// that `make test` keeps the bench working, and checks that its numbers are
+// sane.
 func TestDrainQuick(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts PostgreSQL, kfaked and outboxd")
@@ -19,7 +20,7 @@ func TestDrainQuick(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	cfg := DefaultConfig(true)
-	cfg.Cases = map[string]bool{"drain": true}
+	cfg.Cases = map[string]bool{"drain": true, "eos": true}
 	cfg.TxnSizes = []int{10}
 	e, err := StartEnv(ctx, cfg)
 	if err != nil {
@@ -29,7 +30,7 @@ func TestDrainQuick(t *testing.T) {
 
 	const events, perTxn = 5000, 10
 	start := time.Now()
-	c := e.RelayCase(ctx, "test_drain", events, perTxn, 200, 1, true)
+	c := e.RelayCase(ctx, "test_drain", events, perTxn, 200, 1, true, true)
 	took := time.Since(start)
 	if c.Err != nil {
 		t.Fatal(c.Err)
@@ -43,8 +44,8 @@ func TestDrainQuick(t *testing.T) {
 	if b.Events != events || b.Txns != events/perTxn || b.PayloadBytes < 150*events || b.PayloadBytes > 300*events {
 		t.Errorf("backlog %+v: want %d events in %d transactions of ~200-byte payloads", b, events, events/perTxn)
 	}
-	if len(c.Ceilings) != 1 || len(c.Relays) != 1 {
-		t.Fatalf("%d ceiling reads and %d outboxd runs, want 1 each", len(c.Ceilings), len(c.Relays))
+	if len(c.Ceilings) != 1 || len(c.Relays) != 1 || len(c.EOSRelays) != 1 {
+		t.Fatalf("%d ceiling reads, %d outboxd runs and %d exactly-once runs, want 1 each", len(c.Ceilings), len(c.Relays), len(c.EOSRelays))
 	}
 	if ce := c.Ceiling(); ce.Inserts != events || ce.Commits != events/perTxn || ce.EndLSN == 0 || ce.Elapsed <= 0 {
 		t.Errorf("ceiling %+v: want %d inserts in %d commits", ce, events, events/perTxn)
@@ -56,20 +57,32 @@ func TestDrainQuick(t *testing.T) {
 	if r.OutboxdCPU <= 0 || r.PeakRSS < 1<<20 || r.PeakRSS > 1<<30 {
 		t.Errorf("outboxd CPU %s, peak RSS %d bytes: not plausible", r.OutboxdCPU, r.PeakRSS)
 	}
+	x := c.EOSRelay()
+	t.Logf("exactly-once: %s (read_committed complete %s, confirmed %s, CPU %s)", x.Elapsed, x.KafkaAt, x.ConfirmedAt, x.OutboxdCPU)
+	if !x.ExactlyOnce || x.Delivered != events || x.KafkaAt <= 0 || x.ConfirmedAt <= 0 || x.Elapsed < x.KafkaAt || x.OutboxdCPU <= 0 {
+		t.Errorf("exactly-once run %+v: want all %d events visible to read_committed and confirmed", x, events)
+	}
 	if p := c.Polling; p == nil || p.Published != events || p.Elapsed <= 0 || p.Loops < events/100 {
 		t.Errorf("polling run %+v: want %d events published in ≥ %d claims", p, events, events/100)
 	}
-	for name, d := range map[string]time.Duration{"ceiling": c.Ceiling().Elapsed, "outboxd": r.Elapsed, "polling": c.Polling.Elapsed} {
+	for name, d := range map[string]time.Duration{"ceiling": c.Ceiling().Elapsed, "outboxd": r.Elapsed, "exactly-once": x.Elapsed, "polling": c.Polling.Elapsed} {
 		if rate := EventsPerSec(events, d); rate < 200 || rate > 10_000_000 {
 			t.Errorf("%s: %.0f events/s is not plausible", name, rate)
 		}
 	}
 
-	// The report renders the case.
-	res := &Results{Config: cfg, Started: start, Machine: e.Machine, Drains: []RelayCase{c}}
+	// The report renders the case (and a made-up exactly-once latency pair).
+	lat := func(p50 time.Duration) LatencyRun {
+		return LatencyRun{Rate: 1000, Duration: 5 * time.Second, Writers: 4, Sent: 5000, Received: 5000, Achieved: 1000,
+			P50: p50, P95: 2 * p50, P99: 3 * p50, Max: 4 * p50}
+	}
+	res := &Results{Config: cfg, Started: start, Machine: e.Machine, Drains: []RelayCase{c},
+		EOSLatency: &EOSLatency{Rate: 1000, ALO: lat(2 * time.Millisecond), EOS: lat(50 * time.Millisecond)}}
 	var out bytes.Buffer
 	res.Table(&out)
-	for _, want := range []string{"drain 5,000 events, 10 ev/txn", "read-only ceiling", "polling (100/claim)", "exactly-once", "nproc"} {
+	for _, want := range []string{"drain 5,000 events, 10 ev/txn", "read-only ceiling", "polling (100/claim)", "nproc",
+		"exactly-once drain 5,000 events, 10 ev/txn", "at-least-once ", "exactly-once latency 1,000 ev/s × 5s",
+		"50.0ms / 100ms / 150ms / 200ms", "p99 25.00×", "+48.0ms / +96.0ms / +144ms / +192ms"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, out.String())
 		}

@@ -14,14 +14,20 @@ import (
 // publisher then publishes the same rows from the table. Ceiling and outboxd
 // runs alternate (ceiling first in even rounds, outboxd first in odd ones)
 // and the fastest of each counts: on a shared machine the best run is the
-// one least disturbed by everything else.
+// one least disturbed by everything else. With EOS, each round also runs
+// outboxd --exactly-once on a slot of its own (ceiling, at-least-once,
+// exactly-once in even rounds, the reverse in odd ones).
 type RelayCase struct {
-	Name     string
-	Backlog  backlog
-	Ceilings []CeilingRun
-	Relays   []RelayRun
-	Polling  *PollRun // nil when not measured
-	Err      error
+	Name      string
+	Events    int // asked for (Backlog holds what was written)
+	PerTxn    int
+	Backlog   backlog
+	Ceilings  []CeilingRun
+	Relays    []RelayRun
+	EOS       bool       // exactly-once runs were asked for
+	EOSRelays []RelayRun // outboxd --exactly-once runs
+	Polling   *PollRun   // nil when not measured
+	Err       error
 }
 
 // Ceiling is the fastest ceiling read.
@@ -35,10 +41,27 @@ func (c RelayCase) Ceiling() CeilingRun {
 	return best
 }
 
-// Relay is the fastest outboxd run.
-func (c RelayCase) Relay() RelayRun {
+// Relay is the fastest (at-least-once) outboxd run.
+func (c RelayCase) Relay() RelayRun { return fastest(c.Relays) }
+
+// RelayCPU is the median outboxd CPU time over the (at-least-once) runs.
+func (c RelayCase) RelayCPU() time.Duration { return medianCPU(c.Relays) }
+
+// PeakRSS is the highest outboxd VmHWM over the (at-least-once) runs.
+func (c RelayCase) PeakRSS() int64 { return peakOf(c.Relays) }
+
+// EOSRelay is the fastest outboxd --exactly-once run.
+func (c RelayCase) EOSRelay() RelayRun { return fastest(c.EOSRelays) }
+
+// EOSRelayCPU is the median outboxd CPU time over the --exactly-once runs.
+func (c RelayCase) EOSRelayCPU() time.Duration { return medianCPU(c.EOSRelays) }
+
+// EOSPeakRSS is the highest outboxd VmHWM over the --exactly-once runs.
+func (c RelayCase) EOSPeakRSS() int64 { return peakOf(c.EOSRelays) }
+
+func fastest(runs []RelayRun) RelayRun {
 	var best RelayRun
-	for _, r := range c.Relays {
+	for _, r := range runs {
 		if best.Elapsed == 0 || r.Elapsed < best.Elapsed {
 			best = r
 		}
@@ -46,10 +69,23 @@ func (c RelayCase) Relay() RelayRun {
 	return best
 }
 
-// RelayCPU is the median outboxd CPU time over the runs.
-func (c RelayCase) RelayCPU() time.Duration {
+// medianElapsed is the median drain time over runs (the upper middle one
+// for an even count).
+func medianElapsed(runs []RelayRun) time.Duration {
+	var ds []time.Duration
+	for _, r := range runs {
+		ds = append(ds, r.Elapsed)
+	}
+	if len(ds) == 0 {
+		return 0
+	}
+	slices.Sort(ds)
+	return ds[len(ds)/2]
+}
+
+func medianCPU(runs []RelayRun) time.Duration {
 	var cpus []time.Duration
-	for _, r := range c.Relays {
+	for _, r := range runs {
 		cpus = append(cpus, r.OutboxdCPU)
 	}
 	if len(cpus) == 0 {
@@ -59,10 +95,9 @@ func (c RelayCase) RelayCPU() time.Duration {
 	return cpus[len(cpus)/2]
 }
 
-// PeakRSS is the highest outboxd VmHWM over the runs.
-func (c RelayCase) PeakRSS() int64 {
+func peakOf(runs []RelayRun) int64 {
 	var m int64
-	for _, r := range c.Relays {
+	for _, r := range runs {
 		m = max(m, r.PeakRSS)
 	}
 	return m
@@ -83,9 +118,10 @@ func caseTimeout(events int) time.Duration {
 
 // RelayCase writes events in transactions of perTxn events with payloads of
 // about payload bytes, then measures reps ceiling reads and reps outboxd
-// runs on them, and (if polling) the polling publisher.
-func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payload, reps int, polling bool) (c RelayCase) {
-	c.Name = name
+// runs on them, (if eos) reps outboxd --exactly-once runs, and (if polling)
+// the polling publisher.
+func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payload, reps int, polling, eos bool) (c RelayCase) {
+	c.Name, c.EOS, c.Events, c.PerTxn = name, eos, events, perTxn
 	reps = max(1, reps)
 	if c.Err = e.ensureServers(ctx); c.Err != nil {
 		return c
@@ -104,8 +140,12 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 	}
 	defer w.drop()
 	slot := func(kind string, rep int) string { return fmt.Sprintf("bench_%s_%s_%d", kind, name, rep) }
+	kinds := []string{"ceil", "ob"}
+	if eos {
+		kinds = append(kinds, "eos")
+	}
 	for rep := range reps {
-		for _, kind := range []string{"ceil", "ob"} {
+		for _, kind := range kinds {
 			if err := w.createSlot(ctx, slot(kind, rep)); err != nil {
 				c.Err = err
 				return c
@@ -117,8 +157,9 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 		c.Err = err
 		return c
 	}
-	e.progress("%s: backlog written in %s (%.0f ev/s, %.0f B/payload); %d× read-only ceiling and outboxd", name,
-		c.Backlog.Took.Round(time.Millisecond), EventsPerSec(int64(events), c.Backlog.Took), float64(c.Backlog.PayloadBytes)/float64(events), reps)
+	e.progress("%s: backlog written in %s (%.0f ev/s, %.0f B/payload); %d× read-only ceiling and outboxd%s", name,
+		c.Backlog.Took.Round(time.Millisecond), EventsPerSec(int64(events), c.Backlog.Took), float64(c.Backlog.PayloadBytes)/float64(events), reps,
+		map[bool]string{true: " (at-least-once and --exactly-once)", false: ""}[eos])
 	var endLSN uint64
 	ceiling := func(rep int) error {
 		r, err := e.readCeiling(ctx, w, slot("ceil", rep), events, caseTimeout(events))
@@ -133,21 +174,30 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 		e.progress("%s: ceiling %s (%.0f ev/s), CPU %s", name, r.Elapsed.Round(time.Millisecond), EventsPerSec(int64(events), r.Elapsed), r.CPU)
 		return nil
 	}
-	relay := func(rep int) error {
-		r, err := e.drainOutboxd(ctx, w, slot("ob", rep), int64(events), endLSN, caseTimeout(events))
-		if err != nil {
-			return err
+	run := func(exactlyOnce bool) func(int) error {
+		kind, label, runs := "ob", "outboxd", &c.Relays
+		if exactlyOnce {
+			kind, label, runs = "eos", "outboxd --exactly-once", &c.EOSRelays
 		}
-		c.Relays = append(c.Relays, r)
-		e.progress("%s: outboxd %s (%.0f ev/s; kafka complete at %s, slot confirmed at %s), peak RSS %.1f MiB, CPU %s",
-			name, r.Elapsed.Round(time.Millisecond), EventsPerSec(int64(events), r.Elapsed),
-			r.KafkaAt.Round(time.Millisecond), r.ConfirmedAt.Round(time.Millisecond), mib(r.PeakRSS), r.CPU)
-		return nil
+		return func(rep int) error {
+			r, err := e.drainOutboxd(ctx, w, slot(kind, rep), int64(events), endLSN, caseTimeout(events), exactlyOnce)
+			if err != nil {
+				return fmt.Errorf("%s: %w", label, err)
+			}
+			*runs = append(*runs, r)
+			e.progress("%s: %s %s (%.0f ev/s; kafka complete at %s, slot confirmed at %s), peak RSS %.1f MiB, CPU %s",
+				name, label, r.Elapsed.Round(time.Millisecond), EventsPerSec(int64(events), r.Elapsed),
+				r.KafkaAt.Round(time.Millisecond), r.ConfirmedAt.Round(time.Millisecond), mib(r.PeakRSS), r.CPU)
+			return nil
+		}
 	}
 	for rep := range reps {
-		steps := []func(int) error{ceiling, relay}
+		steps := []func(int) error{ceiling, run(false)}
+		if eos {
+			steps = append(steps, run(true))
+		}
 		if rep%2 == 1 {
-			steps[0], steps[1] = relay, ceiling
+			slices.Reverse(steps)
 		}
 		for _, step := range steps {
 			if err := step(rep); err != nil {
@@ -178,16 +228,38 @@ type Results struct {
 	PGSettings  string
 	LoadEnd     string
 	Drains      []RelayCase
+	EOSDrains   []RelayCase // exactly-once drains of sizes the drain case did not run (with eos on, Drains of EOSTxnSizes hold theirs)
 	Latency     []LatencyRun
 	LatencyErrs []error // parallel to Latency
+	EOSLatency  *EOSLatency
 	BigTxn      *RelayCase
 	Large       *RelayCase
 	Restarts    int // servers that died (were stopped from outside) and were restarted
 }
 
+// EOSLatency is outboxd --exactly-once at one rate beside the at-least-once
+// run at the same rate from the same bench run.
+type EOSLatency struct {
+	Rate           int
+	ALO, EOS       LatencyRun
+	ALOErr, EOSErr error
+}
+
+// EOSCases are the drain cases that ran exactly-once relays, in order.
+func (r *Results) EOSCases() []RelayCase {
+	var cs []RelayCase
+	for _, c := range append(append([]RelayCase(nil), r.Drains...), r.EOSDrains...) {
+		if c.EOS {
+			cs = append(cs, c)
+		}
+	}
+	slices.SortStableFunc(cs, func(a, b RelayCase) int { return a.PerTxn - b.PerTxn })
+	return cs
+}
+
 // Failed reports whether any case failed to run (not whether targets were met).
 func (r *Results) Failed() bool {
-	for _, c := range r.Drains {
+	for _, c := range append(append([]RelayCase(nil), r.Drains...), r.EOSDrains...) {
 		if c.Err != nil {
 			return true
 		}
@@ -196,6 +268,9 @@ func (r *Results) Failed() bool {
 		if err != nil {
 			return true
 		}
+	}
+	if l := r.EOSLatency; l != nil && (l.ALOErr != nil || l.EOSErr != nil) {
+		return true
 	}
 	return (r.BigTxn != nil && r.BigTxn.Err != nil) || (r.Large != nil && r.Large.Err != nil)
 }
@@ -209,13 +284,29 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 	}
 	defer e.Close()
 	res.Machine, res.PGSettings = e.Machine, e.PGSettings
+	// Exactly-once drains ride along in the drain cases of the same size (same
+	// backlog, alternating with the at-least-once runs); sizes that the drain
+	// case does not run get a case of their own.
+	eosDrain := func(k int) bool { return cfg.Cases["eos"] && slices.Contains(cfg.EOSTxnSizes, k) }
 	if cfg.Cases["drain"] {
 		for _, k := range cfg.TxnSizes {
-			c := e.RelayCase(ctx, fmt.Sprintf("drain_%d", k), cfg.DrainEvents, k, 200, cfg.Reps, !cfg.SkipPolling)
+			c := e.RelayCase(ctx, fmt.Sprintf("drain_%d", k), cfg.DrainEvents, k, 200, cfg.Reps, !cfg.SkipPolling, eosDrain(k))
 			if c.Err != nil {
 				e.progress("drain %d ev/txn FAILED: %v", k, c.Err)
 			}
 			res.Drains = append(res.Drains, c)
+		}
+	}
+	if cfg.Cases["eos"] {
+		for _, k := range cfg.EOSTxnSizes {
+			if cfg.Cases["drain"] && slices.Contains(cfg.TxnSizes, k) {
+				continue
+			}
+			c := e.RelayCase(ctx, fmt.Sprintf("eos_%d", k), cfg.DrainEvents, k, 200, cfg.Reps, false, true)
+			if c.Err != nil {
+				e.progress("exactly-once drain %d ev/txn FAILED: %v", k, c.Err)
+			}
+			res.EOSDrains = append(res.EOSDrains, c)
 		}
 	}
 	if cfg.Cases["latency"] {
@@ -248,13 +339,40 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 			}
 		}
 	}
+	if cfg.Cases["eos"] && cfg.EOSLatencyRate > 0 {
+		rate := cfg.EOSLatencyRate
+		el := &EOSLatency{Rate: rate}
+		found := false
+		for i, l := range res.Latency {
+			if l.Publisher == "outboxd" && l.Rate == rate {
+				el.ALO, el.ALOErr, found = l, res.LatencyErrs[i], true
+			}
+		}
+		logRun := func(l LatencyRun, err error) {
+			if err != nil {
+				e.progress("latency FAILED: %v", err)
+			} else {
+				e.progress("latency: %s at %d/s: p50 %s p95 %s p99 %s max %s (achieved %.0f/s, max writer lag %s)", l.Publisher, rate,
+					ms(l.P50), ms(l.P95), ms(l.P99), ms(l.Max), l.Achieved, ms(l.MaxLag))
+			}
+		}
+		if !found {
+			e.progress("latency: outboxd (at-least-once) at %d ev/s for %s", rate, cfg.LatencyDuration)
+			el.ALO, el.ALOErr = e.latency(ctx, "outboxd", rate, cfg.LatencyDuration, 0)
+			logRun(el.ALO, el.ALOErr)
+		}
+		e.progress("latency: outboxd --exactly-once at %d ev/s for %s (read_committed consumer)", rate, cfg.LatencyDuration)
+		el.EOS, el.EOSErr = e.latency(ctx, "outboxd-eos", rate, cfg.LatencyDuration, 0)
+		logRun(el.EOS, el.EOSErr)
+		res.EOSLatency = el
+	}
 	if cfg.Cases["resources"] {
-		big := e.RelayCase(ctx, "bigtxn", cfg.BigTxnRows, cfg.BigTxnRows, 200, 1, false)
+		big := e.RelayCase(ctx, "bigtxn", cfg.BigTxnRows, cfg.BigTxnRows, 200, 1, false, false)
 		if big.Err != nil {
 			e.progress("single large transaction FAILED: %v", big.Err)
 		}
 		res.BigTxn = &big
-		large := e.RelayCase(ctx, "large", cfg.LargeEvents, 10, cfg.LargePayload, cfg.Reps, false)
+		large := e.RelayCase(ctx, "large", cfg.LargeEvents, 10, cfg.LargePayload, cfg.Reps, false, false)
 		if large.Err != nil {
 			e.progress("large payloads FAILED: %v", large.Err)
 		}

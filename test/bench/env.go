@@ -2,7 +2,8 @@
 // replaces, on one throwaway PostgreSQL server and one kfaked broker, in one
 // run: backlog drain throughput beside a read-only pgoutput reader (the
 // walsender's ceiling) and a polling publisher, commit-to-consumer latency at
-// fixed write rates, and CPU and memory use. `make bench` runs it through
+// fixed write rates, CPU and memory use, and the cost of exactly-once mode
+// (drain throughput and latency beside at-least-once). `make bench` runs it through
 // test/cmd/bench; bench_test.go runs one small case so the code keeps working.
 package bench
 
@@ -29,6 +30,8 @@ type Config struct {
 	Reps            int             // ceiling and outboxd runs per drain case; the fastest counts
 	TxnSizes        []int           // events per transaction of the drain cases
 	LatencyRates    []int           // events/s of the latency runs
+	EOSTxnSizes     []int           // events per transaction of the exactly-once drains
+	EOSLatencyRate  int             // events/s of the exactly-once latency run
 	LatencyDuration time.Duration   // how long writers write in each latency run
 	PollIntervals   []time.Duration // polling publisher idle sleeps in the latency runs
 	BigTxnRows      int             // rows of the single large transaction
@@ -36,7 +39,7 @@ type Config struct {
 	LargePayload    int             // approximate payload bytes of the large-payload drain
 	OutboxdArgs     []string        // appended to outboxd's command line
 	OutboxdEnv      []string        // added to outboxd's environment (KEY=VALUE), e.g. GOMAXPROCS=1
-	Cases           map[string]bool // drain, latency, resources
+	Cases           map[string]bool // drain, latency, resources, eos
 	SkipPolling     bool            // drain cases without the polling publisher
 	PerfDir         string          // if set, `perf record` outboxd and its walsender during drains
 	Progress        io.Writer       // progress lines (nil: discarded)
@@ -49,12 +52,14 @@ func DefaultConfig(quick bool) Config {
 		Reps:            3,
 		TxnSizes:        []int{1, 10, 100},
 		LatencyRates:    []int{1000, 5000},
+		EOSTxnSizes:     []int{10, 100},
+		EOSLatencyRate:  1000,
 		LatencyDuration: 20 * time.Second,
 		PollIntervals:   []time.Duration{500 * time.Millisecond, 10 * time.Millisecond},
 		BigTxnRows:      1_000_000,
 		LargeEvents:     20_000,
 		LargePayload:    4096,
-		Cases:           map[string]bool{"drain": true, "latency": true, "resources": true},
+		Cases:           map[string]bool{"drain": true, "latency": true, "resources": true, "eos": true},
 	}
 	if quick {
 		c.DrainEvents = 10_000

@@ -69,9 +69,10 @@ func latencyPayload(seq int, sentAt int64) string {
 		seq, note64, seq%7+1, seq%1000, seq%100, sentAt, seq, seq%997)
 }
 
-// latency measures one publisher: kind is "outboxd", "polling" (with idle
-// as the poller's idle sleep), or "pgoutput": no publisher, the receipt is a
-// bench client reading the slot (the walsender's own latency, the floor).
+// latency measures one publisher: kind is "outboxd", "outboxd-eos" (outboxd
+// --exactly-once, received by a read_committed consumer), "polling" (with
+// idle as the poller's idle sleep), or "pgoutput": no publisher, the receipt
+// is a bench client reading the slot (the walsender's own latency, the floor).
 func (e *Env) latency(ctx context.Context, kind string, rate int, dur, idle time.Duration) (_ LatencyRun, err error) {
 	name := fmt.Sprintf("lat_%s_%d", kind, rate)
 	pub := kind
@@ -81,6 +82,9 @@ func (e *Env) latency(ctx context.Context, kind string, rate int, dur, idle time
 		pub = fmt.Sprintf("polling %s", idle)
 	case "pgoutput":
 		pub = "read-only pgoutput reader"
+	case "outboxd-eos":
+		name = fmt.Sprintf("lat_eos_%d", rate)
+		pub = "outboxd --exactly-once"
 	}
 	res := LatencyRun{Publisher: pub, Rate: rate, Duration: dur, Writers: max(4, rate/500)}
 	n := int(float64(rate) * dur.Seconds())
@@ -161,13 +165,18 @@ func (e *Env) latency(ctx context.Context, kind string, rate int, dur, idle time
 			return res, fmt.Errorf("pgoutput reader: %w", perr)
 		}
 	} else {
-		// A consumer on the (empty, pre-created) topic from the start.
+		// A consumer on the (empty, pre-created) topic from the start;
+		// read_committed for exactly-once: what its consumers see.
 		opts, err := e.Kafka.ClientOpts()
 		if err != nil {
 			return res, err
 		}
-		cons, err := kgo.NewClient(append(opts, kgo.ConsumeTopics(w.topic),
-			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(time.Second))...)
+		opts = append(opts, kgo.ConsumeTopics(w.topic),
+			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(time.Second))
+		if kind == "outboxd-eos" {
+			opts = append(opts, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+		}
+		cons, err := kgo.NewClient(opts...)
 		if err != nil {
 			return res, err
 		}
@@ -192,8 +201,12 @@ func (e *Env) latency(ctx context.Context, kind string, rate int, dur, idle time
 		}()
 	}
 	switch kind {
-	case "outboxd":
-		if ob, err = e.startOutboxd(ctx, w, "bench_"+name, name); err != nil {
+	case "outboxd", "outboxd-eos":
+		var mode []string
+		if kind == "outboxd-eos" {
+			mode = eosArgs
+		}
+		if ob, err = e.startOutboxd(ctx, w, "bench_"+name, name, mode...); err != nil {
 			return res, err
 		}
 		defer ob.stop()

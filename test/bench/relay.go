@@ -2,14 +2,19 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxd/outboxd/test/harness"
 )
@@ -17,8 +22,9 @@ import (
 // RelayRun is one outboxd drain: from process start until Kafka holds every
 // event and the slot confirmed the end LSN.
 type RelayRun struct {
+	ExactlyOnce bool          // outboxd ran with --exactly-once
 	Elapsed     time.Duration // max(KafkaAt, ConfirmedAt)
-	KafkaAt     time.Duration // the topic's end offsets reached the event count
+	KafkaAt     time.Duration // at-least-once: the topic's end offsets reached the event count; exactly-once: a read_committed consumer counted every event
 	ConfirmedAt time.Duration // confirmed_flush_lsn reached the end LSN
 	Delivered   int64         // records in the topic at the end
 	OutboxdCPU  time.Duration // utime+stime of outboxd over its whole life
@@ -33,9 +39,13 @@ type outboxd struct {
 	perf     []*exec.Cmd
 }
 
-// startOutboxd runs outboxd on w's database and slot with the bench's extra
-// arguments appended.
-func (e *Env) startOutboxd(ctx context.Context, w *world, slot, name string) (*outboxd, error) {
+// eosArgs are the arguments of outboxd's exactly-once mode (the checkpoint
+// topic is the default one; each slot has its own key and transactional id).
+var eosArgs = []string{"--exactly-once"}
+
+// startOutboxd runs outboxd on w's database and slot with mode's arguments
+// (eosArgs or none) and then the bench's extra arguments appended.
+func (e *Env) startOutboxd(ctx context.Context, w *world, slot, name string, mode ...string) (*outboxd, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -46,7 +56,8 @@ func (e *Env) startOutboxd(ctx context.Context, w *world, slot, name string) (*o
 		"--postgres", w.dsn, "--slot", slot, "--publication", "outboxd",
 		"--kafka-brokers", strings.Join(e.Kafka.Brokers(), ","),
 		"--http-addr", addr,
-	}, e.cfg.OutboxdArgs...)
+	}, mode...)
+	args = append(args, e.cfg.OutboxdArgs...)
 	p, err := harness.StartProc(ctx, "outboxd-"+name, e.bin, args, e.cfg.OutboxdEnv, e.logDir)
 	if err != nil {
 		return nil, err
@@ -113,19 +124,39 @@ func tailOf(s string, n int) string {
 }
 
 // drainOutboxd starts outboxd on a slot that holds want events ending at
-// endLSN and measures until both Kafka and the slot have everything.
-func (e *Env) drainOutboxd(ctx context.Context, w *world, slot string, want int64, endLSN uint64, timeout time.Duration) (RelayRun, error) {
+// endLSN and measures until both Kafka and the slot have everything. With
+// eos, outboxd runs with --exactly-once and "Kafka has it" means a
+// read_committed consumer, reading the topic from where it ended before the
+// run, has received every event: the end offsets would count transaction
+// markers, and records of open transactions are not visible yet.
+func (e *Env) drainOutboxd(ctx context.Context, w *world, slot string, want int64, endLSN uint64, timeout time.Duration, eos bool) (RelayRun, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	var r RelayRun
+	r := RelayRun{ExactlyOnce: eos}
+	var mode []string
 	// Earlier runs on the same backlog left their records in the topic.
 	base, err := w.topicCount(ctx)
 	if err != nil {
 		return r, err
 	}
+	var cc *committedCounter
+	if eos {
+		mode = eosArgs
+		if cc, err = e.countCommitted(ctx, w.topic); err != nil {
+			return r, err
+		}
+		defer cc.close()
+	}
+	delivered := func(ctx context.Context) (int64, error) {
+		if cc != nil {
+			return cc.n.Load(), nil
+		}
+		n, err := w.topicCount(ctx)
+		return n - base, err
+	}
 	snap := e.snapshot()
 	start := time.Now()
-	o, err := e.startOutboxd(ctx, w, slot, slot)
+	o, err := e.startOutboxd(ctx, w, slot, slot, mode...)
 	if err != nil {
 		return r, err
 	}
@@ -140,8 +171,8 @@ func (e *Env) drainOutboxd(ctx context.Context, w *world, slot string, want int6
 			return r, fmt.Errorf("outboxd exited (code %d) during the drain; log tail:\n%s", code, tailOf(o.Log(), 3000))
 		}
 		if r.KafkaAt == 0 {
-			n, err := w.topicCount(ctx)
-			if err == nil && n-base >= want {
+			n, err := delivered(ctx)
+			if err == nil && n >= want {
 				r.KafkaAt = time.Since(start)
 			}
 		}
@@ -160,8 +191,7 @@ func (e *Env) drainOutboxd(ctx context.Context, w *world, slot string, want int6
 		}
 		select {
 		case <-ctx.Done():
-			n, _ := w.topicCount(context.Background())
-			n -= base
+			n, _ := delivered(context.Background())
 			return r, fmt.Errorf("outboxd drain of %d events: %d in Kafka, kafka done=%v confirmed=%v: %w; log tail:\n%s",
 				want, n, r.KafkaAt > 0, r.ConfirmedAt > 0, ctx.Err(), tailOf(o.Log(), 3000))
 		case <-tick.C:
@@ -177,14 +207,99 @@ func (e *Env) drainOutboxd(ctx context.Context, w *world, slot string, want int6
 	if err := o.stop(); err != nil {
 		return r, err
 	}
-	n, err := w.topicCount(ctx)
+	var n int64
+	if cc != nil {
+		n, err = cc.settle(ctx, want)
+	} else {
+		n, err = delivered(ctx)
+	}
 	if err != nil {
 		return r, err
 	}
-	n -= base
 	r.Delivered = n
 	if n != want {
 		return r, fmt.Errorf("outboxd delivered %d records, want exactly %d", n, want)
 	}
 	return r, nil
+}
+
+// committedCounter counts the records a read_committed consumer receives
+// from one topic: aborted records and transaction markers never show, and
+// records of an open transaction only once it commits.
+type committedCounter struct {
+	cl   *kgo.Client
+	n    atomic.Int64
+	done chan struct{}
+}
+
+// countCommitted starts counting the records written to topic from now on:
+// it starts at the partitions' current end offsets (no transaction is open
+// between runs, so those are where the next run's records begin).
+func (e *Env) countCommitted(ctx context.Context, topic string) (*committedCounter, error) {
+	ends, err := e.adm.ListEndOffsets(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	from := map[int32]kgo.Offset{}
+	var errs []error
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Err != nil {
+			errs = append(errs, o.Err)
+			return
+		}
+		from[o.Partition] = kgo.NewOffset().At(o.Offset)
+	})
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	opts, err := e.Kafka.ClientOpts()
+	if err != nil {
+		return nil, err
+	}
+	cl, err := kgo.NewClient(append(opts,
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: from}),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.FetchMaxWait(200*time.Millisecond))...)
+	if err != nil {
+		return nil, err
+	}
+	c := &committedCounter{cl: cl, done: make(chan struct{})}
+	go func() {
+		defer close(c.done)
+		for {
+			f := cl.PollFetches(context.Background())
+			if f.IsClientClosed() {
+				return
+			}
+			c.n.Add(int64(f.NumRecords()))
+		}
+	}()
+	return c, nil
+}
+
+// settle waits until the count has not moved for a second (after outboxd
+// stopped: anything committed is visible by then) and returns it; more
+// than want returns at once.
+func (c *committedCounter) settle(ctx context.Context, want int64) (int64, error) {
+	last, since := c.n.Load(), time.Now()
+	for time.Since(since) < time.Second {
+		select {
+		case <-ctx.Done():
+			return c.n.Load(), ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+		n := c.n.Load()
+		if n > want {
+			return n, nil
+		}
+		if n != last {
+			last, since = n, time.Now()
+		}
+	}
+	return last, nil
+}
+
+func (c *committedCounter) close() {
+	c.cl.Close()
+	<-c.done
 }
