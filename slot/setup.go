@@ -80,6 +80,10 @@ type Config struct {
 	// FIN: a partition, a dead NAT entry), it is terminated rather than waited
 	// for until wal_sender_timeout.
 	TakeOver int
+	// StaleAfter: an outboxd walsender (application_name outboxd) whose
+	// client has not replied for this long is dead (outboxd replies every
+	// few seconds), e.g. left by a killed process; it is terminated. 0 never.
+	StaleAfter time.Duration
 }
 
 // Prepare runs on a replication connection before streaming. It checks
@@ -117,13 +121,24 @@ func Prepare(ctx context.Context, conn *pgconn.PgConn, cfg Config) (info Info, c
 			return Info{}, false, err
 		}
 	}
-	if info.Active && cfg.TakeOver != 0 && info.ActivePID == cfg.TakeOver {
+	if info.Active && (cfg.TakeOver != 0 && info.ActivePID == cfg.TakeOver || stale(ctx, conn, info.ActivePID, cfg.StaleAfter)) {
 		if info, err = takeOver(ctx, conn, info); err != nil {
 			return Info{}, false, err
 		}
 	}
 	info.SessionPID, _ = strconv.Atoi(db[1])
 	return info, created, checkSlot(ctx, conn, info, db[0], db[1])
+}
+
+// stale reports whether pid is an outboxd walsender whose client has not
+// replied for longer than after.
+func stale(ctx context.Context, conn *pgconn.PgConn, pid int, after time.Duration) bool {
+	if after <= 0 {
+		return false
+	}
+	rows, err := query(ctx, conn, fmt.Sprintf(`SELECT 1 FROM pg_stat_replication WHERE pid = %d AND application_name = 'outboxd'
+	AND coalesce(reply_time, backend_start) < now() - interval '%d milliseconds'`, pid, after.Milliseconds()))
+	return err == nil && len(rows) == 1
 }
 
 // takeOver terminates our own previous, stale walsender and waits (bounded)

@@ -18,6 +18,10 @@ import (
 // stream stays usable: it is the caller's cue to send a status update.
 var ErrTimeout = errors.New("wal: no message before deadline")
 
+// ErrStreamEnded means the server ended the replication stream, as it does
+// when it shuts down.
+var ErrStreamEnded = errors.New("replication stream: the server ended the stream (shutting down?)")
+
 // Connect opens a replication connection (replication=database) from an
 // ordinary connection string. The same connection also runs plain SQL, which
 // the slot checks use before streaming starts.
@@ -136,8 +140,8 @@ func (s *Stream) Next(ctx context.Context, deadline time.Time) (*Msg, error) {
 		case *pgproto3.ErrorResponse:
 			return nil, fmt.Errorf("replication stream: %w", pgconn.ErrorResponseToPgError(m))
 		case *pgproto3.NoticeResponse:
-		case *pgproto3.CopyDone:
-			return nil, errors.New("replication stream: server ended the stream (CopyDone)")
+		case *pgproto3.CopyDone, *pgproto3.CommandComplete:
+			return nil, ErrStreamEnded
 		default:
 			return nil, fmt.Errorf("replication stream: unexpected %T", raw)
 		}

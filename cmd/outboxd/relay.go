@@ -113,6 +113,8 @@ func (r *relay) run(ctx context.Context) error {
 			return err
 		case errors.As(err, &busy):
 			r.logOnce(slog.LevelWarn, "replication slot busy; retrying", err)
+		case errors.Is(err, wal.ErrStreamEnded):
+			r.log.Warn("PostgreSQL ended the replication stream; reconnecting", "resume_lsn", resume.String())
 		case errors.As(err, &rej):
 			if r.cfg.OnInvalid == "dead-letter" {
 				r.poison[rej.pos] = rej.err.Error()
@@ -155,7 +157,9 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 		conn.Close(cctx)
 	}()
 
-	info, created, err := slot.Prepare(ctx, conn, slot.Config{Slot: r.cfg.Slot, Publication: r.cfg.Publication, TakeOver: r.lastPID})
+	info, created, err := slot.Prepare(ctx, conn, slot.Config{
+		Slot: r.cfg.Slot, Publication: r.cfg.Publication, TakeOver: r.lastPID, StaleAfter: r.cfg.ReplicationTimeout,
+	})
 	if err != nil {
 		return false, nil, err
 	}

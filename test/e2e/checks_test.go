@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -86,6 +87,31 @@ func TestSlotHeldByAnotherProcess(t *testing.T) {
 	if err := p.WaitLog(f.ctx, "msg=streaming"); err != nil {
 		t.Fatalf("did not stream after the slot was released: %v\n%s", err, p.Log())
 	}
+	end := f.commit(event{1, "a", "E", `{}`})
+	f.waitConfirmed(end, 20*time.Second)
+}
+
+// A frozen outboxd (no replies, connection still open, like one behind a
+// dead network path) holds the slot: a new outboxd takes it over once the
+// holder has been silent for --replication-timeout, instead of waiting for
+// the server's wal_sender_timeout.
+func TestStaleOutboxdWalsenderTakenOver(t *testing.T) {
+	f := newFixture(t)
+	old := f.startRelay("--status-interval", "500ms", "--replication-timeout", "2s")
+	if err := old.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer old.Signal(syscall.SIGCONT)
+	pid := f.slotState().ActivePID
+	start := time.Now()
+	p, _ := f.spawn("--status-interval", "500ms", "--replication-timeout", "2s")
+	if err := p.WaitLog(f.ctx, "msg=streaming"); err != nil {
+		t.Fatalf("did not take the slot over: %v\n%s", err, p.Log())
+	}
+	if s := f.slotState(); s.ActivePID == pid {
+		t.Fatal("the frozen walsender still holds the slot")
+	}
+	t.Logf("took over after %s", time.Since(start).Round(100*time.Millisecond))
 	end := f.commit(event{1, "a", "E", `{}`})
 	f.waitConfirmed(end, 20*time.Second)
 }
