@@ -71,18 +71,7 @@ func (o *outboxd) stop() error {
 	if o.Exited() {
 		return nil
 	}
-	_ = o.Signal(syscall.SIGTERM)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	code, err := o.Wait(ctx)
-	if err != nil {
-		_ = o.Kill()
-		return fmt.Errorf("outboxd did not stop on SIGTERM: %w", err)
-	}
-	if code != 0 {
-		return fmt.Errorf("outboxd exited with code %d; log tail:\n%s", code, tailOf(o.Log(), 3000))
-	}
-	return nil
+	return o.Stop(30 * time.Second)
 }
 
 // perfRecord attaches `perf record -g` to pid (a no-op without -perf-dir).

@@ -37,18 +37,7 @@ func TestExactlyOnceSurvivesKill(t *testing.T) {
 	f := newFixture(t)
 	r := f.startRelay("--exactly-once", "--checkpoint-topic", "cp."+f.agg)
 	const total = 2000
-	done := make(chan uint64)
-	go func() {
-		var end uint64
-		for i := 1; i <= total; i += 10 {
-			var evs []event
-			for j := i; j < i+10; j++ {
-				evs = append(evs, event{j, fmt.Sprintf("k%d", j%5), "E", fmt.Sprintf(`{"n": %d}`, j)})
-			}
-			end = f.commitNoFatal(evs...)
-		}
-		done <- end
-	}()
+	done := f.writeInBackground(total)
 	for f.topicCount(f.topic()) < 300 {
 		time.Sleep(5 * time.Millisecond)
 	}

@@ -59,19 +59,7 @@ func TestKillDuringStreamLosesNothing(t *testing.T) {
 	r := f.startRelay()
 	const total = 3000
 	wantOrder := map[string][]string{}
-	done := make(chan uint64)
-	go func() {
-		var end uint64
-		for i := 1; i <= total; i += 10 {
-			var evs []event
-			for j := i; j < i+10; j++ {
-				key := fmt.Sprintf("k%d", j%5)
-				evs = append(evs, event{j, key, "E", fmt.Sprintf(`{"n": %d}`, j)})
-			}
-			end = f.commitNoFatal(evs...)
-		}
-		done <- end
-	}()
+	done := f.writeInBackground(total)
 	for j := 1; j <= total; j++ {
 		key := fmt.Sprintf("k%d", j%5)
 		wantOrder[key] = append(wantOrder[key], eventID(j))

@@ -37,6 +37,7 @@ type fixture struct {
 	conn  *pgx.Conn
 	logs  string
 	env   []string // extra environment for outboxd
+	adm   *kadm.Client
 }
 
 var nonWord = regexp.MustCompile(`[^a-z0-9]+`)
@@ -286,16 +287,7 @@ func (f *fixture) records() []*kgo.Record {
 // topicCount is the number of records in a topic (sum of end offsets).
 func (f *fixture) topicCount(topic string) int64 {
 	f.t.Helper()
-	opts, err := f.kafka.ClientOpts()
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	cl, err := kgo.NewClient(opts...)
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	defer cl.Close()
-	ends, err := kadm.NewClient(cl).ListEndOffsets(f.ctx, topic)
+	ends, err := f.admin().ListEndOffsets(f.ctx, topic)
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -394,9 +386,13 @@ func (r *relay) stop(t *testing.T, ctx context.Context) {
 	}
 }
 
-// admin is a kadm client for the test's broker, closed with the test.
+// admin is a kadm client for the test's broker, made once and closed with
+// the test.
 func (f *fixture) admin() *kadm.Client {
 	f.t.Helper()
+	if f.adm != nil {
+		return f.adm
+	}
 	opts, err := f.kafka.ClientOpts()
 	if err != nil {
 		f.t.Fatal(err)
@@ -406,7 +402,26 @@ func (f *fixture) admin() *kadm.Client {
 		f.t.Fatal(err)
 	}
 	f.t.Cleanup(cl.Close)
-	return kadm.NewClient(cl)
+	f.adm = kadm.NewClient(cl)
+	return f.adm
+}
+
+// writeInBackground commits events 1..total, ten per transaction, keys k0..k4,
+// from a goroutine; the channel yields the WAL position after the last commit.
+func (f *fixture) writeInBackground(total int) <-chan uint64 {
+	done := make(chan uint64, 1)
+	go func() {
+		var end uint64
+		for i := 1; i <= total; i += 10 {
+			var evs []event
+			for j := i; j < i+10 && j <= total; j++ {
+				evs = append(evs, event{j, fmt.Sprintf("k%d", j%5), "E", fmt.Sprintf(`{"n": %d}`, j)})
+			}
+			end = f.commitNoFatal(evs...)
+		}
+		done <- end
+	}()
+	return done
 }
 
 type kadmAlter = kadm.AlterConfig

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"os"
 	"os/signal"
@@ -130,7 +129,7 @@ func StartBroker(ctx context.Context, advertise string, partitions int, logDir s
 	}
 	b := &Broker{bin: bin, dir: dir, advertise: advertise, partitions: partitions}
 	for attempt := 1; ; attempt++ {
-		if b.port, err = freePort(); err == nil {
+		if b.port, err = harness.FreePort(); err == nil {
 			err = b.start(ctx)
 		}
 		if err == nil {
@@ -190,21 +189,7 @@ func (b *Broker) Stop() error {
 		_ = proc.Signal(syscall.SIGCONT)
 		b.paused = false
 	}
-	if err := proc.Signal(syscall.SIGTERM); err != nil && !proc.Exited() {
-		_ = proc.Kill()
-		return err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	code, err := proc.Wait(ctx)
-	if err != nil {
-		_ = proc.Kill()
-		return fmt.Errorf("stopping broker: %w", err)
-	}
-	if code != 0 {
-		return fmt.Errorf("stopping broker: exit code %d; log tail:\n%s", code, tailString(proc.Log(), 4096))
-	}
-	return nil
+	return proc.Stop(time.Minute)
 }
 
 // Pause freezes the broker process (SIGSTOP): connections stay open and
@@ -258,20 +243,6 @@ func (b *Broker) DialRedirect() func(ctx context.Context, network, host string) 
 		}
 		return d.DialContext(ctx, network, host)
 	}
-}
-
-// freePort picks an unused 127.0.0.1 port below the ephemeral range (see
-// harness.freePort: a server restarted on the same port must not find it
-// taken by an outgoing connection).
-func freePort() (int, error) {
-	for range 100 {
-		port := 20000 + rand.IntN(12000)
-		if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
-			l.Close()
-			return port, nil
-		}
-	}
-	return 0, fmt.Errorf("no free port")
 }
 
 func tailString(s string, n int) string {

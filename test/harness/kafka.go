@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -89,7 +88,7 @@ func StartKafka(ctx context.Context, opts ...KafkaOption) (*Kafka, error) {
 	k.bin, k.dir = bin, dir
 	// A freshly picked port may be taken before kfaked binds it: retry.
 	for attempt := 1; ; attempt++ {
-		if k.port, err = freePort(); err == nil {
+		if k.port, err = FreePort(); err == nil {
 			err = k.start(ctx)
 		}
 		if err == nil {
@@ -208,21 +207,7 @@ func (k *Kafka) Stop() error {
 	}
 	proc := k.proc
 	k.proc = nil
-	if err := proc.Signal(syscall.SIGTERM); err != nil && !proc.Exited() {
-		_ = proc.Kill()
-		return err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	code, err := proc.Wait(ctx)
-	if err != nil {
-		_ = proc.Kill()
-		return fmt.Errorf("stopping kfaked: %w", err)
-	}
-	if code != 0 {
-		return fmt.Errorf("stopping kfaked: exit code %d; log tail:\n%s", code, tail(proc.Log(), 4096))
-	}
-	return nil
+	return proc.Stop(time.Minute)
 }
 
 // Kill sends SIGKILL to the broker (no clean shutdown) and reaps it.

@@ -6,11 +6,11 @@ import (
 	"net"
 )
 
-// freePort returns a currently unused TCP port on 127.0.0.1. It prefers
+// FreePort returns a currently unused TCP port on 127.0.0.1. It prefers
 // ports below Linux's ephemeral range (32768+): servers here are restarted
 // on the same port, and while one is down an outgoing connection could
 // otherwise be assigned its port as a local port and block the restart.
-func freePort() (int, error) {
+func FreePort() (int, error) {
 	for range 100 {
 		port := 20000 + rand.IntN(12000)
 		if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {

@@ -120,7 +120,7 @@ func (p *Postgres) initAndStart(ctx context.Context, o pgOptions) error {
 	// Another process may grab the picked port before postgres binds it;
 	// retry with a new port in that case.
 	for attempt := 1; ; attempt++ {
-		port, err := freePort()
+		port, err := FreePort()
 		if err != nil {
 			return err
 		}

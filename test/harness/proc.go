@@ -204,3 +204,24 @@ func (t *tailBuffer) String() string {
 	defer t.mu.Unlock()
 	return string(t.b[max(0, len(t.b)-t.max):])
 }
+
+// Stop sends SIGTERM and waits up to timeout for a clean exit; a process that
+// does not exit in time is killed. A non-zero exit code is an error carrying
+// the end of the log.
+func (p *Proc) Stop(timeout time.Duration) error {
+	if err := p.Signal(syscall.SIGTERM); err != nil && !p.Exited() {
+		_ = p.Kill()
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	code, err := p.Wait(ctx)
+	if err != nil {
+		_ = p.Kill()
+		return fmt.Errorf("stopping %s: %w", p.name, err)
+	}
+	if code != 0 {
+		return fmt.Errorf("stopping %s: exit code %d; log tail:\n%s", p.name, code, tail(p.Log(), 4096))
+	}
+	return nil
+}
