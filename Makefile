@@ -25,8 +25,9 @@ test: vet ## unit, integration, end-to-end and alert-rule tests (< 10 min on 2 c
 bench: ## throughput/latency/resources side by side with baselines (~5 min)
 	$(GO) run ./test/cmd/bench
 
-soak: ## fault-injection suite under load (long)
-	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak
+soak: ## fault-injection soak under load, at-least-once then exactly-once (~20 min)
+	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -mode at-least-once
+	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -mode exactly-once
 
 docker: ## container image (needs a Docker engine)
 	docker build -f deploy/Dockerfile --build-arg VERSION=$(VERSION) -t outboxd:$(VERSION) .
