@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/outboxd/outboxd/sink/kafka"
@@ -22,11 +23,30 @@ const (
 	eosMaxRecords = 10000
 )
 
+// eosCommitTimeout bounds a Kafka commit: a reader blocked on an unreachable
+// Kafka would answer no keepalive, and hold up a PostgreSQL shutdown.
+const eosCommitTimeout = 10 * time.Second
+
 // txnSink is the part of the Kafka sink that exactly-once mode uses.
 type txnSink interface {
 	Begin() error
 	Commit(ctx context.Context, cp kafka.Checkpoints, lsn string) error
 	Abort(ctx context.Context)
+	Reset(ctx context.Context) error
+	LoadCheckpoint(ctx context.Context, cp kafka.Checkpoints) (string, error)
+}
+
+// loadCheckpoint reads where the events already committed to Kafka end.
+func loadCheckpoint(ctx context.Context, sk txnSink, cp kafka.Checkpoints) (wal.LSN, error) {
+	text, err := sk.LoadCheckpoint(ctx, cp)
+	if err != nil || text == "" {
+		return 0, err
+	}
+	lsn, err := wal.ParseLSN(text)
+	if err != nil {
+		return 0, fmt.Errorf("checkpoint %q in %s: %w", text, cp.Topic, err)
+	}
+	return lsn, nil
 }
 
 // eos is one session's Kafka-transaction state, owned by the streamer.
@@ -69,7 +89,9 @@ func (e *eos) commit(ctx context.Context, wm *slot.Watermark) error {
 	if !e.open || len(e.txns) == 0 {
 		return nil
 	}
-	if err := e.sink.Commit(ctx, e.cp, e.ends[len(e.ends)-1].String()); err != nil {
+	cctx, cancel := context.WithTimeout(ctx, eosCommitTimeout)
+	defer cancel()
+	if err := e.sink.Commit(cctx, e.cp, e.ends[len(e.ends)-1].String()); err != nil {
 		e.reset()
 		return err
 	}
@@ -80,8 +102,10 @@ func (e *eos) commit(ctx context.Context, wm *slot.Watermark) error {
 	return nil
 }
 
-func (e *eos) abort(ctx context.Context) {
+func (e *eos) abort() {
 	if e.open {
+		ctx, cancel := context.WithTimeout(context.Background(), eosCommitTimeout)
+		defer cancel()
 		e.sink.Abort(ctx)
 	}
 	e.reset()

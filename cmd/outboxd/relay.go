@@ -125,7 +125,17 @@ func (r *relay) run(ctx context.Context) error {
 		default:
 			r.logOnce(slog.LevelError, "replication session ended; reconnecting", err, "resume_lsn", resume.String())
 		}
-		if wm != nil {
+		if r.cfg.TxnSink != nil {
+			// A failed session may have left the Kafka transaction in an
+			// unknown state: start over with a fresh producer and the
+			// checkpoint as Kafka now has it.
+			if err := r.resetTransactions(ctx, &resume); err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return err
+			}
+		} else if wm != nil {
 			// The connection is closed; let the session's in-flight events
 			// settle so the next session starts as late as possible.
 			if !waitDrained(ctx, wm) {
@@ -211,6 +221,21 @@ func isConfigError(err error) bool {
 }
 
 func pgconnAlive(c *pgconn.PgConn) bool { return !c.IsClosed() }
+
+// resetTransactions replaces the transactional producer and moves the resume
+// point to the checkpoint. It waits for Kafka as long as it takes.
+func (r *relay) resetTransactions(ctx context.Context, resume *wal.LSN) error {
+	if err := r.cfg.TxnSink.Reset(ctx); err != nil {
+		return err
+	}
+	skip, err := loadCheckpoint(ctx, r.cfg.TxnSink, r.cfg.Checkpoints)
+	if err != nil {
+		return err
+	}
+	r.cfg.SkipBefore = max(r.cfg.SkipBefore, skip)
+	*resume = max(*resume, skip)
+	return nil
+}
 
 // logOnce logs err, but an error identical to the last one only once a
 // minute: a retry loop must not flood the log.

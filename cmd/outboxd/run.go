@@ -17,7 +17,6 @@ import (
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink/kafka"
 	"github.com/outboxd/outboxd/slot"
-	"github.com/outboxd/outboxd/wal"
 )
 
 const runSummary = `Streams committed outbox INSERTs from a pgoutput replication slot to Kafka and
@@ -249,15 +248,9 @@ func prepareExactlyOnce(ctx context.Context, log *slog.Logger, sk *kafka.Sink, o
 	if err := sk.InitTransactions(ctx, cp); err != nil {
 		return relayConfig{}, err
 	}
-	text, err := sk.LoadCheckpoint(ctx, cp)
+	skip, err := loadCheckpoint(ctx, sk, cp)
 	if err != nil {
 		return relayConfig{}, err
-	}
-	var skip wal.LSN
-	if text != "" {
-		if skip, err = wal.ParseLSN(text); err != nil {
-			return relayConfig{}, fmt.Errorf("checkpoint %q in %s: %w", text, cp.Topic, err)
-		}
 	}
 	log.Info("exactly-once mode", "transactional_id", kafka.TransactionalID(o.Slot), "checkpoint_topic", cp.Topic, "checkpoint_lsn", skip.String())
 	return relayConfig{TxnSink: sk, Checkpoints: cp, SkipBefore: skip}, nil

@@ -361,7 +361,7 @@ func (s *streamer) finish(ctx context.Context, connAlive bool) {
 				s.log.Warn("exactly-once: final Kafka commit failed; the next run resumes from the last checkpoint", "err", err)
 			}
 		}
-		s.eos.abort(context.Background())
+		s.eos.abort()
 	}
 	if !shutdown {
 		return

@@ -9,6 +9,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -34,9 +35,10 @@ type Config struct {
 
 // Sink is a Kafka producer.
 type Sink struct {
-	client *kgo.Client
-	manual context.Context // marks records that carry an explicit partition
-	conn   []kgo.Opt       // brokers, TLS and SASL: for the checkpoint reader
+	client atomic.Pointer[kgo.Client] // replaced by Reset
+	opts   []kgo.Opt                  // everything the client was built with
+	manual context.Context            // marks records that carry an explicit partition
+	conn   []kgo.Opt                  // brokers, TLS and SASL: for the checkpoint reader
 }
 
 // New builds the producer. It does not contact the brokers: a broker that is
@@ -76,22 +78,24 @@ func New(cfg Config) (*Sink, error) {
 	if cfg.Logger != nil {
 		opts = append(opts, kgo.WithLogger(logger{cfg.Logger}))
 	}
-	opts = append(opts, cfg.Opts...)
-	client, err := kgo.NewClient(opts...)
+	s.opts = append(opts, cfg.Opts...)
+	client, err := kgo.NewClient(s.opts...)
 	if err != nil {
 		return nil, fmt.Errorf("kafka: %w", err)
 	}
-	s.client = client
+	s.client.Store(client)
 	return s, nil
 }
 
+func (s *Sink) cl() *kgo.Client { return s.client.Load() }
+
 // Client exposes the franz-go client for modes that need more than Produce
 // (transactions, admin checks).
-func (s *Sink) Client() *kgo.Client { return s.client }
+func (s *Sink) Client() *kgo.Client { return s.cl() }
 
 // Produce hands rec to the producer; done runs when Kafka has acked it.
 func (s *Sink) Produce(ctx context.Context, rec *router.Record, done func(error)) {
-	s.client.Produce(ctx, s.Record(rec), func(_ *kgo.Record, err error) { done(err) })
+	s.cl().Produce(ctx, s.Record(rec), func(_ *kgo.Record, err error) { done(err) })
 }
 
 // Record converts a routed record to a franz-go record.
@@ -111,13 +115,13 @@ func (s *Sink) Record(rec *router.Record) *kgo.Record {
 }
 
 // Flush waits for every buffered record.
-func (s *Sink) Flush(ctx context.Context) error { return s.client.Flush(ctx) }
+func (s *Sink) Flush(ctx context.Context) error { return s.cl().Flush(ctx) }
 
 // Ping checks that a broker answers.
-func (s *Sink) Ping(ctx context.Context) error { return s.client.Ping(ctx) }
+func (s *Sink) Ping(ctx context.Context) error { return s.cl().Ping(ctx) }
 
 // Close closes the client.
-func (s *Sink) Close() { s.client.Close() }
+func (s *Sink) Close() { s.cl().Close() }
 
 type manualKey struct{}
 

@@ -37,7 +37,7 @@ func TxnOpts(slot string) []kgo.Opt {
 // rather than at the first record: that aborts whatever a previous instance
 // left open and fences it, before this instance streams anything.
 func (s *Sink) InitTransactions(ctx context.Context, cp Checkpoints) error {
-	adm := kadm.NewClient(s.client)
+	adm := kadm.NewClient(s.cl())
 	resp, err := adm.CreateTopic(ctx, 1, -1, map[string]*string{"cleanup.policy": ptr("compact")}, cp.Topic)
 	if err == nil {
 		err = resp.Err
@@ -45,44 +45,64 @@ func (s *Sink) InitTransactions(ctx context.Context, cp Checkpoints) error {
 	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
 		return fmt.Errorf("kafka: create checkpoint topic %s: %w", cp.Topic, err)
 	}
-	if _, _, err := s.client.ProducerID(ctx); err != nil {
+	if _, _, err := s.cl().ProducerID(ctx); err != nil {
+		return wrapFenced(fmt.Errorf("kafka: init transactional producer: %w", err))
+	}
+	return nil
+}
+
+// Reset replaces the producer with a new one under the same transactional
+// id, after a transaction could not be committed or aborted cleanly (Kafka
+// unreachable, say): the new producer id fences the old one, and the
+// coordinator aborts whatever it left open. Buffered records of the old
+// client fail. It blocks until Kafka answers or ctx ends.
+func (s *Sink) Reset(ctx context.Context) error {
+	client, err := kgo.NewClient(s.opts...)
+	if err != nil {
+		return fmt.Errorf("kafka: %w", err)
+	}
+	s.client.Swap(client).Close()
+	if _, _, err := client.ProducerID(ctx); err != nil {
 		return wrapFenced(fmt.Errorf("kafka: init transactional producer: %w", err))
 	}
 	return nil
 }
 
 // Begin opens a Kafka transaction.
-func (s *Sink) Begin() error { return wrapFenced(s.client.BeginTransaction()) }
+func (s *Sink) Begin() error { return wrapFenced(s.cl().BeginTransaction()) }
 
 // Commit writes the checkpoint, waits for every record of the transaction
 // and commits it. On error the transaction is aborted; nothing of it is
 // visible to read_committed consumers.
 func (s *Sink) Commit(ctx context.Context, cp Checkpoints, lsn string) error {
 	rec := &kgo.Record{Topic: cp.Topic, Key: []byte(cp.Key), Value: []byte(lsn)}
-	err := s.client.ProduceSync(ctx, rec).FirstErr()
+	err := s.cl().ProduceSync(ctx, rec).FirstErr()
 	if err == nil {
-		err = s.client.Flush(ctx)
+		err = s.cl().Flush(ctx)
 	}
 	if err == nil {
-		err = s.client.EndTransaction(ctx, kgo.TryCommit)
+		err = s.cl().EndTransaction(ctx, kgo.TryCommit)
 	}
 	if err != nil {
-		s.Abort(ctx)
+		actx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		s.Abort(actx)
 		return wrapFenced(fmt.Errorf("kafka: commit transaction: %w", err))
 	}
 	return nil
 }
 
-// Abort drops the open transaction and its buffered records.
+// Abort drops the open transaction and its buffered records. Should it not
+// complete (Kafka unreachable), the caller resets the producer.
 func (s *Sink) Abort(ctx context.Context) {
-	_ = s.client.AbortBufferedRecords(ctx)
-	_ = s.client.EndTransaction(ctx, kgo.TryAbort)
+	_ = s.cl().AbortBufferedRecords(ctx)
+	_ = s.cl().EndTransaction(ctx, kgo.TryAbort)
 }
 
 // LoadCheckpoint reads the checkpoint topic with read_committed isolation and
 // returns the last LSN committed for cp.Key ("" if none).
 func (s *Sink) LoadCheckpoint(ctx context.Context, cp Checkpoints) (string, error) {
-	adm := kadm.NewClient(s.client)
+	adm := kadm.NewClient(s.cl())
 	ends, err := adm.ListEndOffsets(ctx, cp.Topic)
 	if err != nil {
 		return "", fmt.Errorf("kafka: checkpoint end offsets: %w", err)
