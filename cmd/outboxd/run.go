@@ -12,11 +12,13 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink/kafka"
 	"github.com/outboxd/outboxd/slot"
+	"github.com/outboxd/outboxd/wal"
 )
 
 const runSummary = `Streams committed outbox INSERTs from a pgoutput replication slot to Kafka and
@@ -177,6 +179,9 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 	var eosCfg relayConfig
 	if o.ExactlyOnce {
 		if eosCfg, err = prepareExactlyOnce(ctx, log, sk, o); err != nil {
+			if ctx.Err() != nil {
+				return nil // stopped while waiting for Kafka
+			}
 			return err
 		}
 	}
@@ -245,15 +250,30 @@ func txnOpts(o runOptions) []kgo.Opt {
 // and reads the checkpoint: where the events already in Kafka end.
 func prepareExactlyOnce(ctx context.Context, log *slog.Logger, sk *kafka.Sink, o runOptions) (relayConfig, error) {
 	cp := kafka.Checkpoints{Topic: o.CheckpointTopic, Key: o.Slot}
-	if err := sk.InitTransactions(ctx, cp); err != nil {
-		return relayConfig{}, err
+	// Kafka may be down at startup: wait for it like the relay would, but
+	// give up at once on what waiting cannot fix (fenced, unauthorised).
+	bo := backoff{min: 500 * time.Millisecond, max: 15 * time.Second}
+	for warned := false; ; {
+		err := sk.InitTransactions(ctx, cp)
+		var skip wal.LSN
+		if err == nil {
+			skip, err = loadCheckpoint(ctx, sk, cp)
+		}
+		if err == nil {
+			log.Info("exactly-once mode", "transactional_id", kafka.TransactionalID(o.Slot), "checkpoint_topic", cp.Topic, "checkpoint_lsn", skip.String())
+			return relayConfig{TxnSink: sk, Checkpoints: cp, SkipBefore: skip}, nil
+		}
+		if errors.Is(err, kafka.ErrFenced) || errors.Is(err, kerr.TopicAuthorizationFailed) || errors.Is(err, kerr.TransactionalIDAuthorizationFailed) {
+			return relayConfig{}, err
+		}
+		if !warned {
+			log.Warn("exactly-once: waiting for Kafka to register the transactional producer and read the checkpoint", "err", err)
+			warned = true
+		}
+		if !bo.wait(ctx) {
+			return relayConfig{}, ctx.Err()
+		}
 	}
-	skip, err := loadCheckpoint(ctx, sk, cp)
-	if err != nil {
-		return relayConfig{}, err
-	}
-	log.Info("exactly-once mode", "transactional_id", kafka.TransactionalID(o.Slot), "checkpoint_topic", cp.Topic, "checkpoint_lsn", skip.String())
-	return relayConfig{TxnSink: sk, Checkpoints: cp, SkipBefore: skip}, nil
 }
 
 func newLogger(w interface{ Write([]byte) (int, error) }, format, level string) *slog.Logger {

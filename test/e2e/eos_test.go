@@ -107,3 +107,34 @@ func TestExactlyOnceFencing(t *testing.T) {
 		t.Fatalf("%d distinct, %d duplicates; want 3 and 0", len(first), dups)
 	}
 }
+
+// Exactly-once mode started while Kafka is down waits for it instead of
+// exiting, then relays.
+func TestExactlyOnceStartsWhileKafkaDown(t *testing.T) {
+	k := harness.KafkaForTest(t)
+	if k.External() {
+		t.Skip("stops the broker: needs the embedded one")
+	}
+	f := newFixture(t, withKafka(k))
+	f.exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, f.slot)
+	if err := k.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	p, _ := f.spawn("--exactly-once", "--checkpoint-topic", "cp."+f.agg)
+	if err := p.WaitLog(f.ctx, "waiting for Kafka"); err != nil {
+		t.Fatalf("%v\n%s", err, p.Log())
+	}
+	f.commit(event{1, "a", "E", `{}`})
+	if err := k.Start(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.WaitLog(f.ctx, "msg=streaming"); err != nil {
+		t.Fatalf("%v\n%s", err, p.Log())
+	}
+	end := f.commit(event{2, "a", "E", `{}`})
+	f.waitConfirmed(end, 30*time.Second)
+	first, dups := byID(t, f.readCommitted(2))
+	if len(first) != 2 || dups != 0 {
+		t.Fatalf("%d distinct, %d duplicates", len(first), dups)
+	}
+}
