@@ -102,11 +102,13 @@ func (e *eos) commit(ctx context.Context, wm *slot.Watermark) error {
 	return nil
 }
 
-func (e *eos) abort() {
+// abort drops the open Kafka transaction, waiting at most eosCommitTimeout
+// (or ctx). A failed session resets the producer anyway.
+func (e *eos) abort(ctx context.Context) {
 	if e.open {
-		ctx, cancel := context.WithTimeout(context.Background(), eosCommitTimeout)
+		actx, cancel := context.WithTimeout(ctx, eosCommitTimeout)
 		defer cancel()
-		e.sink.Abort(ctx)
+		e.sink.Abort(actx)
 	}
 	e.reset()
 }

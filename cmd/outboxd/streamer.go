@@ -354,20 +354,25 @@ func (s *streamer) stall(ctx context.Context, cause error) error {
 // waiting for this session (shutting down, say) must not wait on Kafka too.
 func (s *streamer) finish(ctx context.Context, connAlive bool) {
 	shutdown := ctx.Err() != nil
+	if !shutdown {
+		if s.eos != nil {
+			s.eos.abort(context.Background())
+		}
+		return
+	}
+	// Everything below shares one deadline: a stalled broker must not stretch
+	// the shutdown past --shutdown-timeout.
+	tctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
+	defer cancel()
 	if s.eos != nil {
-		if shutdown && s.txn == nil {
+		if s.txn == nil {
 			// Clean shutdown between transactions: commit what is complete.
-			if err := s.eos.commit(context.Background(), s.wm); err != nil {
+			if err := s.eos.commit(tctx, s.wm); err != nil {
 				s.log.Warn("exactly-once: final Kafka commit failed; the next run resumes from the last checkpoint", "err", err)
 			}
 		}
-		s.eos.abort()
+		s.eos.abort(tctx)
 	}
-	if !shutdown {
-		return
-	}
-	tctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
-	defer cancel()
 	if !waitDrained(tctx, s.wm) {
 		s.log.Warn("shutdown timeout: events still unacked; they will be re-sent from the slot on restart", "inflight", s.wm.Stats().InflightEvents)
 	}

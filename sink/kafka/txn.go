@@ -84,7 +84,7 @@ func (s *Sink) Commit(ctx context.Context, cp Checkpoints, lsn string) error {
 		err = s.cl().EndTransaction(ctx, kgo.TryCommit)
 	}
 	if err != nil {
-		actx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 		defer cancel()
 		s.Abort(actx)
 		return wrapFenced(fmt.Errorf("kafka: commit transaction: %w", err))
