@@ -107,7 +107,13 @@ func (s *streamer) loop(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		s.lastRecv = now // close enough: only compared against a timeout of seconds
+		// Liveness: data messages reuse this iteration's clock reading (they
+		// mostly arrive without blocking); keepalives, which answer our
+		// periodic reply requests after a wait, take a fresh one.
+		s.lastRecv = now
+		if msg.Kind == wal.KindKeepalive {
+			s.lastRecv = time.Now()
+		}
 		if err := s.handle(msg, now); err != nil {
 			if errors.Is(err, errStalled) {
 				return s.stall(ctx, err)
