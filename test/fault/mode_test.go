@@ -25,6 +25,11 @@ type deliveryMode struct {
 	// maxDuplicates is the number of duplicate deliveries (same id header
 	// seen more than once) the checker tolerates; -1 means any.
 	maxDuplicates int
+	// started lists log lines that show a freshly started outboxd is up.
+	// In exactly-once mode, outboxd waits for Kafka before it streams (it
+	// needs the checkpoint to know where to start), so while the broker is
+	// down, waiting for Kafka is the expected state.
+	started []string
 }
 
 var modes = map[string]deliveryMode{
@@ -33,15 +38,15 @@ var modes = map[string]deliveryMode{
 		isolation:     kgo.ReadUncommitted(),
 		maxDuplicates: -1,
 	},
-	// Not implemented in outboxd yet: the entry documents what the suite
-	// expects once it is (transactional producer, read_committed consumers,
-	// no duplicates whatever the faults).
+	// Transactional producer, read_committed consumers, no duplicates
+	// whatever the faults.
 	"exactly-once": {
 		name:          "exactly-once",
 		outboxdArgs:   []string{"--exactly-once"},
 		isolation:     kgo.ReadCommitted(),
 		transactional: true,
 		maxDuplicates: 0,
+		started:       []string{"msg=streaming", "exactly-once: waiting for Kafka"},
 	},
 }
 

@@ -288,10 +288,22 @@ func (w *world) startRelay() error {
 	w.relayMu.Unlock()
 	ctx, cancel := context.WithTimeout(w.ctx, 90*time.Second)
 	defer cancel()
-	if err := p.WaitLog(ctx, "msg=streaming"); err != nil {
-		return fmt.Errorf("outboxd start #%d: %w", w.relayStarts, err)
+	started := w.mode.started
+	if len(started) == 0 {
+		started = []string{"msg=streaming"}
 	}
-	return nil
+	for {
+		for _, line := range started {
+			if strings.Contains(p.Log(), line) {
+				return nil
+			}
+		}
+		if p.Exited() || ctx.Err() != nil {
+			return fmt.Errorf("outboxd start #%d: none of %q in its log (exited: %v); log tail:\n%s",
+				w.relayStarts, started, p.Exited(), tailString(p.Log(), 2048))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // checkRelay notices an outboxd that exited by itself (a bug: it should
