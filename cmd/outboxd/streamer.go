@@ -114,7 +114,7 @@ func (s *streamer) loop(ctx context.Context) error {
 		if msg.Kind == wal.KindKeepalive {
 			s.lastRecv = time.Now()
 		}
-		if err := s.handle(msg, now); err != nil {
+		if err := s.handle(ctx, msg, now); err != nil {
 			if errors.Is(err, errStalled) {
 				return s.stall(ctx, err)
 			}
@@ -145,7 +145,7 @@ func (s *streamer) sendStatus(reply bool) error {
 	return nil
 }
 
-func (s *streamer) handle(msg *wal.Msg, now time.Time) error {
+func (s *streamer) handle(ctx context.Context, msg *wal.Msg, now time.Time) error {
 	switch msg.Kind {
 	case wal.KindBegin:
 		s.txn = s.wm.Begin(now)
@@ -188,7 +188,7 @@ func (s *streamer) handle(msg *wal.Msg, now time.Time) error {
 		s.txn = nil
 		s.m.transactions.Inc()
 		if s.eos != nil && !s.skipping {
-			return s.eos.pgCommit(context.Background(), s.wm, txn, msg.Commit.EndLSN)
+			return s.eos.pgCommit(ctx, s.wm, txn, msg.Commit.EndLSN)
 		}
 		s.wm.Commit(txn, msg.Commit.EndLSN)
 	case wal.KindKeepalive:
