@@ -76,7 +76,16 @@ func (s *Sink) Begin() error { return wrapFenced(s.cl().BeginTransaction()) }
 // visible to read_committed consumers.
 func (s *Sink) Commit(ctx context.Context, cp Checkpoints, lsn string) error {
 	rec := &kgo.Record{Topic: cp.Topic, Key: []byte(cp.Key), Value: []byte(lsn)}
-	err := s.cl().ProduceSync(ctx, rec).FirstErr()
+	// Not ProduceSync: a record already sent to a stalled broker ignores
+	// ctx, and the caller's deadline must hold.
+	acked := make(chan error, 1)
+	s.cl().Produce(ctx, rec, func(_ *kgo.Record, err error) { acked <- err })
+	var err error
+	select {
+	case err = <-acked:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
 	if err == nil {
 		err = s.cl().Flush(ctx)
 	}
