@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -136,5 +137,47 @@ func TestExactlyOnceStartsWhileKafkaDown(t *testing.T) {
 	first, dups := byID(t, f.readCommitted(2))
 	if len(first) != 2 || dups != 0 {
 		t.Fatalf("%d distinct, %d duplicates", len(first), dups)
+	}
+}
+
+// SIGTERM while the broker is frozen mid-transaction: the final commit and
+// the drain share --shutdown-timeout, so outboxd still exits promptly, and a
+// restart delivers everything exactly once.
+func TestExactlyOnceShutdownWithBrokerFrozen(t *testing.T) {
+	k := harness.KafkaForTest(t)
+	if k.External() {
+		t.Skip("freezes the broker: needs the embedded one")
+	}
+	f := newFixture(t, withKafka(k))
+	args := []string{"--exactly-once", "--checkpoint-topic", "cp." + f.agg, "--shutdown-timeout", "3s"}
+	r := f.startRelay(args...)
+	f.waitConfirmed(f.commit(event{1, "a", "E", `{}`}), 20*time.Second)
+	if err := k.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	var end uint64
+	for i := 2; i <= 20; i++ {
+		end = f.commit(event{i, "a", "E", `{}`})
+	}
+	start := time.Now()
+	if err := r.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(f.ctx, 20*time.Second)
+	defer cancel()
+	code, err := r.Wait(ctx)
+	took := time.Since(start)
+	if err := k.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	if err != nil || code != 0 || took > 3*time.Second+5*time.Second {
+		t.Fatalf("exit %d after %s (%v); want 0 within --shutdown-timeout 3s plus a few seconds\n%s", code, took, err, r.Log())
+	}
+	f.waitSlotInactive(10 * time.Second)
+	f.startRelay(args...)
+	f.waitConfirmed(end, 30*time.Second)
+	first, dups := byID(t, f.readCommitted(20))
+	if len(first) != 20 || dups != 0 {
+		t.Fatalf("%d distinct, %d duplicates; want 20 and 0", len(first), dups)
 	}
 }

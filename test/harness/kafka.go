@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -208,6 +209,25 @@ func (k *Kafka) Stop() error {
 	proc := k.proc
 	k.proc = nil
 	return proc.Stop(time.Minute)
+}
+
+// Pause freezes the broker (SIGSTOP): connections stay open, nothing is
+// answered. Resume undoes it.
+func (k *Kafka) Pause() error { return k.signal(syscall.SIGSTOP, "pause") }
+
+// Resume continues a paused broker (SIGCONT).
+func (k *Kafka) Resume() error { return k.signal(syscall.SIGCONT, "resume") }
+
+func (k *Kafka) signal(sig syscall.Signal, op string) error {
+	if k.extern {
+		return k.errExternal(op)
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.proc == nil {
+		return fmt.Errorf("kafka %s: broker not running", op)
+	}
+	return k.proc.Signal(sig)
 }
 
 // Kill sends SIGKILL to the broker (no clean shutdown) and reaps it.
