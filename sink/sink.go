@@ -18,8 +18,6 @@ import (
 // Produce order, including across retries.
 type Sink interface {
 	Produce(ctx context.Context, rec *router.Record, done func(error))
-	// Flush waits until every produced record has completed or ctx ends.
-	Flush(ctx context.Context) error
 	// Ping checks that the broker is reachable.
 	Ping(ctx context.Context) error
 	// Close releases the client; records not yet acked fail.

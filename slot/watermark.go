@@ -188,9 +188,9 @@ func (w *Watermark) Drained() bool {
 	return w.events == 0
 }
 
-// Full reports whether maxEvents events or maxBytes bytes are in flight.
-func (w *Watermark) Full(maxEvents int, maxBytes int64) bool {
+// InFlight returns the events and bytes handed to the sink and not yet acked.
+func (w *Watermark) InFlight() (events int, bytes int64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.events >= maxEvents || w.bytes >= maxBytes
+	return w.events, w.bytes
 }

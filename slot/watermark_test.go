@@ -98,7 +98,7 @@ func TestWatermarkWaitBelowWakesOnAcks(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		w.Add(txn, 100)
 	}
-	if !w.Full(3, 1<<20) {
+	if ev, _ := w.InFlight(); ev != 3 {
 		t.Fatal("not full at the event bound")
 	}
 	done := make(chan error)

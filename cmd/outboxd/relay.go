@@ -205,7 +205,7 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 	r.state.mu.Lock()
 	r.state.streaming = false
 	r.state.mu.Unlock()
-	s.finish(ctx, pgconnAlive(conn))
+	s.finish(ctx, !conn.IsClosed())
 	*resume = max(*resume, wm.Confirmed())
 	return true, wm, err
 }
@@ -219,8 +219,6 @@ func isConfigError(err error) bool {
 	}
 	return strings.HasPrefix(pgErr.Code, "28") || pgErr.Code == "42501" || pgErr.Code == "3D000"
 }
-
-func pgconnAlive(c *pgconn.PgConn) bool { return !c.IsClosed() }
 
 // resetTransactions replaces the transactional producer and moves the resume
 // point to the checkpoint. It waits for Kafka as long as it takes.

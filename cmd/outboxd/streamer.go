@@ -75,7 +75,8 @@ func (s *streamer) loop(ctx context.Context) error {
 			}
 			nextStatus = now.Add(s.cfg.StatusInterval)
 		}
-		if s.wm.Full(s.cfg.MaxInflightEvents, s.cfg.MaxInflightBytes) {
+		events, bytes := s.wm.InFlight() // one lock for both checks below
+		if events >= s.cfg.MaxInflightEvents || bytes >= s.cfg.MaxInflightBytes {
 			if err := s.waitForRoom(ctx, nextStatus); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 				return err
 			}
@@ -85,7 +86,7 @@ func (s *streamer) loop(ctx context.Context) error {
 		// acks; otherwise sleep until the next status update is due. The
 		// deadline moves once per tick, not per message: setting it costs.
 		deadline := nextStatus
-		if !s.wm.Drained() || s.wm.Confirmed() != s.lastSent {
+		if events > 0 || s.wm.Confirmed() != s.lastSent {
 			if !now.Before(s.wakeAt) {
 				s.wakeAt = now.Add(max(s.cfg.ConfirmInterval/4, time.Millisecond))
 			}

@@ -89,10 +89,6 @@ func New(cfg Config) (*Sink, error) {
 
 func (s *Sink) cl() *kgo.Client { return s.client.Load() }
 
-// Client exposes the franz-go client for modes that need more than Produce
-// (transactions, admin checks).
-func (s *Sink) Client() *kgo.Client { return s.cl() }
-
 // Produce hands rec to the producer; done runs when Kafka has acked it.
 func (s *Sink) Produce(ctx context.Context, rec *router.Record, done func(error)) {
 	s.cl().Produce(ctx, s.Record(rec), func(_ *kgo.Record, err error) { done(err) })
@@ -113,9 +109,6 @@ func (s *Sink) Record(rec *router.Record) *kgo.Record {
 	}
 	return kr
 }
-
-// Flush waits for every buffered record.
-func (s *Sink) Flush(ctx context.Context) error { return s.cl().Flush(ctx) }
 
 // Ping checks that a broker answers.
 func (s *Sink) Ping(ctx context.Context) error { return s.cl().Ping(ctx) }
