@@ -5,6 +5,7 @@ package sink
 
 import (
 	"context"
+	"errors"
 
 	"github.com/outboxd/outboxd/router"
 )
@@ -22,4 +23,53 @@ type Sink interface {
 	Ping(ctx context.Context) error
 	// Close releases the client; records not yet acked fail.
 	Close()
+}
+
+// Kind says how the relay must handle an error from a sink, the way pgconn's
+// SafeToRetry does for PostgreSQL errors: the relay acts on the kind and
+// never inspects a broker's own error types.
+type Kind int
+
+const (
+	// Transient errors end the session; a new one starts, with backoff, from
+	// the last confirmed position. Network errors, timeouts, a broker that is
+	// down or electing a leader, an expired transaction.
+	Transient Kind = iota
+	// Rejected means the broker refuses this one record (too large, not
+	// authorised, a partition that does not exist): retrying the same bytes
+	// cannot succeed until someone changes the topic or the row, so the
+	// invalid-event policy (--on-invalid) applies to it.
+	Rejected
+	// Fenced means another instance took over the producer identity: this
+	// one must stop, or the two would fence each other in turn.
+	Fenced
+)
+
+func (k Kind) String() string {
+	switch k {
+	case Rejected:
+		return "rejected"
+	case Fenced:
+		return "fenced"
+	}
+	return "transient"
+}
+
+// Error is an error a sink has classified.
+type Error struct {
+	Kind Kind
+	Err  error
+}
+
+func (e *Error) Error() string { return e.Err.Error() }
+func (e *Error) Unwrap() error { return e.Err }
+
+// KindOf returns the kind of a sink error; errors the sink did not classify
+// are Transient.
+func KindOf(err error) Kind {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Kind
+	}
+	return Transient
 }

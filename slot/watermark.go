@@ -14,8 +14,10 @@ type Txn struct {
 	pending   int  // events handed to the sink and not yet acked
 	committed bool // the Commit message has been seen
 	failed    bool // an event was rejected: never confirm this transaction
+	added     bool // at least one event was handed to the sink
 	end       wal.LSN
 	started   time.Time
+	prev      *Txn
 	next      *Txn
 }
 
@@ -47,6 +49,7 @@ func (w *Watermark) Begin(now time.Time) *Txn {
 		w.head = t
 	} else {
 		w.tail.next = t
+		t.prev = w.tail
 	}
 	w.tail = t
 	w.mu.Unlock()
@@ -57,6 +60,7 @@ func (w *Watermark) Begin(now time.Time) *Txn {
 func (w *Watermark) Add(t *Txn, size int) {
 	w.mu.Lock()
 	t.pending++
+	t.added = true
 	w.events++
 	w.bytes += int64(size)
 	w.mu.Unlock()
@@ -80,10 +84,29 @@ func (w *Watermark) Ack(t *Txn, size int, ok bool) {
 }
 
 // Commit closes t at the transaction's end LSN.
+//
+// A transaction without events that is not the oldest is folded into the one
+// before it: that one's end moves to t's, which confirms nothing earlier than
+// before and keeps the queue bounded by the transactions that carry events.
+// PostgreSQL sends a Begin/Commit pair for every transaction of the database,
+// so without the fold a long Kafka outage would queue one entry per
+// transaction written anywhere.
 func (w *Watermark) Commit(t *Txn, end wal.LSN) {
 	w.mu.Lock()
-	t.committed = true
-	t.end = end
+	if !t.added && t.prev != nil {
+		prev := t.prev
+		prev.end = max(prev.end, end)
+		prev.next = t.next
+		if t.next != nil {
+			t.next.prev = prev
+		} else {
+			w.tail = prev
+		}
+		t.prev, t.next = nil, nil
+	} else {
+		t.committed = true
+		t.end = max(t.end, end)
+	}
 	w.advance()
 	w.mu.Unlock()
 }
@@ -111,6 +134,8 @@ func (w *Watermark) advance() {
 		w.head = t.next
 		if w.head == nil {
 			w.tail = nil
+		} else {
+			w.head.prev = nil
 		}
 		moved = true
 	}
@@ -181,11 +206,14 @@ func (w *Watermark) Changed() <-chan struct{} {
 	return w.changed
 }
 
-// Drained reports whether no event is in flight.
-func (w *Watermark) Drained() bool {
+// Drained reports whether no event is in flight and, if some are, returns
+// the channel closed at the next change. Both come from one critical section:
+// checking and then asking for the channel separately can miss the last ack
+// between the two and wait forever.
+func (w *Watermark) Drained() (bool, <-chan struct{}) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.events == 0
+	return w.events == 0, w.changed
 }
 
 // InFlight returns the events and bytes handed to the sink and not yet acked.

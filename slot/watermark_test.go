@@ -57,7 +57,7 @@ func TestWatermarkNeverPassesAnOpenOrFailedTransaction(t *testing.T) {
 	if got := w.Confirmed(); got != 10 {
 		t.Fatalf("confirmed %s, want 10: t2 failed", got)
 	}
-	if !w.Drained() {
+	if drained, _ := w.Drained(); !drained {
 		t.Fatal("a failed event must leave the in-flight counts")
 	}
 }
@@ -142,5 +142,69 @@ func TestWatermarkConcurrentAcks(t *testing.T) {
 	wg.Wait()
 	if got := w.Confirmed(); got != wal.LSN(1000+txns-1) {
 		t.Fatalf("confirmed %s", got)
+	}
+}
+
+// Zero-event transactions behind an unacked one are folded into it: the
+// queue stays one entry long however many empty transactions commit, and the
+// confirmed position still lands on the last of them once the head is acked.
+func TestWatermarkFoldsEmptyTransactionsBehindAnUnackedOne(t *testing.T) {
+	w := NewWatermark(100)
+	head := w.Begin(time.Now())
+	w.Add(head, 10)
+	w.Commit(head, 200)
+	for i := range 100000 {
+		e := w.Begin(time.Now())
+		w.Commit(e, wal.LSN(300+i))
+	}
+	if s := w.Stats(); s.OpenTxns != 1 {
+		t.Fatalf("%d queued transactions, want 1 (the empty ones folded)", s.OpenTxns)
+	}
+	if got := w.Confirmed(); got != 100 {
+		t.Fatalf("confirmed %s past the unacked head", got)
+	}
+	w.Ack(head, 10, true)
+	if got, want := w.Confirmed(), wal.LSN(300+100000-1); got != want {
+		t.Fatalf("confirmed %s, want %s (the last empty transaction)", got, want)
+	}
+	// An empty transaction with nothing before it confirms at once.
+	e := w.Begin(time.Now())
+	w.Commit(e, 500000)
+	if got := w.Confirmed(); got != 500000 {
+		t.Fatalf("confirmed %s, want 500000", got)
+	}
+	// A failed head still holds the folded ones back.
+	f := w.Begin(time.Now())
+	w.Add(f, 1)
+	w.Commit(f, 600000)
+	e = w.Begin(time.Now())
+	w.Commit(e, 700000)
+	w.Ack(f, 1, false)
+	if got := w.Confirmed(); got != 500000 {
+		t.Fatalf("confirmed %s past a failed transaction", got)
+	}
+}
+
+// Drained returns its answer and the channel to wait on from one critical
+// section, so the last ack can never fall between the two.
+func TestWatermarkDrainedNeverMissesTheLastAck(t *testing.T) {
+	for i := range 20000 {
+		w := NewWatermark(0)
+		txn := w.Begin(time.Now())
+		w.Add(txn, 1)
+		w.Commit(txn, wal.LSN(i+1))
+		go w.Ack(txn, 1, true)
+		deadline := time.After(5 * time.Second)
+		for {
+			drained, changed := w.Drained()
+			if drained {
+				break
+			}
+			select {
+			case <-changed:
+			case <-deadline:
+				t.Fatalf("iteration %d: lost the wake-up of the last ack", i)
+			}
+		}
 	}
 }

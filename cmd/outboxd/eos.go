@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/outboxd/outboxd/sink/kafka"
@@ -10,14 +9,20 @@ import (
 	"github.com/outboxd/outboxd/wal"
 )
 
-// Exactly-once mode: each Kafka transaction carries whole PostgreSQL
-// transactions plus a checkpoint record with the end LSN of the last one, so
-// Kafka holds, atomically, the events and how far they go. A PostgreSQL
-// transaction enters the watermark as committed only when its Kafka
-// transaction has committed; the slot is confirmed no further.
+// Exactly-once mode: each Kafka transaction carries PostgreSQL transactions
+// plus a checkpoint record saying how far they go, so Kafka holds,
+// atomically, the events and their position. A PostgreSQL transaction enters
+// the watermark as committed only when the Kafka transaction holding its last
+// event has committed; the slot is confirmed no further.
+//
+// Kafka transactions close at a PostgreSQL commit once they are eosMaxAge old
+// or hold eosMaxRecords records, or when the stream goes quiet. A PostgreSQL
+// transaction too large for that is split: the Kafka transaction commits in
+// its middle with a checkpoint naming the transaction and how many of its
+// events are in (kafka.Checkpoint), so no Kafka transaction stays open long
+// enough for the coordinator's timeout to abort it. A read_committed consumer
+// then sees such a PostgreSQL transaction in parts, each event still once.
 
-// Kafka transactions close at a PostgreSQL commit once they are this old or
-// this large, or when the stream goes quiet.
 const (
 	eosMaxAge     = 100 * time.Millisecond
 	eosMaxRecords = 10000
@@ -30,34 +35,23 @@ const eosCommitTimeout = 10 * time.Second
 // txnSink is the part of the Kafka sink that exactly-once mode uses.
 type txnSink interface {
 	Begin() error
-	Commit(ctx context.Context, cp kafka.Checkpoints, lsn string) error
+	Commit(ctx context.Context, cp kafka.Checkpoints, at kafka.Checkpoint) error
 	Abort(ctx context.Context)
 	Reset(ctx context.Context) error
-	LoadCheckpoint(ctx context.Context, cp kafka.Checkpoints) (string, error)
-}
-
-// loadCheckpoint reads where the events already committed to Kafka end.
-func loadCheckpoint(ctx context.Context, sk txnSink, cp kafka.Checkpoints) (wal.LSN, error) {
-	text, err := sk.LoadCheckpoint(ctx, cp)
-	if err != nil || text == "" {
-		return 0, err
-	}
-	lsn, err := wal.ParseLSN(text)
-	if err != nil {
-		return 0, fmt.Errorf("checkpoint %q in %s: %w", text, cp.Topic, err)
-	}
-	return lsn, nil
+	LoadCheckpoint(ctx context.Context, cp kafka.Checkpoints) (kafka.Checkpoint, error)
 }
 
 // eos is one session's Kafka-transaction state, owned by the streamer.
 type eos struct {
-	sink    txnSink
-	cp      kafka.Checkpoints
-	open    bool
-	started time.Time
-	records int
-	txns    []*slot.Txn // PostgreSQL transactions inside the open Kafka one
-	ends    []wal.LSN
+	sink     txnSink
+	cp       kafka.Checkpoints
+	done     kafka.Checkpoint // what Kafka held when the session started
+	splitAge time.Duration    // a Kafka transaction this old commits even inside a PostgreSQL one
+	open     bool
+	started  time.Time
+	records  int
+	txns     []*slot.Txn // whole PostgreSQL transactions inside the open Kafka one
+	ends     []wal.LSN
 }
 
 // begin opens a Kafka transaction if none is open.
@@ -72,32 +66,44 @@ func (e *eos) begin() error {
 	return nil
 }
 
-// pgCommit records a finished PostgreSQL transaction and commits the Kafka
-// transaction if it is due.
+// pgCommit records a finished PostgreSQL transaction that has events in the
+// open Kafka transaction and commits that if it is due.
 func (e *eos) pgCommit(ctx context.Context, wm *slot.Watermark, txn *slot.Txn, end wal.LSN) error {
 	e.txns = append(e.txns, txn)
 	e.ends = append(e.ends, end)
 	if time.Since(e.started) >= eosMaxAge || e.records >= eosMaxRecords {
-		return e.commit(ctx, wm)
+		return e.commit(ctx, wm, false, kafka.Checkpoint{})
 	}
 	return nil
 }
 
+// splitDue reports whether the open Kafka transaction must commit before the
+// current PostgreSQL transaction ends.
+func (e *eos) splitDue() bool {
+	return e.open && (e.records >= eosMaxRecords || time.Since(e.started) >= e.splitAge)
+}
+
 // commit commits the open Kafka transaction with its checkpoint, then lets
-// the watermark see its PostgreSQL transactions as committed.
-func (e *eos) commit(ctx context.Context, wm *slot.Watermark) error {
-	if !e.open || len(e.txns) == 0 {
+// the watermark see its whole PostgreSQL transactions as committed. With
+// split, the checkpoint is at (inside the current PostgreSQL transaction);
+// otherwise it is the end of the last whole transaction.
+func (e *eos) commit(ctx context.Context, wm *slot.Watermark, split bool, at kafka.Checkpoint) error {
+	if !e.open || (len(e.txns) == 0 && !split) {
 		return nil
+	}
+	if !split {
+		at = kafka.Checkpoint{LSN: e.ends[len(e.ends)-1]}
 	}
 	cctx, cancel := context.WithTimeout(ctx, eosCommitTimeout)
 	defer cancel()
-	if err := e.sink.Commit(cctx, e.cp, e.ends[len(e.ends)-1].String()); err != nil {
+	if err := e.sink.Commit(cctx, e.cp, at); err != nil {
 		e.reset()
 		return err
 	}
 	for i, t := range e.txns {
 		wm.Commit(t, e.ends[i])
 	}
+	e.done = at
 	e.reset()
 	return nil
 }

@@ -59,6 +59,9 @@ func newMetrics(version string, st *state) *metrics {
 	f(m.produceErrors)
 	m.reconnects = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_reconnects_total", Help: "Reconnections, by target (postgres, kafka)."}, []string{"target"})
 	f(m.reconnects)
+	for _, target := range []string{"postgres", "kafka"} {
+		m.reconnects.WithLabelValues(target) // present at 0 from the start, so rate() works
+	}
 	m.publishLatency = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "outboxd_publish_latency_seconds",
 		Help:    "Time from the transaction's commit to Kafka's ack of its event.",

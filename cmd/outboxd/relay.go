@@ -29,6 +29,7 @@ type relayConfig struct {
 	ConfirmInterval    time.Duration // the shortest gap between confirmations while events flow
 	ReplicationTimeout time.Duration // silence from the server after which the connection is presumed dead
 	ShutdownTimeout    time.Duration
+	ReleaseAfter       time.Duration // a full in-flight window without acks this long lets go of the connection
 	HeartbeatPrefix    string
 	MaxMessageBytes    int    // a record larger than this is an invalid row, not a broker error
 	OnInvalid          string // "fail" or "dead-letter"
@@ -37,9 +38,22 @@ type relayConfig struct {
 	// Exactly-once mode: the transactional sink and its checkpoints.
 	TxnSink     txnSink
 	Checkpoints kafka.Checkpoints
-	// SkipBefore: transactions committed before it are in Kafka already
-	// (exactly-once mode's checkpoint).
-	SkipBefore wal.LSN
+	// Done is what Kafka held at startup (exactly-once mode's checkpoint).
+	Done kafka.Checkpoint
+	// SplitAge: a Kafka transaction this old commits even in the middle of
+	// a PostgreSQL transaction (a fraction of the transaction timeout).
+	SplitAge time.Duration
+}
+
+// recordSink is what the relay needs of the broker.
+type recordSink interface {
+	sink.Sink
+	// Check says, before producing, whether the broker would refuse rec
+	// (a sink.Error of kind Rejected).
+	Check(ctx context.Context, rec *router.Record) error
+	// Probe produces rec and waits for the outcome, without making it
+	// visible to read_committed consumers in exactly-once mode.
+	Probe(ctx context.Context, rec *router.Record) error
 }
 
 // relay moves committed outbox rows from the slot to the sink and confirms
@@ -49,7 +63,7 @@ type relay struct {
 	cfg    relayConfig
 	log    *slog.Logger
 	router *router.Router
-	sink   sink.Sink
+	sink   recordSink
 	m      *metrics
 	state  *state
 
@@ -57,9 +71,13 @@ type relay struct {
 	onHeartbeat func(content []byte, received time.Time)
 
 	// poison remembers events the broker rejected, by position, so that the
-	// next session dead-letters them in order (on-invalid = dead-letter).
-	// Owned by the relay goroutine; written from sink callbacks via errc.
+	// next session dead-letters them in order (on-invalid = dead-letter) or
+	// holds before them (fail). Owned by the relay goroutine; fed from sink
+	// callbacks through the session's errc.
 	poison map[eventPos]string
+	// rejected collects refusals from sink callbacks, which may run after
+	// their session ended; run moves them into poison between sessions.
+	rejected rejections
 	// published caches outboxd_events_published_total per topic; owned by
 	// the relay goroutine.
 	published map[string]prometheus.Counter
@@ -82,19 +100,22 @@ type eventPos struct {
 type rejection struct {
 	pos   eventPos
 	topic string
+	table string
+	id    string
 	err   error
 }
 
-func (r rejection) Error() string {
-	return fmt.Sprintf("kafka rejected the event for topic %q (commit LSN %s, event %d of its transaction): %v", r.topic, r.pos.commit, r.pos.n+1, r.err)
+func (r *rejection) Error() string {
+	return fmt.Sprintf("kafka rejected the outbox event in %s (id %s) for topic %q at commit LSN %s (event %d of its transaction): %v", r.table, r.id, r.topic, r.pos.commit, r.pos.n+1, r.err)
 }
 
-func (r rejection) Unwrap() error { return r.err }
+func (r *rejection) Unwrap() error { return r.err }
 
 // run keeps sessions going until ctx ends. It returns nil after a clean
-// shutdown and an error only for problems a restart cannot fix (SetupError).
+// shutdown and an error only for problems a restart cannot fix (SetupError,
+// configuration, fencing).
 func (r *relay) run(ctx context.Context) error {
-	resume := r.cfg.SkipBefore
+	resume := r.cfg.Done.LSN
 	bo := backoff{min: 500 * time.Millisecond, max: 15 * time.Second}
 	for first := true; ; first = false {
 		if !first {
@@ -107,21 +128,24 @@ func (r *relay) run(ctx context.Context) error {
 		r.state.setErr(err)
 		var setupErr *slot.SetupError
 		var busy *slot.BusyError
-		var rej rejection
+		var rej *rejection
+		var hold *holdError
 		switch {
-		case errors.As(err, &setupErr), isConfigError(err), errors.Is(err, kafka.ErrFenced):
+		case errors.As(err, &setupErr), isConfigError(err), sink.KindOf(err) == sink.Fenced:
 			return err
 		case errors.As(err, &busy):
 			r.logOnce(slog.LevelWarn, "replication slot busy; retrying", err)
 		case errors.Is(err, wal.ErrStreamEnded):
 			r.log.Warn("PostgreSQL ended the replication stream; reconnecting", "resume_lsn", resume.String())
 		case errors.As(err, &rej):
-			if r.cfg.OnInvalid == "dead-letter" {
-				r.poison[rej.pos] = rej.err.Error()
-				r.log.Warn("kafka rejected an event; it will be dead-lettered", "err", err)
-			} else {
-				r.logOnce(slog.LevelError, "kafka rejected an event; the slot stays before it and outboxd retries (fix the cause, or run with --on-invalid dead-letter)", err)
-			}
+			// The session put every refused event in poison: the next one
+			// tries each alone, then holds before it (fail) or dead-letters
+			// it in order (dead-letter), re-sending only what was not
+			// confirmed.
+			r.log.Warn("kafka rejected an outbox event; resuming before it to apply --on-invalid "+r.cfg.OnInvalid, "err", err)
+		case errors.As(err, &hold):
+		case errors.Is(err, errReleased):
+			r.logOnce(slog.LevelWarn, "released the replication connection", err)
 		default:
 			r.logOnce(slog.LevelError, "replication session ended; reconnecting", err, "resume_lsn", resume.String())
 		}
@@ -143,12 +167,72 @@ func (r *relay) run(ctx context.Context) error {
 			}
 			resume = max(resume, wm.Confirmed())
 		}
-		if streamed {
+		// Every event Kafka refused, now that the session's records have
+		// settled: the next session tries each alone.
+		for _, rej := range r.rejected.take() {
+			r.poison[rej.pos] = rej.err.Error()
+		}
+		if hold != nil {
+			if !r.hold(ctx, hold) {
+				return nil
+			}
+			bo.reset()
+			continue
+		}
+		if streamed && rej == nil {
 			bo.reset()
 		}
 		if !bo.wait(ctx) {
 			return nil
 		}
+	}
+}
+
+// hold keeps the relay before an event it may not pass, with no replication
+// connection open: the slot keeps the event and everything after it, and
+// nothing outboxd waits for can hold up the server. An event the broker
+// refused is retried alone, with backoff, until Kafka takes it (someone
+// raised max.message.bytes, added partitions, granted an ACL); then hold
+// returns true and streaming resumes. Other holds (a row the router cannot
+// route, table.op.invalid.behavior fatal) last until shutdown: their fix
+// needs a restart. It returns false when ctx ends.
+func (r *relay) hold(ctx context.Context, h *holdError) bool {
+	reason := h.Error() + "; fix the cause, or run with --on-invalid dead-letter"
+	if h.rec != nil {
+		reason = h.Error() + "; outboxd retries it with backoff and streams on once Kafka accepts it (or run with --on-invalid dead-letter)"
+	}
+	r.log.Error("cannot publish an outbox event; the slot stays before it", "err", reason,
+		"table", h.table, "event_id", h.id, "commit_lsn", h.pos.commit.String(), "event", h.pos.n+1)
+	r.state.setStalled(reason)
+	r.m.blocked.Set(1)
+	defer func() {
+		r.m.blocked.Set(0)
+		r.state.setStalled("")
+	}()
+	if h.rec == nil {
+		<-ctx.Done()
+		return false
+	}
+	bo := backoff{min: time.Second, max: 30 * time.Second}
+	for {
+		if !bo.wait(ctx) {
+			return false
+		}
+		pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := r.sink.Probe(pctx, h.rec)
+		cancel()
+		if ctx.Err() != nil {
+			return false
+		}
+		if err == nil {
+			delete(r.poison, h.pos)
+			r.log.Info("kafka accepts the held event now; streaming on", "table", h.table, "event_id", h.id, "commit_lsn", h.pos.commit.String())
+			return true
+		}
+		if sink.KindOf(err) == sink.Fenced {
+			return false
+		}
+		r.logOnce(slog.LevelWarn, "the held event is still refused", err)
 	}
 }
 
@@ -189,22 +273,18 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 	defer stream.Close()
 
 	wm = slot.NewWatermark(start)
-	r.state.mu.Lock()
-	r.state.wm, r.state.streaming, r.state.slotInfo, r.state.stalled = wm, true, info, ""
-	r.state.mu.Unlock()
+	r.state.startSession(wm, info)
 	r.m.connected.Set(1)
 	r.log.Info("streaming", "slot", info.Name, "publication", r.cfg.Publication, "from_lsn", start.String())
 
-	s := &streamer{relay: r, stream: stream, wm: wm, errc: make(chan error, 1), lastSent: start, sentAt: time.Now()}
+	s := &streamer{relay: r, stream: stream, wm: wm, errc: make(chan error, 1), rejected: &r.rejected, lastSent: start, sentAt: time.Now()}
 	if r.cfg.TxnSink != nil {
-		s.eos = &eos{sink: r.cfg.TxnSink, cp: r.cfg.Checkpoints}
+		s.eos = &eos{sink: r.cfg.TxnSink, cp: r.cfg.Checkpoints, done: r.cfg.Done, splitAge: r.cfg.SplitAge}
 	}
 	err = s.loop(sctx)
 
 	r.m.connected.Set(0)
-	r.state.mu.Lock()
-	r.state.streaming = false
-	r.state.mu.Unlock()
+	r.state.endSession()
 	s.finish(ctx, !conn.IsClosed())
 	*resume = max(*resume, wm.Confirmed())
 	return true, wm, err
@@ -221,18 +301,34 @@ func isConfigError(err error) bool {
 }
 
 // resetTransactions replaces the transactional producer and moves the resume
-// point to the checkpoint. It waits for Kafka as long as it takes.
+// point to the checkpoint. It waits for Kafka as long as it takes (a broker
+// that refuses connections is a wait, not a reason to exit), but gives up at
+// once on what waiting cannot fix: fencing, a missing authorisation.
 func (r *relay) resetTransactions(ctx context.Context, resume *wal.LSN) error {
-	if err := r.cfg.TxnSink.Reset(ctx); err != nil {
-		return err
+	bo := backoff{min: 500 * time.Millisecond, max: 15 * time.Second}
+	for {
+		err := r.cfg.TxnSink.Reset(ctx)
+		var done kafka.Checkpoint
+		if err == nil {
+			done, err = r.cfg.TxnSink.LoadCheckpoint(ctx, r.cfg.Checkpoints)
+		}
+		if err == nil {
+			if r.cfg.Done.LSN < done.LSN || (r.cfg.Done.LSN == done.LSN && r.cfg.Done.Events < done.Events) {
+				r.cfg.Done = done
+			}
+			*resume = max(*resume, r.cfg.Done.LSN)
+			return nil
+		}
+		if ctx.Err() != nil || sink.KindOf(err) == sink.Fenced || isAuthError(err) {
+			return err
+		}
+		r.state.setErr(err)
+		r.m.reconnects.WithLabelValues("kafka").Inc()
+		r.logOnce(slog.LevelWarn, "exactly-once: waiting for Kafka to start a new transactional session", err)
+		if !bo.wait(ctx) {
+			return ctx.Err()
+		}
 	}
-	skip, err := loadCheckpoint(ctx, r.cfg.TxnSink, r.cfg.Checkpoints)
-	if err != nil {
-		return err
-	}
-	r.cfg.SkipBefore = max(r.cfg.SkipBefore, skip)
-	*resume = max(*resume, skip)
-	return nil
 }
 
 // logOnce logs err, but an error identical to the last one only once a

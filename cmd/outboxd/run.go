@@ -13,12 +13,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kerr"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink/kafka"
 	"github.com/outboxd/outboxd/slot"
-	"github.com/outboxd/outboxd/wal"
 )
 
 const runSummary = `Streams committed outbox INSERTs from a pgoutput replication slot to Kafka and
@@ -55,6 +53,7 @@ type runOptions struct {
 	Kafka              kafkaAuth
 	ExactlyOnce        bool
 	CheckpointTopic    string
+	TransactionTimeout time.Duration
 }
 
 func (o *runOptions) register(s *optionSet) {
@@ -91,6 +90,7 @@ func (o *runOptions) register(s *optionSet) {
 	o.Kafka.register(s)
 	fs.BoolVar(&o.ExactlyOnce, "exactly-once", false, "transactional producer: whole PostgreSQL transactions per Kafka transaction with a checkpoint; read_committed consumers see each event once")
 	fs.StringVar(&o.CheckpointTopic, "checkpoint-topic", "outboxd.checkpoints", "compacted topic holding the last committed LSN per slot, with --exactly-once")
+	fs.DurationVar(&o.TransactionTimeout, "transaction-timeout", time.Minute, "Kafka transaction timeout with --exactly-once (at most the brokers' transaction.max.timeout.ms, 15m by default); a PostgreSQL transaction that streams for longer than a quarter of it is split over several Kafka transactions")
 }
 
 func (o *runOptions) validate() error {
@@ -121,6 +121,9 @@ func (o *runOptions) validate() error {
 	}
 	if err := router.ValidTopic(o.DeadLetterTopic); err != nil {
 		errs = append(errs, fmt.Errorf("--dead-letter-topic: %w", err))
+	}
+	if o.ExactlyOnce && (o.TransactionTimeout < time.Second || o.TransactionTimeout > 15*time.Minute) {
+		errs = append(errs, errors.New("--transaction-timeout must be between 1s and 15m (the brokers' default transaction.max.timeout.ms)"))
 	}
 	if o.HeartbeatInterval < 0 {
 		errs = append(errs, errors.New("--heartbeat-interval must not be negative"))
@@ -170,7 +173,7 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 		Linger:          o.KafkaLinger,
 		MaxBuffered:     o.MaxInflightEvents + 1000,
 		Logger:          log,
-		Opts:            txnOpts(o),
+		Transactional:   transactional(o),
 	})
 	if err != nil {
 		return err
@@ -195,10 +198,10 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 			Postgres: o.Postgres, Slot: o.Slot, Publication: o.Publication,
 			MaxInflightEvents: o.MaxInflightEvents, MaxInflightBytes: int64(o.MaxInflightBytes),
 			StatusInterval: o.StatusInterval, ConfirmInterval: o.ConfirmInterval, ShutdownTimeout: o.ShutdownTimeout,
-			ReplicationTimeout: o.ReplicationTimeout,
+			ReplicationTimeout: o.ReplicationTimeout, ReleaseAfter: defaultReleaseAfter,
 			HeartbeatPrefix:    heartbeatPrefix, MaxMessageBytes: int(o.MaxMessageBytes),
 			OnInvalid: o.OnInvalid, DeadLetterTopic: o.DeadLetterTopic, MessagePrefix: o.MessagePrefix,
-			TxnSink: eosCfg.TxnSink, Checkpoints: eosCfg.Checkpoints, SkipBefore: eosCfg.SkipBefore,
+			TxnSink: eosCfg.TxnSink, Checkpoints: eosCfg.Checkpoints, Done: eosCfg.Done, SplitAge: o.TransactionTimeout / 4,
 		},
 		poison: map[eventPos]string{}, published: map[string]prometheus.Counter{},
 		log: log, router: rt, sink: sk, m: m, state: st, onHeartbeat: mo.onHeartbeat,
@@ -239,11 +242,17 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 
 const heartbeatPrefix = "outboxd.heartbeat"
 
-func txnOpts(o runOptions) []kgo.Opt {
+func transactional(o runOptions) *kafka.Transactional {
 	if !o.ExactlyOnce {
 		return nil
 	}
-	return kafka.TxnOpts(o.Slot)
+	return &kafka.Transactional{ID: kafka.TransactionalID(o.Slot), Timeout: o.TransactionTimeout}
+}
+
+// isAuthError reports Kafka authorisation failures: waiting cannot fix them.
+func isAuthError(err error) bool {
+	return errors.Is(err, kerr.TopicAuthorizationFailed) || errors.Is(err, kerr.TransactionalIDAuthorizationFailed) ||
+		errors.Is(err, kerr.ClusterAuthorizationFailed) || errors.Is(err, kerr.GroupAuthorizationFailed)
 }
 
 // prepareExactlyOnce fences any previous instance (same transactional id),
@@ -255,15 +264,15 @@ func prepareExactlyOnce(ctx context.Context, log *slog.Logger, sk *kafka.Sink, o
 	bo := backoff{min: 500 * time.Millisecond, max: 15 * time.Second}
 	for warned := false; ; {
 		err := sk.InitTransactions(ctx, cp)
-		var skip wal.LSN
+		var done kafka.Checkpoint
 		if err == nil {
-			skip, err = loadCheckpoint(ctx, sk, cp)
+			done, err = sk.LoadCheckpoint(ctx, cp)
 		}
 		if err == nil {
-			log.Info("exactly-once mode", "transactional_id", kafka.TransactionalID(o.Slot), "checkpoint_topic", cp.Topic, "checkpoint_lsn", skip.String())
-			return relayConfig{TxnSink: sk, Checkpoints: cp, SkipBefore: skip}, nil
+			log.Info("exactly-once mode", "transactional_id", kafka.TransactionalID(o.Slot), "checkpoint_topic", cp.Topic, "checkpoint_lsn", done.String(), "transaction_timeout", o.TransactionTimeout.String())
+			return relayConfig{TxnSink: sk, Checkpoints: cp, Done: done}, nil
 		}
-		if errors.Is(err, kafka.ErrFenced) || errors.Is(err, kerr.TopicAuthorizationFailed) || errors.Is(err, kerr.TransactionalIDAuthorizationFailed) {
+		if errors.Is(err, kafka.ErrFenced) || isAuthError(err) {
 			return relayConfig{}, err
 		}
 		if !warned {

@@ -121,3 +121,32 @@ func (s *state) status() map[string]any {
 	}
 	return out
 }
+
+// startSession records a session that started streaming with wm.
+func (s *state) startSession(wm *slot.Watermark, info slot.Info) {
+	s.mu.Lock()
+	s.wm, s.streaming, s.slotInfo = wm, true, info
+	s.mu.Unlock()
+}
+
+// endSession records that the replication connection is gone.
+func (s *state) endSession() {
+	s.mu.Lock()
+	s.streaming = false
+	s.mu.Unlock()
+}
+
+// setStalled records why the relay holds before an event ("" when it no
+// longer does).
+func (s *state) setStalled(reason string) {
+	s.mu.Lock()
+	s.stalled = redactText(reason, s.dsn)
+	s.mu.Unlock()
+}
+
+// setPositions records the flush position last sent and the WAL received.
+func (s *state) setPositions(confirmed, received wal.LSN) {
+	s.mu.Lock()
+	s.confirmed, s.received = confirmed, received
+	s.mu.Unlock()
+}

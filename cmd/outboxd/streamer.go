@@ -4,14 +4,25 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxd/outboxd/router"
+	"github.com/outboxd/outboxd/sink"
+	"github.com/outboxd/outboxd/sink/kafka"
 	"github.com/outboxd/outboxd/slot"
 	"github.com/outboxd/outboxd/wal"
 )
+
+// replStream is what a session reads: the replication stream of one
+// connection (*wal.Stream), or a scripted one in tests.
+type replStream interface {
+	Next(ctx context.Context, deadline time.Time) (*wal.Msg, error)
+	SendStatus(flushed wal.LSN, replyRequested bool) error
+	Received() wal.LSN
+}
 
 // streamer is one session's read loop: it pulls decoded messages, routes
 // them, hands records to the sink and keeps the server informed of the
@@ -19,16 +30,17 @@ import (
 // elsewhere, and they touch nothing but the watermark, errc and metrics.
 type streamer struct {
 	*relay
-	stream   *wal.Stream
+	stream   replStream
 	wm       *slot.Watermark
 	errc     chan error // first produce failure of the session
+	rejected *rejections
 	lastSent wal.LSN
 	sentAt   time.Time
 	txn      *slot.Txn
 	tx       router.Tx
 	ordinal  int  // events so far in the current transaction
 	eos      *eos // exactly-once mode; nil otherwise
-	skipping bool // the current transaction is already in Kafka (exactly-once)
+	inKafka  bool // exactly-once: the current transaction has events in the open Kafka transaction
 	lastRecv time.Time
 	wakeAt   time.Time // read deadline while acks are awaited
 	pings    pingStreak
@@ -53,13 +65,43 @@ func (p *pingStreak) observe(now time.Time) {
 // persistent reports a streak of at least 5 pings over more than 2 seconds.
 func (p *pingStreak) persistent() bool { return p.n >= 5 && p.last.Sub(p.since) > 2*time.Second }
 
-// errStalled ends a session that stopped on a row it may not pass; the
-// relay does not reconnect for it.
-var errStalled = errors.New("stalled on an invalid event")
+// holdError ends a session at an event it may not pass. The relay holds
+// there without a replication connection (so nothing it waits for can hold
+// up PostgreSQL), with /readyz and outboxd_blocked saying why; if the broker
+// refused the event, it retries that one record with backoff and streams on
+// once Kafka takes it.
+type holdError struct {
+	pos   eventPos
+	table string
+	id    string // event id, when known
+	cause error
+	rec   *router.Record // the record to retry; nil: only a restart with a fix helps
+}
+
+func (h *holdError) Error() string {
+	id := ""
+	if h.id != "" {
+		id = " (id " + h.id + ")"
+	}
+	return fmt.Sprintf("holding before the outbox event in %s%s at commit LSN %s (event %d of its transaction): %v", h.table, id, h.pos.commit, h.pos.n+1, h.cause)
+}
+
+func (h *holdError) Unwrap() error { return h.cause }
+
+// defaultReleaseAfter is how long the in-flight window may stay full without
+// a single ack before the session lets go of the replication connection.
+// While the window is full nothing is read, so a PostgreSQL shutdown's
+// requests for a final confirmation would go unseen and the server would
+// wait on Kafka.
+const defaultReleaseAfter = 5 * time.Second
+
+// errReleased ends a session whose in-flight window stayed full.
+var errReleased = errors.New("kafka acked nothing with the in-flight window full: released the replication connection so PostgreSQL is not held up; reconnecting once the in-flight events are acked")
 
 func (s *streamer) loop(ctx context.Context) error {
 	nextStatus := time.Now().Add(s.cfg.StatusInterval)
 	s.lastRecv = time.Now()
+	var fullSince time.Time
 	for {
 		select {
 		case err := <-s.errc:
@@ -77,16 +119,27 @@ func (s *streamer) loop(ctx context.Context) error {
 		}
 		events, bytes := s.wm.InFlight() // one lock for both checks below
 		if events >= s.cfg.MaxInflightEvents || bytes >= s.cfg.MaxInflightBytes {
-			if err := s.waitForRoom(ctx, nextStatus); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			if fullSince.IsZero() {
+				fullSince = now
+			} else if now.Sub(fullSince) > s.cfg.ReleaseAfter {
+				return fmt.Errorf("%w (for %s)", errReleased, s.cfg.ReleaseAfter)
+			}
+			wake := nextStatus
+			if release := fullSince.Add(s.cfg.ReleaseAfter + time.Millisecond); release.Before(wake) {
+				wake = release
+			}
+			if err := s.waitForRoom(ctx, wake); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 				return err
 			}
 			continue // re-check errors and status before reading on
 		}
-		// While events are in flight, wake up every tick to confirm their
-		// acks; otherwise sleep until the next status update is due. The
-		// deadline moves once per tick, not per message: setting it costs.
+		fullSince = time.Time{}
+		// While events are in flight (or a Kafka transaction is open), wake
+		// up every tick to confirm their acks; otherwise sleep until the next
+		// status update is due. The deadline moves once per tick, not per
+		// message: setting it costs.
 		deadline := nextStatus
-		if events > 0 || s.wm.Confirmed() != s.lastSent {
+		if events > 0 || s.wm.Confirmed() != s.lastSent || (s.eos != nil && s.eos.open) {
 			if !now.Before(s.wakeAt) {
 				s.wakeAt = now.Add(max(s.cfg.ConfirmInterval/4, time.Millisecond))
 			}
@@ -99,7 +152,7 @@ func (s *streamer) loop(ctx context.Context) error {
 			}
 			if s.eos != nil && s.txn == nil {
 				// Quiet stream: commit what the open Kafka transaction holds.
-				if err := s.eos.commit(ctx, s.wm); err != nil {
+				if err := s.eosCommit(ctx, kafka.Checkpoint{}, false); err != nil {
 					return err
 				}
 			}
@@ -116,9 +169,6 @@ func (s *streamer) loop(ctx context.Context) error {
 			s.lastRecv = time.Now()
 		}
 		if err := s.handle(ctx, msg, now); err != nil {
-			if errors.Is(err, errStalled) {
-				return s.stall(ctx, err)
-			}
 			return err
 		}
 	}
@@ -140,9 +190,7 @@ func (s *streamer) sendStatus(reply bool) error {
 	received := s.stream.Received()
 	s.m.confirmedLSN.Set(float64(lsn))
 	s.m.receivedLSN.Set(float64(received))
-	s.state.mu.Lock()
-	s.state.confirmed, s.state.received = lsn, received
-	s.state.mu.Unlock()
+	s.state.setPositions(lsn, received)
 	return nil
 }
 
@@ -151,27 +199,21 @@ func (s *streamer) handle(ctx context.Context, msg *wal.Msg, now time.Time) erro
 	case wal.KindBegin:
 		s.txn = s.wm.Begin(now)
 		s.tx = router.Tx{Xid: msg.Begin.Xid, CommitLSN: msg.Begin.FinalLSN, CommitTime: msg.Begin.CommitTime}
-		s.ordinal = 0
-		if s.eos != nil {
-			// A transaction committed before the checkpoint is in Kafka already.
-			s.skipping = msg.Begin.FinalLSN < s.cfg.SkipBefore
-			if !s.skipping {
-				return s.eos.begin()
-			}
-		}
+		s.ordinal, s.inKafka = 0, false
 	case wal.KindInsert:
 		if s.txn == nil {
 			return errors.New("protocol: insert outside a transaction")
 		}
-		if s.skipping {
+		pos, skip := s.nextEvent()
+		if skip {
 			return nil
 		}
 		rec, err := s.router.Route(&msg.Row, s.tx)
-		return s.publish(rec, err, func(cause error) router.Record {
+		return s.publish(ctx, pos, source{rel: msg.Row.Relation}, rec, err, func(cause error) router.Record {
 			return s.router.DeadLetter(s.cfg.DeadLetterTopic, &msg.Row, s.tx, cause)
 		})
 	case wal.KindMessage:
-		return s.message(&msg.Message)
+		return s.message(ctx, &msg.Message)
 	case wal.KindUpdate:
 		return s.update(msg)
 	case wal.KindDelete:
@@ -188,9 +230,11 @@ func (s *streamer) handle(ctx context.Context, msg *wal.Msg, now time.Time) erro
 		txn := s.txn
 		s.txn = nil
 		s.m.transactions.Inc()
-		if s.eos != nil && !s.skipping {
-			return s.eos.pgCommit(ctx, s.wm, txn, msg.Commit.EndLSN)
+		if s.inKafka {
+			return s.eosErr(s.eos.pgCommit(ctx, s.wm, txn, msg.Commit.EndLSN))
 		}
+		// Nothing of it waits in an open Kafka transaction (at-least-once
+		// mode, no events, or all of them committed already).
 		s.wm.Commit(txn, msg.Commit.EndLSN)
 	case wal.KindKeepalive:
 		if s.txn == nil {
@@ -210,12 +254,21 @@ func (s *streamer) handle(ctx context.Context, msg *wal.Msg, now time.Time) erro
 	return nil
 }
 
+// nextEvent numbers the current transaction's next outbox event and reports
+// whether Kafka holds it already (exactly-once mode's checkpoint).
+func (s *streamer) nextEvent() (eventPos, bool) {
+	pos := eventPos{commit: s.tx.CommitLSN, n: s.ordinal}
+	s.ordinal++
+	return pos, s.eos != nil && s.eos.done.Covers(pos.commit, pos.n)
+}
+
 // update applies table.op.invalid.behavior: outbox rows are insert-only.
 func (s *streamer) update(msg *wal.Msg) error {
 	table := msg.Row.Relation.QualifiedName()
 	switch s.router.InvalidOpBehavior(msg.Row.Relation) {
 	case "fatal":
-		return fmt.Errorf("%w: UPDATE on outbox table %s (commit LSN %s) and table.op.invalid.behavior is fatal", errStalled, table, s.tx.CommitLSN)
+		return &holdError{pos: eventPos{commit: s.tx.CommitLSN, n: s.ordinal}, table: table,
+			cause: errors.New("UPDATE on an outbox table and table.op.invalid.behavior is fatal (outbox rows are insert-only): delete or fix the UPDATE's cause, set table.op.invalid.behavior to warn, and restart")}
 	case "error":
 		s.log.Error("skipped UPDATE on outbox table: outbox rows are insert-only", "table", table, "commit_lsn", s.tx.CommitLSN.String())
 	default:
@@ -227,7 +280,7 @@ func (s *streamer) update(msg *wal.Msg) error {
 
 // message handles pg_logical_emit_message: table-less outbox events
 // (transactional, with the configured prefix) and outboxd's own heartbeats.
-func (s *streamer) message(m *wal.Message) error {
+func (s *streamer) message(ctx context.Context, m *wal.Message) error {
 	if !m.Transactional {
 		if m.Prefix == s.cfg.HeartbeatPrefix && s.onHeartbeat != nil {
 			s.onHeartbeat(m.Content, time.Now())
@@ -237,77 +290,162 @@ func (s *streamer) message(m *wal.Message) error {
 		return nil
 	}
 	rec, ok, err := s.router.RouteMessage(m, s.tx)
-	if (!ok && err == nil) || s.skipping {
-		return nil
+	if !ok && err == nil {
+		return nil // not an outbox message
 	}
 	if s.txn == nil {
 		return errors.New("protocol: transactional message outside a transaction")
 	}
-	return s.publish(rec, err, func(cause error) router.Record {
+	pos, skip := s.nextEvent()
+	if skip {
+		return nil
+	}
+	return s.publish(ctx, pos, source{prefix: m.Prefix}, rec, err, func(cause error) router.Record {
 		return s.router.DeadLetterMessage(s.cfg.DeadLetterTopic, m, s.tx, cause)
 	})
 }
 
+// source names where an event came from, for errors; computed only then.
+type source struct {
+	rel    *wal.Relation
+	prefix string
+}
+
+func (src source) table() string {
+	if src.rel != nil {
+		return src.rel.QualifiedName()
+	}
+	return "message:" + src.prefix
+}
+
 // publish produces a routed record, or applies the invalid-event policy when
-// routing failed, the record is too large, or the broker rejected this event
-// in an earlier session.
-func (s *streamer) publish(rec router.Record, err error, deadLetter func(error) router.Record) error {
-	pos := eventPos{commit: s.tx.CommitLSN, n: s.ordinal}
-	s.ordinal++
-	if err == nil && rec.Size()+recordOverhead > s.cfg.MaxMessageBytes {
-		err = &router.InvalidError{Table: rec.Topic, Reason: fmt.Sprintf("the record is %d bytes, more than --max-message-bytes %d; raise it (and the topic's max.message.bytes) or use --on-invalid dead-letter", rec.Size(), s.cfg.MaxMessageBytes)}
-	}
+// routing failed, the broker would refuse the record, or the broker refused
+// this event in an earlier session.
+func (s *streamer) publish(ctx context.Context, pos eventPos, src source, rec router.Record, err error, deadLetter func(error) router.Record) error {
 	if err == nil {
-		if cause, ok := s.poison[pos]; ok {
-			err = fmt.Errorf("rejected by kafka: %s", cause)
+		err = s.sink.Check(ctx, &rec)
+	}
+	retry := false
+	if cause, ok := s.poison[pos]; ok && err == nil {
+		// Kafka refused this event in an earlier session. A broker refuses
+		// a whole batch, so the event may only have shared a batch with the
+		// guilty one: try it alone before holding or dead-lettering it.
+		if err = s.probe(ctx, &rec, pos); err == nil {
+			delete(s.poison, pos)
+			if s.eos == nil {
+				return nil // it is in Kafka now
+			}
+			return s.produce(ctx, &rec, pos, src)
 		}
+		if sink.KindOf(err) != sink.Rejected {
+			return err
+		}
+		err, retry = fmt.Errorf("rejected by kafka: %s (before: %s)", err, cause), true
 	}
 	if err == nil {
-		s.produce(&rec, pos)
-		return nil
+		return s.produce(ctx, &rec, pos, src)
 	}
+	table, id := src.table(), ""
 	var inv *router.InvalidError
-	args := []any{"err", err, "commit_lsn", s.tx.CommitLSN.String(), "xid", s.tx.Xid}
 	if errors.As(err, &inv) {
-		args = append(args, "table", inv.Table, "event_id", inv.EventID)
+		table, id = inv.Table, inv.EventID
+	} else {
+		id = eventID(rec.Headers)
 	}
 	if s.cfg.OnInvalid != "dead-letter" {
-		s.log.Error("cannot publish an outbox event; the slot stays before it (fix the row's cause and restart, or run with --on-invalid dead-letter)", args...)
-		return fmt.Errorf("%w: %v", errStalled, err)
+		h := &holdError{pos: pos, table: table, id: id, cause: err}
+		if retry {
+			h.rec = &rec
+		}
+		return h
 	}
 	dl := deadLetter(err)
-	if dl.Size()+recordOverhead > s.cfg.MaxMessageBytes {
+	if s.sink.Check(ctx, &dl) != nil {
 		// The dead letter itself must fit, or it would be rejected in turn.
 		dl.Value = nil
 		dl.Headers = append(dl.Headers, router.Header{Key: "outboxd.value_omitted", Value: []byte("too large for --max-message-bytes")})
 	}
-	s.log.Warn("dead-lettering an outbox event", append(args, "dead_letter_topic", s.cfg.DeadLetterTopic)...)
+	s.log.Warn("dead-lettering an outbox event", "err", err, "table", table, "event_id", id, "commit_lsn", s.tx.CommitLSN.String(), "xid", s.tx.Xid, "dead_letter_topic", s.cfg.DeadLetterTopic)
 	s.m.skipped.WithLabelValues("invalid").Inc()
 	s.m.deadLettered.Inc()
 	delete(s.poison, pos)
-	s.produce(&dl, pos)
-	return nil
+	return s.produce(ctx, &dl, pos, src)
 }
 
-// recordOverhead bounds what Kafka's batch framing adds to a record's bytes.
-const recordOverhead = 128
+// probe produces rec alone and waits for Kafka's answer. In exactly-once
+// mode the open Kafka transaction is committed first, up to this event (a
+// split if need be): the probe runs in a transaction of its own, aborted.
+func (s *streamer) probe(ctx context.Context, rec *router.Record, pos eventPos) error {
+	if s.eos != nil && s.eos.open {
+		if err := s.eosCommit(ctx, kafka.Checkpoint{LSN: pos.commit, Events: pos.n}, true); err != nil {
+			return err
+		}
+		s.inKafka = false
+	}
+	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	return s.sink.Probe(pctx, rec)
+}
+
+// rejections collects every event Kafka refused in a session (errc carries
+// only the first): a broker refuses whole batches, and each of their events
+// must be tried alone on the replay.
+type rejections struct {
+	mu   sync.Mutex
+	list []*rejection
+}
+
+func (r *rejections) add(rej *rejection) {
+	r.mu.Lock()
+	r.list = append(r.list, rej)
+	r.mu.Unlock()
+}
+
+func (r *rejections) take() []*rejection {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	l := r.list
+	r.list = nil
+	return l
+}
+
+// eventID is the value of a record's id header, for errors.
+func eventID(hs []router.Header) string {
+	for _, h := range hs {
+		if h.Key == "id" {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
 
 // produce hands one record to the sink. Its callback acks the watermark; a
 // failure ends the session so the next one resumes from the slot, which
-// never moved past the failed event.
-func (s *streamer) produce(rec *router.Record, pos eventPos) {
-	txn, size, commit, topic := s.txn, rec.Size(), s.tx.CommitTime, rec.Topic
+// never moved past the failed event. In exactly-once mode it opens the Kafka
+// transaction first, and afterwards splits a PostgreSQL transaction that has
+// made the Kafka one too large or too old.
+func (s *streamer) produce(ctx context.Context, rec *router.Record, pos eventPos, src source) error {
+	if s.eos != nil {
+		if err := s.eos.begin(); err != nil {
+			return s.eosErr(err)
+		}
+		s.eos.records++
+		s.inKafka = true
+	}
+	txn, size, commit, topic, headers := s.txn, rec.Size(), s.tx.CommitTime, rec.Topic, rec.Headers
 	published := s.publishedCounter(topic)
 	s.wm.Add(txn, size)
-	if s.eos != nil {
-		s.eos.records++
-	}
 	s.sink.Produce(context.Background(), rec, func(err error) {
 		s.wm.Ack(txn, size, err == nil)
 		if err != nil {
 			s.m.produceErrors.Inc()
+			if sink.KindOf(err) == sink.Rejected {
+				rej := &rejection{pos: pos, topic: topic, table: src.table(), id: eventID(headers), err: err}
+				s.rejected.add(rej)
+				err = rej
+			}
 			select {
-			case s.errc <- rejection{pos: pos, topic: topic, err: err}:
+			case s.errc <- err:
 			default:
 			}
 			return
@@ -315,6 +453,34 @@ func (s *streamer) produce(rec *router.Record, pos eventPos) {
 		published.Inc()
 		s.m.publishLatency.Observe(time.Since(commit).Seconds())
 	})
+	if s.eos != nil && s.eos.splitDue() {
+		if err := s.eosCommit(ctx, kafka.Checkpoint{LSN: pos.commit, Events: pos.n + 1}, true); err != nil {
+			return err
+		}
+		s.inKafka = false
+	}
+	return nil
+}
+
+// eosCommit commits the open Kafka transaction (exactly-once mode); split:
+// inside the current PostgreSQL transaction, at checkpoint at.
+func (s *streamer) eosCommit(ctx context.Context, at kafka.Checkpoint, split bool) error {
+	return s.eosErr(s.eos.commit(ctx, s.wm, split, at))
+}
+
+// eosErr turns a Kafka transaction refused because one of its records
+// failed into that record's rejection, which its callback has sent by now:
+// the relay then holds or dead-letters that event, as at-least-once does.
+func (s *streamer) eosErr(err error) error {
+	if !errors.Is(err, kafka.ErrRecordsFailed) {
+		return err
+	}
+	select {
+	case rej := <-s.errc:
+		return rej
+	default:
+		return err
+	}
 }
 
 // publishedCounter returns the topic's counter, looked up once per topic
@@ -326,33 +492,6 @@ func (s *streamer) publishedCounter(topic string) prometheus.Counter {
 		s.published[topic] = c
 	}
 	return c
-}
-
-// stall holds the session on an event it may not pass: no further reading,
-// acks of earlier events still confirmed, status updates still sent so the
-// server keeps the connection, until shutdown. /readyz says why.
-func (s *streamer) stall(ctx context.Context, cause error) error {
-	s.state.setErr(cause)
-	s.state.mu.Lock()
-	s.state.stalled = cause.Error()
-	s.state.mu.Unlock()
-	s.m.blocked.Set(1)
-	defer s.m.blocked.Set(0)
-	t := time.NewTicker(s.cfg.StatusInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case err := <-s.errc:
-			return err
-		case <-s.wm.Changed():
-		case <-t.C:
-		}
-		if err := s.sendStatus(false); err != nil {
-			return err
-		}
-	}
 }
 
 // finish ends the session. On shutdown it waits (bounded by the shutdown
@@ -374,7 +513,7 @@ func (s *streamer) finish(ctx context.Context, connAlive bool) {
 	if s.eos != nil {
 		if s.txn == nil {
 			// Clean shutdown between transactions: commit what is complete.
-			if err := s.eos.commit(tctx, s.wm); err != nil {
+			if err := s.eos.commit(tctx, s.wm, false, kafka.Checkpoint{}); err != nil {
 				s.log.Warn("exactly-once: final Kafka commit failed; the next run resumes from the last checkpoint", "err", err)
 			}
 		}
@@ -392,12 +531,15 @@ func (s *streamer) finish(ctx context.Context, connAlive bool) {
 
 // waitDrained waits until no event of wm is in flight, or ctx ends.
 func waitDrained(ctx context.Context, wm *slot.Watermark) bool {
-	for !wm.Drained() {
+	for {
+		drained, changed := wm.Drained()
+		if drained {
+			return true
+		}
 		select {
-		case <-wm.Changed():
+		case <-changed:
 		case <-ctx.Done():
 			return false
 		}
 	}
-	return true
 }

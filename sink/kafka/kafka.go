@@ -29,8 +29,22 @@ type Config struct {
 	TLS             *tls.Config
 	SASL            sasl.Mechanism
 	Logger          *slog.Logger
-	// Extra options, e.g. a transactional id; applied last.
+	// Transactional makes the producer transactional (exactly-once mode).
+	Transactional *Transactional
+	// Extra client options, applied last (tests).
 	Opts []kgo.Opt
+}
+
+// Transactional configures exactly-once mode's producer.
+type Transactional struct {
+	// ID is the transactional id: one per slot, so that a second outboxd on
+	// the same slot fences the first (see TransactionalID).
+	ID string
+	// Timeout is the Kafka transaction timeout: the coordinator aborts a
+	// transaction left open longer. It must not exceed the brokers'
+	// transaction.max.timeout.ms (15 minutes by default). The relay commits
+	// well within it, splitting a long PostgreSQL transaction if it must.
+	Timeout time.Duration
 }
 
 // Sink is a Kafka producer.
@@ -39,6 +53,14 @@ type Sink struct {
 	opts   []kgo.Opt                  // everything the client was built with
 	manual context.Context            // marks records that carry an explicit partition
 	conn   []kgo.Opt                  // brokers, TLS and SASL: for the checkpoint reader
+
+	maxBatch   int // the producer's batch limit, for Check
+	partitions partitionCache
+	txn        *Transactional // nil unless exactly-once
+	// failed counts records of the open Kafka transaction that failed: a
+	// transactional producer still commits the others, so Commit must
+	// refuse to (exactly-once mode).
+	failed atomic.Int64
 }
 
 // New builds the producer. It does not contact the brokers: a broker that is
@@ -51,7 +73,11 @@ func New(cfg Config) (*Sink, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Sink{manual: context.WithValue(context.Background(), manualKey{}, true)}
+	s := &Sink{manual: context.WithValue(context.Background(), manualKey{}, true), txn: cfg.Transactional}
+	s.maxBatch = int(cfg.MaxMessageBytes)
+	if s.maxBatch == 0 {
+		s.maxBatch = 1000012
+	}
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.ClientID(orDefault(cfg.ClientID, "outboxd")),
@@ -78,6 +104,9 @@ func New(cfg Config) (*Sink, error) {
 	if cfg.Logger != nil {
 		opts = append(opts, kgo.WithLogger(logger{cfg.Logger}))
 	}
+	if t := cfg.Transactional; t != nil {
+		opts = append(opts, kgo.TransactionalID(t.ID), kgo.TransactionTimeout(t.Timeout))
+	}
 	s.opts = append(opts, cfg.Opts...)
 	client, err := kgo.NewClient(s.opts...)
 	if err != nil {
@@ -89,9 +118,16 @@ func New(cfg Config) (*Sink, error) {
 
 func (s *Sink) cl() *kgo.Client { return s.client.Load() }
 
-// Produce hands rec to the producer; done runs when Kafka has acked it.
+// Produce hands rec to the producer; done runs when Kafka has acked it, or
+// with a sink.Error saying how to handle the failure.
 func (s *Sink) Produce(ctx context.Context, rec *router.Record, done func(error)) {
-	s.cl().Produce(ctx, s.Record(rec), func(_ *kgo.Record, err error) { done(err) })
+	s.cl().Produce(ctx, s.Record(rec), func(_ *kgo.Record, err error) {
+		if err != nil {
+			s.failed.Add(1)
+			err = classify(err, s.txn != nil)
+		}
+		done(err)
+	})
 }
 
 // Record converts a routed record to a franz-go record.

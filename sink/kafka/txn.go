@@ -4,11 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxd/outboxd/router"
+	"github.com/outboxd/outboxd/sink"
+	"github.com/outboxd/outboxd/wal"
 )
 
 // Checkpoints makes the producer transactional (exactly-once mode): records
@@ -25,12 +31,50 @@ type Checkpoints struct {
 // a second outboxd on the same slot fences the first.
 func TransactionalID(slot string) string { return "outboxd." + slot }
 
-// ErrFenced means another producer with the same transactional id took over.
-var ErrFenced = errors.New("kafka: fenced by another outboxd with the same transactional id")
+// ErrRecordsFailed means records of the open Kafka transaction failed, so it
+// was aborted rather than committed: a transactional producer would commit
+// the others and the checkpoint would move past the failed ones. Each failed
+// record's own error went to its Produce callback.
+var ErrRecordsFailed = errors.New("kafka: records of the transaction failed; aborted it instead of committing")
 
-// TxnOpts are the client options exactly-once mode adds.
-func TxnOpts(slot string) []kgo.Opt {
-	return []kgo.Opt{kgo.TransactionalID(TransactionalID(slot)), kgo.TransactionTimeout(60 * time.Second)}
+// Checkpoint says how far the events already committed to Kafka go. Events
+// == 0: every transaction that committed before LSN (an end LSN) is in
+// Kafka. Events > 0: a long PostgreSQL transaction was split over several
+// Kafka transactions, and its first Events events (the transaction whose
+// commit LSN is LSN) are in Kafka too.
+type Checkpoint struct {
+	LSN    wal.LSN
+	Events int
+}
+
+// Covers reports whether event n (0-based) of the transaction committed at
+// commit is in Kafka already.
+func (c Checkpoint) Covers(commit wal.LSN, n int) bool {
+	return commit < c.LSN || (c.Events > 0 && commit == c.LSN && n < c.Events)
+}
+
+// String is the record value: "X/Y", or "X/Y+N" for a split transaction.
+func (c Checkpoint) String() string {
+	if c.Events == 0 {
+		return c.LSN.String()
+	}
+	return fmt.Sprintf("%s+%d", c.LSN, c.Events)
+}
+
+// ParseCheckpoint reads a checkpoint record's value.
+func ParseCheckpoint(text string) (Checkpoint, error) {
+	lsn, n, split := strings.Cut(text, "+")
+	var c Checkpoint
+	var err error
+	if c.LSN, err = wal.ParseLSN(lsn); err != nil {
+		return Checkpoint{}, err
+	}
+	if split {
+		if c.Events, err = strconv.Atoi(n); err != nil || c.Events < 1 {
+			return Checkpoint{}, fmt.Errorf("bad event count in checkpoint %q", text)
+		}
+	}
+	return c, nil
 }
 
 // InitTransactions registers the transactional id with the coordinator now
@@ -46,7 +90,7 @@ func (s *Sink) InitTransactions(ctx context.Context, cp Checkpoints) error {
 		return fmt.Errorf("kafka: create checkpoint topic %s: %w", cp.Topic, err)
 	}
 	if _, _, err := s.cl().ProducerID(ctx); err != nil {
-		return wrapFenced(fmt.Errorf("kafka: init transactional producer: %w", err))
+		return classify(fmt.Errorf("kafka: init transactional producer: %w", err), true)
 	}
 	return nil
 }
@@ -63,42 +107,53 @@ func (s *Sink) Reset(ctx context.Context) error {
 	}
 	s.client.Swap(client).Close()
 	if _, _, err := client.ProducerID(ctx); err != nil {
-		return wrapFenced(fmt.Errorf("kafka: init transactional producer: %w", err))
+		return classify(fmt.Errorf("kafka: init transactional producer: %w", err), true)
 	}
 	return nil
 }
 
 // Begin opens a Kafka transaction.
-func (s *Sink) Begin() error { return wrapFenced(s.cl().BeginTransaction()) }
+func (s *Sink) Begin() error {
+	s.failed.Store(0)
+	return classify(s.cl().BeginTransaction(), true)
+}
 
-// Commit writes the checkpoint, waits for every record of the transaction
-// and commits it. On error the transaction is aborted; nothing of it is
+// Commit waits for every record of the transaction, then writes the
+// checkpoint and commits. If any record failed it aborts instead and returns
+// ErrRecordsFailed. On any error the transaction is aborted; nothing of it is
 // visible to read_committed consumers.
-func (s *Sink) Commit(ctx context.Context, cp Checkpoints, lsn string) error {
-	rec := &kgo.Record{Topic: cp.Topic, Key: []byte(cp.Key), Value: []byte(lsn)}
-	// Not ProduceSync: a record already sent to a stalled broker ignores
-	// ctx, and the caller's deadline must hold.
-	acked := make(chan error, 1)
-	s.cl().Produce(ctx, rec, func(_ *kgo.Record, err error) { acked <- err })
-	var err error
-	select {
-	case err = <-acked:
-	case <-ctx.Done():
-		err = ctx.Err()
+func (s *Sink) Commit(ctx context.Context, cp Checkpoints, at Checkpoint) error {
+	err := s.cl().Flush(ctx)
+	if err == nil && s.failed.Load() > 0 {
+		err = &sink.Error{Kind: sink.Rejected, Err: ErrRecordsFailed}
 	}
 	if err == nil {
-		err = s.cl().Flush(ctx)
-	}
-	if err == nil {
-		err = s.cl().EndTransaction(ctx, kgo.TryCommit)
+		err = s.commit(ctx, cp, at)
 	}
 	if err != nil {
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 		defer cancel()
 		s.Abort(actx)
-		return wrapFenced(fmt.Errorf("kafka: commit transaction: %w", err))
+		return classify(fmt.Errorf("kafka: commit transaction: %w", err), true)
 	}
 	return nil
+}
+
+func (s *Sink) commit(ctx context.Context, cp Checkpoints, at Checkpoint) error {
+	rec := &kgo.Record{Topic: cp.Topic, Key: []byte(cp.Key), Value: []byte(at.String())}
+	// Not ProduceSync: a record already sent to a stalled broker ignores
+	// ctx, and the caller's deadline must hold.
+	acked := make(chan error, 1)
+	s.cl().Produce(ctx, rec, func(_ *kgo.Record, err error) { acked <- err })
+	select {
+	case err := <-acked:
+		if err != nil {
+			return err
+		}
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return s.cl().EndTransaction(ctx, kgo.TryCommit)
 }
 
 // Abort drops the open transaction and its buffered records. Should it not
@@ -109,8 +164,20 @@ func (s *Sink) Abort(ctx context.Context) {
 }
 
 // LoadCheckpoint reads the checkpoint topic with read_committed isolation and
-// returns the last LSN committed for cp.Key ("" if none).
-func (s *Sink) LoadCheckpoint(ctx context.Context, cp Checkpoints) (string, error) {
+// returns the last checkpoint committed for cp.Key (zero if none).
+func (s *Sink) LoadCheckpoint(ctx context.Context, cp Checkpoints) (Checkpoint, error) {
+	text, err := s.loadCheckpoint(ctx, cp)
+	if err != nil || text == "" {
+		return Checkpoint{}, err
+	}
+	c, err := ParseCheckpoint(text)
+	if err != nil {
+		return Checkpoint{}, fmt.Errorf("kafka: checkpoint %q in %s: %w", text, cp.Topic, err)
+	}
+	return c, nil
+}
+
+func (s *Sink) loadCheckpoint(ctx context.Context, cp Checkpoints) (string, error) {
 	adm := kadm.NewClient(s.cl())
 	ends, err := adm.ListEndOffsets(ctx, cp.Topic)
 	if err != nil {
@@ -166,14 +233,29 @@ func (s *Sink) LoadCheckpoint(ctx context.Context, cp Checkpoints) (string, erro
 	return last, nil
 }
 
-func wrapFenced(err error) error {
-	if err == nil {
-		return nil
-	}
-	if errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch) {
-		return fmt.Errorf("%w: %v", ErrFenced, err)
-	}
-	return err
-}
-
 func ptr(s string) *string { return &s }
+
+// Probe produces rec and waits for Kafka's answer: whether a record the
+// broker refused is accepted now. In exactly-once mode it does so inside a
+// Kafka transaction that it aborts, so read_committed consumers never see
+// the probe; the record is produced for real when the relay streams on.
+func (s *Sink) Probe(ctx context.Context, rec *router.Record) error {
+	if s.txn != nil {
+		if err := s.Begin(); err != nil {
+			return err
+		}
+		defer func() {
+			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			s.Abort(actx)
+		}()
+	}
+	done := make(chan error, 1)
+	s.Produce(ctx, rec, func(err error) { done <- err })
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

@@ -228,36 +228,4 @@ func TestInvalidRowFailThenDeadLetter(t *testing.T) {
 	}
 }
 
-// The broker refuses an event (the topic's max.message.bytes is too small):
-// the slot holds, outboxd retries, and raising the limit resumes delivery
-// without a restart.
-func TestBrokerRejectionResumesWhenFixed(t *testing.T) {
-	f := newFixture(t)
-	adm := f.admin()
-	if _, err := adm.CreateTopic(f.ctx, 1, 1, map[string]*string{"max.message.bytes": ptr("1000")}, f.topic()); err != nil {
-		t.Fatal(err)
-	}
-	r := f.startRelay()
-	big := `{"pad": "` + strings.Repeat("x", 3000) + `"}`
-	end := f.commit(event{1, "a", "E", big}, event{2, "a", "E", `{}`})
-	if err := r.WaitLog(f.ctx, "kafka rejected an event"); err != nil {
-		t.Fatal(err)
-	}
-	if s := f.slotState(); s.ConfirmedFlushLSN >= end {
-		t.Fatal("slot confirmed past a rejected event")
-	}
-	if _, err := adm.AlterTopicConfigs(f.ctx, []kadmAlter{{Name: "max.message.bytes", Value: ptr("100000")}}, f.topic()); err != nil {
-		t.Fatal(err)
-	}
-	f.waitConfirmed(end, 40*time.Second)
-	recs := f.readTopic(f.topic(), f.topicCountInt())
-	got, _ := byID(t, recs)
-	if r := got[eventID(1)]; r == nil || string(r.Value) != `{"pad": "`+strings.Repeat("x", 3000)+`"}` {
-		t.Fatal("large event not delivered intact")
-	}
-	if got[eventID(2)] == nil {
-		t.Fatal("event 2 lost")
-	}
-}
-
 func ptr(s string) *string { return &s }

@@ -1,0 +1,57 @@
+package kafka
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+
+	"github.com/outboxd/outboxd/router"
+	"github.com/outboxd/outboxd/sink"
+)
+
+// A probe in exactly-once mode is produced in a transaction of its own and
+// aborted: read_committed consumers never see it, and the transactions after
+// it commit normally.
+func TestProbeIsInvisibleAndLeavesTheProducerUsable(t *testing.T) {
+	c := newCluster(t)
+	s := newSink(t, c, Config{Transactional: &Transactional{ID: "outboxd.probe", Timeout: 10 * time.Second}})
+	ctx := context.Background()
+	// The broker refuses what the producer lets through.
+	if _, err := kadm.NewClient(s.cl()).CreateTopic(ctx, 1, 1, map[string]*string{"max.message.bytes": ptr("1000")}, "e"); err != nil {
+		t.Fatal(err)
+	}
+	cp := Checkpoints{Topic: "cp", Key: "slot"}
+	if err := s.InitTransactions(ctx, cp); err != nil {
+		t.Fatal(err)
+	}
+	commit := func(topic, v string, at Checkpoint) {
+		t.Helper()
+		if err := s.Begin(); err != nil {
+			t.Fatal(err)
+		}
+		if err := produceSync(s, &router.Record{Topic: topic, Value: []byte(v), Partition: -1}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Commit(ctx, cp, at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	commit("e", "a", Checkpoint{LSN: 10, Events: 1})
+	if err := s.Probe(ctx, &router.Record{Topic: "e", Value: []byte(strings.Repeat("x", 3000)), Partition: -1}); sink.KindOf(err) != sink.Rejected {
+		t.Fatalf("probe of an oversized record: %v", err)
+	}
+	commit("dlq", "dead letter", Checkpoint{LSN: 10, Events: 2})
+	if err := s.Probe(ctx, &router.Record{Topic: "e", Value: []byte("b"), Partition: -1}); err != nil {
+		t.Fatal(err)
+	}
+	commit("e", "b", Checkpoint{LSN: 20})
+	if got := readCommitted(t, c, "e"); strings.Join(got, ",") != "a,b" {
+		t.Fatalf("read_committed sees %q, want a,b", got)
+	}
+	if got, err := s.LoadCheckpoint(ctx, cp); err != nil || got != (Checkpoint{LSN: 20}) {
+		t.Fatalf("checkpoint %v, %v", got, err)
+	}
+}

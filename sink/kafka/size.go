@@ -1,0 +1,110 @@
+package kafka
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+
+	"github.com/outboxd/outboxd/router"
+	"github.com/outboxd/outboxd/sink"
+)
+
+// batchOverhead is the size of a record batch (v2) holding no records, with
+// the length prefix of the records array it travels in: base offset, batch
+// length, leader epoch, magic, CRC, attributes, last offset delta, first and
+// max timestamps, producer id and epoch, base sequence and the record count.
+const batchOverhead = 4 + 8 + 4 + 4 + 1 + 4 + 2 + 4 + 8 + 8 + 8 + 2 + 4 + 4
+
+// BatchSize is the size of a record batch carrying rec alone, uncompressed
+// (the worst case), counted the strictest way the producer counts it against
+// --max-message-bytes (a produce request of versions 3 to 8); the other
+// request versions, and the broker's own check against max.message.bytes,
+// count up to a few bytes less, so a record that passes here passes there.
+// Header keys and counts are included: a record with many small headers can
+// be far larger than its key and value.
+func BatchSize(rec *router.Record) int {
+	l := 1 + 1 + 1 + // attributes, timestamp delta 0, offset delta 0
+		varintLen(len(rec.Key)) + len(rec.Key) +
+		varintLen(len(rec.Value)) + len(rec.Value) +
+		varintLen(len(rec.Headers))
+	if rec.Key == nil {
+		l = l - varintLen(0) + varintLen(-1)
+	}
+	if rec.Value == nil {
+		l = l - varintLen(0) + varintLen(-1)
+	}
+	for _, h := range rec.Headers {
+		l += varintLen(len(h.Key)) + len(h.Key) + varintLen(len(h.Value)) + len(h.Value)
+	}
+	return batchOverhead + varintLen(l) + l
+}
+
+// varintLen is the length of n as a zig-zag varint.
+func varintLen(n int) int {
+	u := uint64(n<<1) ^ uint64(n>>63)
+	l := 1
+	for u >= 0x80 {
+		u >>= 7
+		l++
+	}
+	return l
+}
+
+// Check says, before the record is produced, whether Kafka would refuse it:
+// larger than the producer's batch limit (--max-message-bytes), or an
+// explicit partition the topic does not have. The error is a sink.Error of
+// kind Rejected, so the invalid-event policy applies before anything is sent.
+func (s *Sink) Check(ctx context.Context, rec *router.Record) error {
+	if size := BatchSize(rec); s.maxBatch > 0 && size > s.maxBatch {
+		return &sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("the record batch is %d bytes, more than --max-message-bytes %d: raise it (and the topic's max.message.bytes), or use --on-invalid dead-letter", size, s.maxBatch)}
+	}
+	if rec.Partition < 0 {
+		return nil
+	}
+	n, err := s.partitions.count(ctx, s, rec.Topic, false)
+	if err == nil && int(rec.Partition) >= n && n > 0 {
+		n, err = s.partitions.count(ctx, s, rec.Topic, true) // partitions may have been added
+	}
+	if err != nil || n == 0 {
+		return nil // unknown yet: the producer will fail the record if it must
+	}
+	if int(rec.Partition) >= n {
+		return &sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("partition %d does not exist: topic %s has %d partitions (0-%d); fix the row's partition column, or add partitions with kafka-topics.sh --alter --topic %s --partitions %d", rec.Partition, rec.Topic, n, n-1, rec.Topic, rec.Partition+1)}
+	}
+	return nil
+}
+
+// partitionCache remembers topics' partition counts for Check. A count only
+// grows, so a cached count that allows a partition stays right; one that
+// refuses is looked up again before the refusal.
+type partitionCache struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *partitionCache) count(ctx context.Context, s *Sink, topic string, fresh bool) (int, error) {
+	c.mu.Lock()
+	n, ok := c.n[topic]
+	c.mu.Unlock()
+	if ok && !fresh {
+		return n, nil
+	}
+	md, err := kadm.NewClient(s.cl()).Metadata(ctx, topic)
+	if err != nil {
+		return 0, err
+	}
+	td, ok := md.Topics[topic]
+	if !ok || td.Err != nil {
+		return 0, nil
+	}
+	n = len(td.Partitions)
+	c.mu.Lock()
+	if c.n == nil {
+		c.n = map[string]int{}
+	}
+	c.n[topic] = n
+	c.mu.Unlock()
+	return n, nil
+}
