@@ -199,7 +199,7 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 			MaxInflightEvents: o.MaxInflightEvents, MaxInflightBytes: int64(o.MaxInflightBytes),
 			StatusInterval: o.StatusInterval, ConfirmInterval: o.ConfirmInterval, ShutdownTimeout: o.ShutdownTimeout,
 			ReplicationTimeout: o.ReplicationTimeout, ReleaseAfter: defaultReleaseAfter,
-			HeartbeatPrefix:    heartbeatPrefix, MaxMessageBytes: int(o.MaxMessageBytes),
+			HeartbeatPrefix: heartbeatPrefix, MaxMessageBytes: int(o.MaxMessageBytes),
 			OnInvalid: o.OnInvalid, DeadLetterTopic: o.DeadLetterTopic, MessagePrefix: o.MessagePrefix,
 			TxnSink: eosCfg.TxnSink, Checkpoints: eosCfg.Checkpoints, Done: eosCfg.Done, SplitAge: o.TransactionTimeout / 4,
 		},
