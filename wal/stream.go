@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/outboxd/outboxd/pgquote"
 )
 
 // ErrTimeout is returned by Next when its deadline passes with no message. The
@@ -55,9 +57,7 @@ func explainConnectError(cfg *pgconn.Config, err error) error {
 	return fmt.Errorf("connect to postgres %s:%d as %q: %w", cfg.Host, cfg.Port, cfg.User, err)
 }
 
-func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
-
-func quoteLiteral(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''`) + `'` }
+func quoteIdent(s string) string { return pgquote.Ident(s) }
 
 // StartOptions selects what to stream.
 type StartOptions struct {
@@ -86,13 +86,18 @@ type Stream struct {
 // wakes a blocked Next promptly; the connection stays open so that a final
 // status update can still be sent.
 func Start(ctx context.Context, conn *pgconn.PgConn, opts StartOptions) (*Stream, error) {
+	// The replication grammar has no E'…' strings: only names of the
+	// safe alphabet go into its literals.
 	quoted := make([]string, len(opts.Publications))
 	for i, p := range opts.Publications {
-		quoted[i] = strings.ReplaceAll(p, `"`, `""`)
+		if err := pgquote.ValidateName("publication", p); err != nil {
+			return nil, err
+		}
+		quoted[i] = pgquote.Ident(p)
 	}
 	args := []string{
 		"proto_version '1'",
-		"publication_names " + quoteLiteral(`"`+strings.Join(quoted, `","`)+`"`),
+		"publication_names " + pgquote.Literal(strings.Join(quoted, ",")),
 	}
 	if opts.Messages {
 		args = append(args, "messages 'true'")

@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outboxd/outboxd/pgquote"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink/kafka"
 	"github.com/outboxd/outboxd/slot"
@@ -103,6 +104,9 @@ func (o *runOptions) validate() error {
 	}
 	if err := slot.ValidateName(o.Slot); err != nil {
 		errs = append(errs, fmt.Errorf("--slot: %w", err))
+	}
+	if err := pgquote.ValidateName("publication", o.Publication); err != nil {
+		errs = append(errs, fmt.Errorf("--publication: %w", err))
 	}
 	if o.MaxInflightEvents < 1 {
 		errs = append(errs, errors.New("--max-inflight-events must be at least 1"))

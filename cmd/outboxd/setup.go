@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxd/outboxd/migrations"
+	"github.com/outboxd/outboxd/pgquote"
 	"github.com/outboxd/outboxd/slot"
 	"github.com/outboxd/outboxd/wal"
 )
@@ -52,8 +53,13 @@ func (o *setupOptions) validate() error {
 	if _, _, err := migrations.ParseTable(o.Table); err != nil {
 		errs = append(errs, fmt.Errorf("--table: %w", err))
 	}
-	if o.Publication == "" {
-		errs = append(errs, errors.New("--publication must not be empty"))
+	if err := pgquote.ValidateName("publication", o.Publication); err != nil {
+		errs = append(errs, fmt.Errorf("--publication: %w", err))
+	}
+	if o.Role != "" {
+		if err := pgquote.ValidateName("role", o.Role); err != nil {
+			errs = append(errs, fmt.Errorf("--role: %w", err))
+		}
 	}
 	if !o.NoSlot {
 		if err := slot.ValidateName(o.Slot); err != nil {
@@ -353,6 +359,6 @@ func sqlIdent(s string) string {
 }
 
 // sqlQuote always quotes an identifier, as the migrations' ident does.
-func sqlQuote(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+func sqlQuote(s string) string { return pgquote.Ident(s) }
 
-func sqlLiteral(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''`) + `'` }
+func sqlLiteral(s string) string { return pgquote.Literal(s) }
