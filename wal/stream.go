@@ -20,6 +20,10 @@ import (
 // stream stays usable: it is the caller's cue to send a status update.
 var ErrTimeout = errors.New("wal: no message before deadline")
 
+// ErrAheadOfServer means a position outboxd was to start from or skip to lies
+// beyond the server's WAL: it cannot have come from this server.
+var ErrAheadOfServer = errors.New("position beyond the server's WAL")
+
 // ErrStreamEnded means the server ended the replication stream, as it does
 // when it shuts down.
 var ErrStreamEnded = errors.New("replication stream: the server ended the stream (shutting down?)")
@@ -58,6 +62,21 @@ func explainConnectError(cfg *pgconn.Config, err error) error {
 }
 
 func quoteIdent(s string) string { return pgquote.Ident(s) }
+
+// System is what IDENTIFY_SYSTEM reports.
+type System struct {
+	ID     string // the database system identifier, unique per cluster (initdb)
+	WALEnd LSN    // the server's current WAL flush position
+}
+
+// Identify runs IDENTIFY_SYSTEM on a replication connection.
+func Identify(ctx context.Context, conn *pgconn.PgConn) (System, error) {
+	r, err := pglogrepl.IdentifySystem(ctx, conn)
+	if err != nil {
+		return System{}, fmt.Errorf("IDENTIFY_SYSTEM: %w", err)
+	}
+	return System{ID: r.SystemID, WALEnd: r.XLogPos}, nil
+}
 
 // StartOptions selects what to stream.
 type StartOptions struct {
@@ -102,7 +121,18 @@ func Start(ctx context.Context, conn *pgconn.PgConn, opts StartOptions) (*Stream
 	if opts.Messages {
 		args = append(args, "messages 'true'")
 	}
-	err := pglogrepl.StartReplication(ctx, conn, quoteIdent(opts.Slot), opts.StartLSN,
+	// PostgreSQL lets a logical slot start past its own WAL, and would then
+	// take the client's confirmations from there: one bogus LSN (a forged
+	// checkpoint) would skip every event to come. Never start beyond the
+	// server's position.
+	sys, err := Identify(ctx, conn)
+	if err != nil {
+		return nil, err
+	}
+	if opts.StartLSN > sys.WALEnd {
+		return nil, fmt.Errorf("%w: start position %s is beyond the server's WAL position %s (system %s)", ErrAheadOfServer, opts.StartLSN, sys.WALEnd, sys.ID)
+	}
+	err = pglogrepl.StartReplication(ctx, conn, quoteIdent(opts.Slot), opts.StartLSN,
 		pglogrepl.StartReplicationOptions{Mode: pglogrepl.LogicalReplication, PluginArgs: args})
 	if err != nil {
 		return nil, fmt.Errorf("START_REPLICATION on slot %q: %w", opts.Slot, err)

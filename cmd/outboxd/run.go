@@ -56,6 +56,8 @@ type runOptions struct {
 	Kafka              kafkaAuth
 	ExactlyOnce        bool
 	CheckpointTopic    string
+	TopicAllow         listValue
+	ReservedPrefixes   listValue
 }
 
 func (o *runOptions) register(s *optionSet) {
@@ -92,6 +94,9 @@ func (o *runOptions) register(s *optionSet) {
 	o.Kafka.register(s)
 	fs.BoolVar(&o.ExactlyOnce, "exactly-once", false, "transactional producer: whole PostgreSQL transactions per Kafka transaction with a checkpoint; read_committed consumers see each event once")
 	fs.StringVar(&o.CheckpointTopic, "checkpoint-topic", "outboxd.checkpoints", "compacted topic holding the last committed LSN per slot, with --exactly-once")
+	fs.Var(&o.TopicAllow, "topic-allow", "comma-separated topic prefixes events may be routed to; an event routed elsewhere is invalid (--on-invalid). Empty: any topic")
+	o.ReservedPrefixes = listValue{"outboxd.", "__"}
+	fs.Var(&o.ReservedPrefixes, "reserved-topic-prefixes", "comma-separated topic prefixes no event may be routed to (the checkpoint and dead-letter topics always are)")
 }
 
 func (o *runOptions) validate() error {
@@ -126,6 +131,10 @@ func (o *runOptions) validate() error {
 	if err := router.ValidTopic(o.DeadLetterTopic); err != nil {
 		errs = append(errs, fmt.Errorf("--dead-letter-topic: %w", err))
 	}
+	if err := router.ValidTopic(o.CheckpointTopic); err != nil {
+		errs = append(errs, fmt.Errorf("--checkpoint-topic: %w", err))
+	}
+
 	if o.HeartbeatInterval < 0 {
 		errs = append(errs, errors.New("--heartbeat-interval must not be negative"))
 	}
@@ -151,7 +160,7 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 	if err != nil {
 		return fmt.Errorf("config file: %w", err)
 	}
-	rt, err := router.New(router.Config{Defaults: defaults, Tables: tables, KeyFormat: o.KeyFormat, LSNHeaders: o.LSNHeaders, MessagePrefix: o.MessagePrefix})
+	rt, err := router.New(routerConfig(o, defaults, tables))
 	if err != nil {
 		return fmt.Errorf("router options: %w", err)
 	}
@@ -243,6 +252,20 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 
 const heartbeatPrefix = "outboxd.heartbeat"
 
+// routerConfig is the router's configuration: the router options, and the
+// guards on what a row may make outboxd publish.
+func routerConfig(o runOptions, defaults router.Options, tables map[string]router.Options) router.Config {
+	return router.Config{
+		Defaults: defaults, Tables: tables, KeyFormat: o.KeyFormat, LSNHeaders: o.LSNHeaders, MessagePrefix: o.MessagePrefix,
+		// Reserved whether or not this instance runs exactly-once: another
+		// instance's checkpoints may live there.
+		ReservedTopics:        []string{o.CheckpointTopic, o.DeadLetterTopic},
+		ReservedTopicPrefixes: o.ReservedPrefixes,
+		TopicAllow:            o.TopicAllow,
+		MaxRecordBytes:        int(o.MaxMessageBytes) - recordOverhead,
+	}
+}
+
 func txnOpts(o runOptions) []kgo.Opt {
 	if !o.ExactlyOnce {
 		return nil
@@ -253,12 +276,19 @@ func txnOpts(o runOptions) []kgo.Opt {
 // prepareExactlyOnce fences any previous instance (same transactional id),
 // and reads the checkpoint: where the events already in Kafka end.
 func prepareExactlyOnce(ctx context.Context, log *slog.Logger, sk *kafka.Sink, o runOptions) (relayConfig, error) {
-	cp := kafka.Checkpoints{Topic: o.CheckpointTopic, Key: o.Slot}
+	cp := kafka.Checkpoints{Topic: o.CheckpointTopic, Check: checkpointCheck(o.Postgres)}
 	// Kafka may be down at startup: wait for it like the relay would, but
-	// give up at once on what waiting cannot fix (fenced, unauthorised).
+	// give up at once on what waiting cannot fix (fenced, unauthorised, a
+	// checkpoint this server cannot have written).
 	bo := backoff{min: 500 * time.Millisecond, max: 15 * time.Second}
 	for warned := false; ; {
-		err := sk.InitTransactions(ctx, cp)
+		var err error
+		if cp.Key == "" {
+			cp.Key, err = checkpointKey(ctx, o.Postgres, o.Slot)
+		}
+		if err == nil {
+			err = sk.InitTransactions(ctx, cp)
+		}
 		var skip wal.LSN
 		if err == nil {
 			skip, err = loadCheckpoint(ctx, sk, cp)
@@ -267,7 +297,8 @@ func prepareExactlyOnce(ctx context.Context, log *slog.Logger, sk *kafka.Sink, o
 			log.Info("exactly-once mode", "transactional_id", kafka.TransactionalID(o.Slot), "checkpoint_topic", cp.Topic, "checkpoint_lsn", skip.String())
 			return relayConfig{TxnSink: sk, Checkpoints: cp, SkipBefore: skip}, nil
 		}
-		if errors.Is(err, kafka.ErrFenced) || errors.Is(err, kerr.TopicAuthorizationFailed) || errors.Is(err, kerr.TransactionalIDAuthorizationFailed) {
+		if errors.Is(err, kafka.ErrFenced) || errors.Is(err, kerr.TopicAuthorizationFailed) || errors.Is(err, kerr.TransactionalIDAuthorizationFailed) ||
+			errors.Is(err, wal.ErrAheadOfServer) || isConfigError(err) {
 			return relayConfig{}, err
 		}
 		if !warned {
@@ -278,6 +309,50 @@ func prepareExactlyOnce(ctx context.Context, log *slog.Logger, sk *kafka.Sink, o
 			return relayConfig{}, ctx.Err()
 		}
 	}
+}
+
+// checkpointKey names this slot's checkpoint record: the slot qualified by
+// the PostgreSQL system identifier, so that instances of different clusters
+// sharing a checkpoint topic (and slot names) never read each other's.
+func checkpointKey(ctx context.Context, dsn, slotName string) (string, error) {
+	sys, err := identify(ctx, dsn)
+	if err != nil {
+		return "", err
+	}
+	return sys.ID + "/" + slotName, nil
+}
+
+// checkpointCheck refuses a checkpoint beyond the server's WAL position: it
+// would make outboxd skip events that were never published (a forged
+// record, or a server restored from a backup).
+func checkpointCheck(dsn string) func(ctx context.Context, lsn string) error {
+	return func(ctx context.Context, text string) error {
+		lsn, err := wal.ParseLSN(text)
+		if err != nil {
+			return fmt.Errorf("checkpoint %q: %w", text, err)
+		}
+		sys, err := identify(ctx, dsn)
+		if err != nil {
+			return err
+		}
+		if lsn > sys.WALEnd {
+			return fmt.Errorf("%w: the exactly-once checkpoint %s is beyond PostgreSQL's WAL position %s (system %s), so this server cannot have written it "+
+				"(a forged record, or a server restored from a backup); outboxd refuses to skip to it. Check who writes the checkpoint topic, "+
+				"then delete the record (produce a tombstone for its key) to resume from the slot", wal.ErrAheadOfServer, lsn, sys.WALEnd, sys.ID)
+		}
+		return nil
+	}
+}
+
+// identify asks the server for its system identifier and WAL position over
+// a short-lived replication connection (outboxd's role always may open one).
+func identify(ctx context.Context, dsn string) (wal.System, error) {
+	conn, err := wal.Connect(ctx, dsn)
+	if err != nil {
+		return wal.System{}, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return wal.Identify(ctx, conn)
 }
 
 func newLogger(w interface{ Write([]byte) (int, error) }, format, level string) *slog.Logger {
