@@ -39,8 +39,11 @@ func Connect(ctx context.Context, dsn string) (*pgconn.PgConn, error) {
 	cfg.RuntimeParams["replication"] = "database"
 	// Read the stream in large chunks: pgoutput messages are small, and the
 	// default 8 KiB reads cost a syscall every few dozen events.
+	// bodyCap lets Start bound what one message may cost in memory.
+	bc := &bodyCap{}
 	cfg.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
-		return pgproto3.NewFrontend(bufio.NewReaderSize(r, 256<<10), w)
+		bc.src = bufio.NewReaderSize(r, 256<<10)
+		return pgproto3.NewFrontend(bc, w)
 	}
 	if cfg.RuntimeParams["application_name"] == "" {
 		cfg.RuntimeParams["application_name"] = "outboxd"
@@ -49,6 +52,7 @@ func Connect(ctx context.Context, dsn string) (*pgconn.PgConn, error) {
 	if err != nil {
 		return nil, explainConnectError(cfg, err)
 	}
+	conn.CustomData()[capKey] = bc
 	return conn, nil
 }
 
@@ -88,12 +92,19 @@ type StartOptions struct {
 	StartLSN LSN
 	// Messages asks pgoutput to send pg_logical_emit_message messages too.
 	Messages bool
+	// MaxBodyBytes bounds the protocol messages read whole (0: no bound):
+	// a longer row or logical message is read only in part and marked
+	// (Row.Oversize, Message.Oversize), so that its size never has to fit
+	// in memory. Needs a connection made by Connect.
+	MaxBodyBytes int
 }
 
 // Stream is one START_REPLICATION session. It is not safe for concurrent use:
 // one goroutine reads and sends status updates.
 type Stream struct {
 	conn     *pgconn.PgConn
+	cap      *bodyCap // nil: the connection was not made by Connect
+	copySeq  uint64   // CopyData messages received
 	dec      *decoder
 	msg      Msg
 	deadline time.Time
@@ -138,6 +149,10 @@ func Start(ctx context.Context, conn *pgconn.PgConn, opts StartOptions) (*Stream
 		return nil, fmt.Errorf("START_REPLICATION on slot %q: %w", opts.Slot, err)
 	}
 	s := &Stream{conn: conn, dec: newDecoder(), received: opts.StartLSN}
+	if bc, ok := conn.CustomData()[capKey].(*bodyCap); ok {
+		s.cap = bc
+		bc.setMax(opts.MaxBodyBytes)
+	}
 	s.stop = context.AfterFunc(ctx, func() { _ = conn.Conn().SetReadDeadline(time.Now()) })
 	return s, nil
 }
@@ -169,7 +184,12 @@ func (s *Stream) Next(ctx context.Context, deadline time.Time) (*Msg, error) {
 		}
 		switch m := raw.(type) {
 		case *pgproto3.CopyData:
-			if ok, err := s.handle(m.Data); ok || err != nil {
+			s.copySeq++
+			oversize := 0
+			if s.cap != nil {
+				oversize = s.cap.cutSize(s.copySeq)
+			}
+			if ok, err := s.handle(m.Data, oversize); ok || err != nil {
 				return &s.msg, err
 			}
 		case *pgproto3.ErrorResponse:
@@ -183,7 +203,7 @@ func (s *Stream) Next(ctx context.Context, deadline time.Time) (*Msg, error) {
 	}
 }
 
-func (s *Stream) handle(data []byte) (bool, error) {
+func (s *Stream) handle(data []byte, oversize int) (bool, error) {
 	if len(data) == 0 {
 		return false, errShort
 	}
@@ -205,7 +225,7 @@ func (s *Stream) handle(data []byte) (bool, error) {
 			uint64(data[5])<<24 | uint64(data[6])<<16 | uint64(data[7])<<8 | uint64(data[8]))
 		s.received = max(s.received, start)
 		s.msg.WALStart = start
-		return s.dec.decode(data[25:], &s.msg)
+		return s.dec.decode(data[25:], &s.msg, oversize)
 	default:
 		return false, fmt.Errorf("replication stream: unknown CopyData type %q", data[0])
 	}

@@ -209,7 +209,7 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 			MaxInflightEvents: o.MaxInflightEvents, MaxInflightBytes: int64(o.MaxInflightBytes),
 			StatusInterval: o.StatusInterval, ConfirmInterval: o.ConfirmInterval, ShutdownTimeout: o.ShutdownTimeout,
 			ReplicationTimeout: o.ReplicationTimeout,
-			HeartbeatPrefix:    heartbeatPrefix, MaxMessageBytes: int(o.MaxMessageBytes),
+			HeartbeatPrefix:    heartbeatPrefixFor(o), MaxMessageBytes: int(o.MaxMessageBytes),
 			OnInvalid: o.OnInvalid, DeadLetterTopic: o.DeadLetterTopic, MessagePrefix: o.MessagePrefix,
 			TxnSink: eosCfg.TxnSink, Checkpoints: eosCfg.Checkpoints, SkipBefore: eosCfg.SkipBefore,
 		},
@@ -251,6 +251,26 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 }
 
 const heartbeatPrefix = "outboxd.heartbeat"
+
+// heartbeatPrefixFor is the heartbeat prefix, or "" without heartbeats.
+func heartbeatPrefixFor(o runOptions) string {
+	if o.HeartbeatInterval <= 0 {
+		return ""
+	}
+	return heartbeatPrefix
+}
+
+// wantMessages: pgoutput decodes and ships every pg_logical_emit_message of
+// the database when asked for messages, which any role with CONNECT may
+// emit (EXECUTE is granted to PUBLIC), so they are requested only when
+// something consumes them: the table-less outbox or heartbeats.
+func (c relayConfig) wantMessages() bool { return c.MessagePrefix != "" || c.HeartbeatPrefix != "" }
+
+// maxBodyBytes is the largest replication message read whole: anything
+// longer cannot give a record within --max-message-bytes (bytea's hex text
+// is twice its bytes; the rest is framing), so the stream reads only its
+// start and the event is invalid, never a spike in memory.
+func (c relayConfig) maxBodyBytes() int { return 2*c.MaxMessageBytes + 64<<10 }
 
 // routerConfig is the router's configuration: the router options, and the
 // guards on what a row may make outboxd publish.
