@@ -27,47 +27,51 @@ confirms the slot's flush LSN only after Kafka has acked every event up to it.`
 
 // runOptions are the daemon's options.
 type runOptions struct {
-	Config             string
-	Postgres           string
-	Publication        string
-	Slot               string
-	KafkaBrokers       listValue
-	HTTPAddr           string
-	LogFormat          string
-	LogLevel           string
-	ShutdownTimeout    time.Duration
-	StatusInterval     time.Duration
-	ConfirmInterval    time.Duration
-	ReplicationTimeout time.Duration
-	MaxInflightEvents  int
-	MaxInflightBytes   byteSize
-	KafkaLinger        time.Duration
-	Compression        string
-	MaxMessageBytes    byteSize
-	HeartbeatInterval  time.Duration
-	MaxSlotLag         byteSize
-	PollInterval       time.Duration
-	Pprof              bool
-	KeyFormat          string
-	LSNHeaders         bool
-	MessagePrefix      string
-	OnInvalid          string
-	DeadLetterTopic    string
-	Kafka              kafkaAuth
-	ExactlyOnce        bool
-	CheckpointTopic    string
-	TopicAllow         listValue
-	ReservedPrefixes   listValue
+	Config                string
+	Postgres              string
+	PostgresFile          string
+	PostgresAllowInsecure bool
+	Publication           string
+	Slot                  string
+	KafkaBrokers          listValue
+	HTTPAddr              string
+	LogFormat             string
+	LogLevel              string
+	ShutdownTimeout       time.Duration
+	StatusInterval        time.Duration
+	ConfirmInterval       time.Duration
+	ReplicationTimeout    time.Duration
+	MaxInflightEvents     int
+	MaxInflightBytes      byteSize
+	KafkaLinger           time.Duration
+	Compression           string
+	MaxMessageBytes       byteSize
+	HeartbeatInterval     time.Duration
+	MaxSlotLag            byteSize
+	PollInterval          time.Duration
+	Pprof                 bool
+	KeyFormat             string
+	LSNHeaders            bool
+	MessagePrefix         string
+	OnInvalid             string
+	DeadLetterTopic       string
+	Kafka                 kafkaAuth
+	ExactlyOnce           bool
+	CheckpointTopic       string
+	TopicAllow            listValue
+	ReservedPrefixes      listValue
 }
 
 func (o *runOptions) register(s *optionSet) {
 	fs := s.fs
 	fs.StringVar(&o.Config, "config", "", "YAML config file")
-	fs.StringVar(&o.Postgres, "postgres", "", "PostgreSQL connection string (outboxd adds replication=database itself)")
+	fs.StringVar(&o.Postgres, "postgres", "", "PostgreSQL connection string (outboxd adds replication=database itself); a password here shows in ps: prefer --postgres-file, PGPASSFILE or PGPASSWORD")
+	fs.StringVar(&o.PostgresFile, "postgres-file", "", "file holding the PostgreSQL connection string (e.g. a mounted Kubernetes secret), instead of --postgres")
+	fs.BoolVar(&o.PostgresAllowInsecure, "postgres-allow-insecure", false, "do not warn about a PostgreSQL connection below sslmode=verify-full")
 	fs.StringVar(&o.Publication, "publication", "outboxd", "publication whose tables are outbox tables")
 	fs.StringVar(&o.Slot, "slot", "outboxd", "logical replication slot (pgoutput); created if missing")
 	fs.Var(&o.KafkaBrokers, "kafka-brokers", "Kafka bootstrap brokers, comma-separated host:port")
-	fs.StringVar(&o.HTTPAddr, "http-addr", ":9187", "address for /metrics, /healthz, /readyz and /status (empty disables)")
+	fs.StringVar(&o.HTTPAddr, "http-addr", "127.0.0.1:9187", "address for /metrics, /healthz, /readyz and /status, which have no authentication (empty disables; :9187 for every interface, as in the container)")
 	s.choice(&o.LogFormat, "log-format", "text", "log format", "text", "json")
 	s.choice(&o.LogLevel, "log-level", "info", "log level", "debug", "info", "warn", "error")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long to wait for in-flight Kafka acks before the final confirmation")
@@ -101,8 +105,11 @@ func (o *runOptions) register(s *optionSet) {
 
 func (o *runOptions) validate() error {
 	var errs []error
-	if o.Postgres == "" {
-		errs = append(errs, errors.New("--postgres (OUTBOXD_POSTGRES) is required"))
+	switch {
+	case o.Postgres != "" && o.PostgresFile != "":
+		errs = append(errs, errors.New("--postgres and --postgres-file exclude each other"))
+	case o.Postgres == "" && o.PostgresFile == "":
+		errs = append(errs, errors.New("--postgres (OUTBOXD_POSTGRES) or --postgres-file is required"))
 	}
 	if len(o.KafkaBrokers) == 0 {
 		errs = append(errs, errors.New("--kafka-brokers (OUTBOXD_KAFKA_BROKERS) is required"))
@@ -155,7 +162,19 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 	if err := o.validate(); err != nil {
 		return err
 	}
+	if o.PostgresFile != "" {
+		if o.Postgres, err = readPostgresFile(o.PostgresFile); err != nil {
+			return err
+		}
+	}
 	log := newLogger(e.stderr, o.LogFormat, o.LogLevel)
+	warnings := transportWarnings(o, e.getenv)
+	for _, w := range warnings {
+		log.Warn("insecure transport: " + w)
+	}
+	if w := checkEmitMessagePublic(ctx, log, o.Postgres, o.MessagePrefix); w != "" {
+		warnings = append(warnings, w)
+	}
 	defaults, tables, err := router.ConfigFromYAML(set.sections["router"], set.sections["tables"])
 	if err != nil {
 		return fmt.Errorf("config file: %w", err)
@@ -164,7 +183,7 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 	if err != nil {
 		return fmt.Errorf("router options: %w", err)
 	}
-	st := &state{dsn: o.Postgres, slotName: o.Slot, maxSlotLag: int64(o.MaxSlotLag)}
+	st := &state{dsn: o.Postgres, slotName: o.Slot, maxSlotLag: int64(o.MaxSlotLag), warnings: warnings}
 	m := newMetrics(version, st)
 	tlsCfg, err := o.Kafka.tlsConfig()
 	if err != nil {
@@ -224,7 +243,7 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 		if err != nil {
 			return fmt.Errorf("--http-addr: %w", err)
 		}
-		srv := &http.Server{Handler: newHTTPHandler(m, st, o.Pprof), ReadHeaderTimeout: 5 * time.Second}
+		srv := newHTTPServer(newHTTPHandler(m, st, o.Pprof))
 		log.Info("http listening", "addr", ln.Addr().String())
 		wg.Add(1)
 		go func() {
