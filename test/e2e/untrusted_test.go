@@ -208,3 +208,26 @@ func TestSQLInjectionThroughNames(t *testing.T) {
 		t.Fatalf("pwned tables: %d, %v", n, err)
 	}
 }
+
+// Item 2: with --message-prefix, /status says that PUBLIC may publish
+// through pg_logical_emit_message and how to restrict it; after the REVOKE
+// it does not.
+func TestEmitMessagePublicWarned(t *testing.T) {
+	f := newFixture(t)
+	status := func(r *relay) string {
+		_, body := r.get(t, "/status")
+		return body
+	}
+	r := f.startRelay("--message-prefix", "outbox")
+	if s := status(r); !strings.Contains(s, "PUBLIC may execute pg_logical_emit_message") || !strings.Contains(s, "REVOKE EXECUTE ON FUNCTION pg_logical_emit_message") {
+		t.Fatalf("/status lacks the warning:\n%s", s)
+	}
+	r.stop(t, f.ctx)
+	f.waitSlotInactive(10 * time.Second)
+	revoke := `REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text), pg_logical_emit_message(boolean, text, bytea) FROM PUBLIC`
+	f.exec(revoke) // pg_proc is per database: only the test's own changes
+	r = f.startRelay("--message-prefix", "outbox")
+	if s := status(r); strings.Contains(s, "pg_logical_emit_message") {
+		t.Fatalf("/status still warns after the REVOKE:\n%s", s)
+	}
+}
