@@ -1013,3 +1013,26 @@ func TestReadme(t *testing.T) {
 		}
 	}
 }
+
+// The manifests' security posture: a NetworkPolicy bounds who reaches the
+// unauthenticated endpoints and where the pod may connect; the image is
+// pinned by digest, never a moving tag.
+func TestKubernetesHardening(t *testing.T) {
+	np := readYAML(t, "kubernetes/networkpolicy.yaml")
+	if str(get(np, "kind")) != "NetworkPolicy" || len(list(get(np, "spec", "policyTypes"))) != 2 {
+		t.Fatalf("networkpolicy.yaml: %v", np)
+	}
+	k := readYAML(t, "kubernetes/kustomization.yaml")
+	for _, img := range list(k["images"]) {
+		if tag := str(get(img, "newTag")); tag == "latest" || tag != "" {
+			t.Errorf("kustomization image %v uses a tag; pin a digest", img)
+		}
+		if !strings.HasPrefix(str(get(img, "digest")), "sha256:") {
+			t.Errorf("kustomization image %v has no digest", img)
+		}
+	}
+	sec, err := os.ReadFile(filepath.Join(deployDir, "kubernetes", "secret.example.yaml"))
+	if err != nil || !strings.Contains(string(sec), "sslmode=verify-full") {
+		t.Errorf("secret.example.yaml does not use sslmode=verify-full (%v)", err)
+	}
+}
