@@ -231,3 +231,25 @@ func TestEmitMessagePublicWarned(t *testing.T) {
 		t.Fatalf("/status still warns after the REVOKE:\n%s", s)
 	}
 }
+
+// Item 6: /readyz and /status, which anyone reaching --http-addr may read,
+// name the stuck event by table, id and LSN, never by its values; the log
+// keeps the detail for the operator.
+func TestHTTPKeepsRowValuesOut(t *testing.T) {
+	f := newFixture(t)
+	r := f.startRelay()
+	secret := "card 4111-1111-1111-1111"
+	f.insertRow(1, secret, "k", `{}`)
+	poll(t, 20*time.Second, "/readyz 503 naming the event", func() bool {
+		c, body := r.get(t, "/readyz")
+		return c == 503 && strings.Contains(body, eventID(1))
+	})
+	for _, path := range []string{"/readyz", "/status"} {
+		if _, body := r.get(t, path); strings.Contains(body, "4111") {
+			t.Fatalf("%s shows the row's value:\n%s", path, body)
+		}
+	}
+	if !strings.Contains(r.Log(), "4111-1111") {
+		t.Fatalf("the log lacks the offending value:\n%s", r.Log())
+	}
+}
