@@ -31,6 +31,26 @@ func readPostgresFile(path string) (string, error) {
 	return dsn, nil
 }
 
+// postgresFileFlag is --postgres-file for the one-shot commands: setting it
+// reads the file into their --postgres.
+type postgresFileFlag struct{ dsn *string }
+
+func (f postgresFileFlag) String() string { return "" }
+
+func (f postgresFileFlag) Set(path string) error {
+	dsn, err := readPostgresFile(path)
+	if err != nil {
+		return err
+	}
+	*f.dsn = dsn
+	return nil
+}
+
+// registerPostgresFile adds --postgres-file, filling dsn.
+func registerPostgresFile(s *optionSet, dsn *string) {
+	s.fs.Var(postgresFileFlag{dsn}, "postgres-file", "file holding the PostgreSQL connection string, instead of --postgres (keeps a password out of ps)")
+}
+
 var kvSSLMode = regexp.MustCompile(`(?i)(?:^|[\s?&])sslmode\s*=\s*'?([a-z-]+)`)
 
 // sslMode is the sslmode a connection string asks for, as libpq reads it:

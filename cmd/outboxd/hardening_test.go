@@ -113,6 +113,12 @@ func TestPostgresFileAndRedaction(t *testing.T) {
 	if err != nil || dsn != `host=db password='a\'b c9Zq'` {
 		t.Fatalf("%q %v", dsn, err)
 	}
+	var so statusOptions
+	set := newOptionSet("status")
+	so.register(set)
+	if err := set.parse([]string{"--postgres-file", p}, noEnv); err != nil || so.Postgres != dsn {
+		t.Fatalf("status --postgres-file: %q %v", so.Postgres, err)
+	}
 	o := runOptions{Postgres: "x", PostgresFile: p, KafkaBrokers: listValue{"k:9092"}, Slot: "s", Publication: "p"}
 	if err := o.validate(); err == nil || !strings.Contains(err.Error(), "exclude each other") {
 		t.Fatalf("validate: %v", err)

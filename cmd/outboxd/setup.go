@@ -36,6 +36,7 @@ type setupOptions struct {
 func (o *setupOptions) register(s *optionSet) {
 	fs := s.fs
 	fs.StringVar(&o.Postgres, "postgres", "", "PostgreSQL connection string, as a role that may create the table, publication and role")
+	registerPostgresFile(s, &o.Postgres)
 	fs.StringVar(&o.Table, "table", "public.outbox", "outbox table, schema.table")
 	fs.StringVar(&o.Publication, "publication", "outboxd", "publication to create, or to add the table to")
 	fs.StringVar(&o.Slot, "slot", "outboxd", "logical replication slot (pgoutput) to create")
