@@ -77,3 +77,35 @@ func TestDecodeCutRow(t *testing.T) {
 		t.Fatal("Oversize not reset", err)
 	}
 }
+
+// BenchmarkReceive measures what bodyCap adds to reading a stream of
+// outbox-sized CopyData messages (compare -bench 'Receive/(direct|capped)').
+func BenchmarkReceive(b *testing.B) {
+	var wire []byte
+	body := bytes.Repeat([]byte("i"), 250)
+	for len(wire) < 8<<20 {
+		wire = append(wire, backendMsg('d', body)...)
+	}
+	n := len(wire) / (len(body) + 5)
+	for _, capped := range []bool{false, true} {
+		name := map[bool]string{false: "direct", true: "capped"}[capped]
+		b.Run(name, func(b *testing.B) {
+			b.SetBytes(int64(len(wire)))
+			for b.Loop() {
+				src := bufio.NewReaderSize(bytes.NewReader(wire), 256<<10)
+				var r io.Reader = src
+				if capped {
+					bc := &bodyCap{src: src}
+					bc.setMax(1 << 20)
+					r = bc
+				}
+				fe := pgproto3.NewFrontend(r, io.Discard)
+				for i := 0; i < n; i++ {
+					if _, err := fe.Receive(); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
+	}
+}

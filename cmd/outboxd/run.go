@@ -60,6 +60,7 @@ type runOptions struct {
 	CheckpointTopic       string
 	TopicAllow            listValue
 	ReservedPrefixes      listValue
+	MaxHeaders            int
 }
 
 func (o *runOptions) register(s *optionSet) {
@@ -101,6 +102,7 @@ func (o *runOptions) register(s *optionSet) {
 	fs.Var(&o.TopicAllow, "topic-allow", "comma-separated topic prefixes events may be routed to; an event routed elsewhere is invalid (--on-invalid). Empty: any topic")
 	o.ReservedPrefixes = listValue{"outboxd.", "__"}
 	fs.Var(&o.ReservedPrefixes, "reserved-topic-prefixes", "comma-separated topic prefixes no event may be routed to (the checkpoint and dead-letter topics always are)")
+	fs.IntVar(&o.MaxHeaders, "max-headers", router.DefaultMaxHeaders, "most headers one record may have; an event with more is invalid (--on-invalid)")
 }
 
 func (o *runOptions) validate() error {
@@ -142,6 +144,9 @@ func (o *runOptions) validate() error {
 		errs = append(errs, fmt.Errorf("--checkpoint-topic: %w", err))
 	}
 
+	if o.MaxHeaders < 4 || o.MaxHeaders > 100000 {
+		errs = append(errs, errors.New("--max-headers must be between 4 and 100000"))
+	}
 	if o.HeartbeatInterval < 0 {
 		errs = append(errs, errors.New("--heartbeat-interval must not be negative"))
 	}
@@ -300,6 +305,7 @@ func routerConfig(o runOptions, defaults router.Options, tables map[string]route
 		// instance's checkpoints may live there.
 		ReservedTopics:        []string{o.CheckpointTopic, o.DeadLetterTopic},
 		ReservedTopicPrefixes: o.ReservedPrefixes,
+		MaxHeaders:            o.MaxHeaders,
 		TopicAllow:            o.TopicAllow,
 		MaxRecordBytes:        int(o.MaxMessageBytes) - recordOverhead,
 	}

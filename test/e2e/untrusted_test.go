@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/outboxd/outboxd/pgquote"
 	"github.com/outboxd/outboxd/test/harness"
+	"github.com/outboxd/outboxd/wal"
 )
 
 // Rows and messages are untrusted input. These tests play the writer who
@@ -251,5 +253,26 @@ func TestHTTPKeepsRowValuesOut(t *testing.T) {
 	}
 	if !strings.Contains(r.Log(), "4111-1111") {
 		t.Fatalf("the log lacks the offending value:\n%s", r.Log())
+	}
+}
+
+// Item 1, the last line of defence: whatever the caller's resume point (a
+// checkpoint, say), streaming never starts beyond the server's WAL, where
+// PostgreSQL would take outboxd's confirmations as the slot's position.
+func TestStreamNeverStartsBeyondServerWAL(t *testing.T) {
+	f := newFixture(t)
+	f.exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, f.slot)
+	conn, err := wal.Connect(f.ctx, f.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	ahead, _ := wal.ParseLSN("FFFFFFFF/FFFFFFFF")
+	_, err = wal.Start(f.ctx, conn, wal.StartOptions{Slot: f.slot, Publications: []string{"outboxd"}, StartLSN: ahead})
+	if !errors.Is(err, wal.ErrAheadOfServer) {
+		t.Fatalf("Start at %s: %v", ahead, err)
+	}
+	if s := f.slotState(); s.ConfirmedFlushLSN >= uint64(ahead) {
+		t.Fatalf("slot confirmed_flush_lsn %s", harness.FormatLSN(s.ConfirmedFlushLSN))
 	}
 }
