@@ -152,3 +152,21 @@ func TestMessagesOnlyWhenNeeded(t *testing.T) {
 		t.Fatal("heartbeatPrefixFor")
 	}
 }
+
+// Item 7: setup --print writes nothing when a value would break out of the
+// templates' $outboxd$ blocks (--table may hold $ signs; --publication and
+// --role are validated before).
+func TestSetupPrintRefusesDollarQuoteBreakout(t *testing.T) {
+	var out, errOut strings.Builder
+	code := dispatch(t.Context(), []string{"setup", "--print", "--table", "public.x$outboxd$"}, &out, &errOut, noEnv)
+	if code != 1 || out.Len() != 0 || !strings.Contains(errOut.String(), "$outboxd$") {
+		t.Fatalf("exit %d, stdout %q, stderr %q", code, out.String(), errOut.String())
+	}
+	for _, args := range [][]string{{"--publication", "p$outboxd$"}, {"--role", `r"; DROP ROLE x; --`}} {
+		out.Reset()
+		errOut.Reset()
+		if code := dispatch(t.Context(), append([]string{"setup", "--print"}, args...), &out, &errOut, noEnv); code != 1 || out.Len() != 0 {
+			t.Fatalf("%v: exit %d, stdout %q", args, code, out.String())
+		}
+	}
+}

@@ -281,7 +281,18 @@ func (s *setupRun) createSlot() error {
 // printHeader starts each script in --print output.
 const printHeader = "-- ---- "
 
-func printSetupSQL(w io.Writer, o setupOptions, vars migrations.Vars) error {
+// Everything is rendered before anything is written: a value the templates
+// refuse must not leave half a script for psql.
+func printSetupSQL(out io.Writer, o setupOptions, vars migrations.Vars) error {
+	var w strings.Builder
+	if err := writeSetupSQL(&w, o, vars); err != nil {
+		return err
+	}
+	_, err := io.WriteString(out, w.String())
+	return err
+}
+
+func writeSetupSQL(w io.Writer, o setupOptions, vars migrations.Vars) error {
 	fmt.Fprintf(w, `-- The SQL "outboxd setup" runs, for psql or a DBA. Every statement is idempotent:
 --   outboxd setup --print | psql "$DSN" -v ON_ERROR_STOP=1
 -- The objects: table %s, publication %s`, vars.Table, o.Publication)
