@@ -18,6 +18,26 @@ import (
 // Rows and messages are untrusted input. These tests play the writer who
 // may INSERT into the outbox (or emit messages) and nothing else.
 
+// untrustedFixture is newFixture whose slot is dropped when the test ends:
+// the shared server has few slots, and these tests each make one.
+func untrustedFixture(t *testing.T) *fixture {
+	f := newFixture(t)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		for ctx.Err() == nil {
+			var gone bool
+			err := f.conn.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active)`, f.slot).Scan(&gone)
+			if err == nil && gone {
+				_, _ = f.conn.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, f.slot)
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+	return f
+}
+
 func (f *fixture) insertRow(n int, aggType, key, payload string) {
 	f.t.Helper()
 	f.exec(insertSQL, eventID(n), aggType, key, "E", payload)
@@ -40,7 +60,7 @@ func (f *fixture) readCommittedTopic(topic string, n int) []*kgo.Record {
 // written there; a checkpoint forged directly in Kafka beyond the server's
 // WAL stops outboxd instead of making it skip events.
 func TestRowCannotWriteOutboxdTopics(t *testing.T) {
-	f := newFixture(t)
+	f := untrustedFixture(t)
 	cfg := f.writeConfig("router:\n  route.topic.replacement: \"${routedByValue}\"\n")
 	cp, dlq := "cp."+f.agg, "dlq."+f.agg
 	args := []string{"--config", cfg, "--exactly-once", "--checkpoint-topic", cp, "--on-invalid", "dead-letter", "--dead-letter-topic", dlq}
@@ -102,7 +122,7 @@ func TestRowCannotWriteOutboxdTopics(t *testing.T) {
 // placement headers (type) or outboxd.*: such an event is invalid, so a
 // consumer deduping on "id" sees exactly one, outboxd's.
 func TestHeaderShadowingRefused(t *testing.T) {
-	f := newFixture(t)
+	f := untrustedFixture(t)
 	f.exec(`ALTER TABLE outbox ADD COLUMN headers jsonb`)
 	dlq := "dlq." + f.agg
 	r := f.startRelay("--on-invalid", "dead-letter", "--dead-letter-topic", dlq, "--message-prefix", "outbox")
@@ -138,7 +158,7 @@ func TestHeaderShadowingRefused(t *testing.T) {
 // out-of-memory kill: a 48 MiB row, a 48 MiB message with another prefix,
 // one with outboxd's prefix, and a row of 120,000 headers.
 func TestHostileSizesStayBounded(t *testing.T) {
-	f := newFixture(t)
+	f := untrustedFixture(t)
 	f.exec(`ALTER TABLE outbox ADD COLUMN headers jsonb`)
 	dlq := "dlq." + f.agg
 	r := f.startRelay("--on-invalid", "dead-letter", "--dead-letter-topic", dlq, "--message-prefix", "outbox")
@@ -174,7 +194,7 @@ func TestHostileSizesStayBounded(t *testing.T) {
 // Item 7: names go into SQL through pgquote, which holds with
 // standard_conforming_strings off, and are validated first.
 func TestSQLInjectionThroughNames(t *testing.T) {
-	f := newFixture(t)
+	f := untrustedFixture(t)
 	f.dsn += "&options=-c%20standard_conforming_strings%3Doff"
 	f.expectExit(t, 1, []string{"--publication", "letters, digits and underscores"}, "--publication", `x\'; CREATE TABLE pwned(); --`)
 	var n int
@@ -215,7 +235,7 @@ func TestSQLInjectionThroughNames(t *testing.T) {
 // through pg_logical_emit_message and how to restrict it; after the REVOKE
 // it does not.
 func TestEmitMessagePublicWarned(t *testing.T) {
-	f := newFixture(t)
+	f := untrustedFixture(t)
 	status := func(r *relay) string {
 		_, body := r.get(t, "/status")
 		return body
@@ -238,7 +258,7 @@ func TestEmitMessagePublicWarned(t *testing.T) {
 // name the stuck event by table, id and LSN, never by its values; the log
 // keeps the detail for the operator.
 func TestHTTPKeepsRowValuesOut(t *testing.T) {
-	f := newFixture(t)
+	f := untrustedFixture(t)
 	r := f.startRelay()
 	secret := "card 4111-1111-1111-1111"
 	f.insertRow(1, secret, "k", `{}`)
@@ -260,7 +280,7 @@ func TestHTTPKeepsRowValuesOut(t *testing.T) {
 // checkpoint, say), streaming never starts beyond the server's WAL, where
 // PostgreSQL would take outboxd's confirmations as the slot's position.
 func TestStreamNeverStartsBeyondServerWAL(t *testing.T) {
-	f := newFixture(t)
+	f := untrustedFixture(t)
 	f.exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, f.slot)
 	conn, err := wal.Connect(f.ctx, f.dsn)
 	if err != nil {
