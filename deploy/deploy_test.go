@@ -647,6 +647,7 @@ func TestDockerfile(t *testing.T) {
 		`(?m)^FROM gcr\.io/distroless/static-debian12:nonroot$`,
 		`(?m)^USER 65532:65532$`,
 		`(?m)^EXPOSE ` + port + `$`,
+		`(?m)^ENV OUTBOXD_HTTP_ADDR=:` + port + `$`, // the binary's default is loopback
 		`(?m)^ENTRYPOINT \["/outboxd"\]$`,
 		`(?m)^CMD \["run"\]$`,
 		`docker build -f deploy/Dockerfile`,
