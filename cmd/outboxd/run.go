@@ -369,14 +369,24 @@ func checkpointKey(ctx context.Context, dsn, slotName string) (string, error) {
 
 // checkpointCheck refuses a checkpoint beyond the server's WAL position: it
 // would make outboxd skip events that were never published (a forged
-// record, or a server restored from a backup).
+// record, or a server restored from a backup). PostgreSQL being unreachable
+// is no verdict: it waits for it (until ctx ends), as the relay would.
 func checkpointCheck(dsn string) func(ctx context.Context, lsn string) error {
 	return func(ctx context.Context, text string) error {
 		lsn, err := wal.ParseLSN(text)
 		if err != nil {
 			return fmt.Errorf("checkpoint %q: %w", text, err)
 		}
-		sys, err := identify(ctx, dsn)
+		var sys wal.System
+		bo := backoff{min: 500 * time.Millisecond, max: 15 * time.Second}
+		for {
+			if sys, err = identify(ctx, dsn); err == nil || isConfigError(err) {
+				break
+			}
+			if !bo.wait(ctx) {
+				return fmt.Errorf("checking the checkpoint against PostgreSQL: %w", err)
+			}
+		}
 		if err != nil {
 			return err
 		}
