@@ -194,19 +194,23 @@ func (r *Router) routeMessage(content []byte, tx Tx) (Record, error) {
 	}
 	n := len(content) + 6*len(f.aggID) + 2
 	nh := 1 + nHdr
+	// What the record holds is taken from the content, but for the names
+	// and values outboxd adds.
+	size := len(content) + len(topic) + len("id")
 	if typeHeader && f.typ != nil {
 		nh++
+		size += len(typeAlias)
 	}
 	if r.lsnHeaders {
 		n += lsnHeadersMax
 		nh += 3
+		size += lsnHeadersMax + lsnHeaderKeys
 	}
 	if nh > r.maxHeaders {
 		return Record{}, invalid(f.id, "the record would have "+strconv.Itoa(nh)+" headers, more than "+strconv.Itoa(r.maxHeaders))
 	}
-	// Every byte of the record comes from the content, and a header costs
-	// HeaderOverhead besides: check before allocating.
-	if size := len(content) + len(topic) + nh*HeaderOverhead; r.maxRecord > 0 && size > r.maxRecord {
+	// Check before allocating; a header costs HeaderOverhead besides.
+	if size += nh * HeaderOverhead; r.maxRecord > 0 && size > r.maxRecord {
 		return Record{}, invalid(f.id, tooLargeReason(size, r.maxRecord))
 	}
 	buf := make([]byte, 0, n)

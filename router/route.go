@@ -16,6 +16,7 @@ const (
 	HeaderCommitTime = "outboxd.commit_time"
 	// lsnHeadersMax bounds the bytes of the three LSN header values.
 	lsnHeadersMax = lsnTextMax + 10 + len("-292277026596-12-04T15:30:07.999999999Z")
+	lsnHeaderKeys = len(HeaderCommitLSN) + len(HeaderXid) + len(HeaderCommitTime)
 )
 
 // plan is a relation's routing, resolved once per *wal.Relation: column
@@ -259,16 +260,18 @@ func (r *Router) Route(row *wal.Row, tx Tx) (Record, error) {
 	}
 	n += len(hdrCol.data)
 	nh := 1 + p.nHeaders + nHdrCol
+	keyBytes := len("id") + p.aliasBytes // header names not counted in n
 	if r.lsnHeaders {
 		n += lsnHeadersMax
 		nh += 3
+		keyBytes += lsnHeaderKeys
 	}
 	if nh > r.maxHeaders {
 		return Record{}, p.invalid(id, "the record would have "+strconv.Itoa(nh)+" headers, more than "+strconv.Itoa(r.maxHeaders))
 	}
 	// The size check comes before the allocation: an event too large to
 	// publish must not cost its size in memory once more.
-	if size := n + len(topic) + nh*HeaderOverhead + len("id") + p.aliasBytes; r.maxRecord > 0 && size > r.maxRecord {
+	if size := n + len(topic) + nh*HeaderOverhead + keyBytes; r.maxRecord > 0 && size > r.maxRecord {
 		return Record{}, p.invalid(id, tooLargeReason(size, r.maxRecord))
 	}
 
