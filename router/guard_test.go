@@ -4,6 +4,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/outboxd/outboxd/wal"
 )
 
 // Routing values and headers come from whoever may write the outbox: none of
@@ -134,4 +136,41 @@ func headerValue(r Record, key string) string {
 		}
 	}
 	return ""
+}
+
+// The size checked before building is never below the record's Size: an
+// event that passes it is never one the caller's exact check refuses.
+func TestSizeEstimateCoversSize(t *testing.T) {
+	withHdr := rel("public.outbox", "id", tUUID, "aggregatetype", tText, "aggregateid", tText, "type", tText, "payload", tJSONB, "headers", tJSONB)
+	rows := []*wal.Row{
+		row(withHdr, uuid1, "Order", "o-1", "OrderCreated", `{"total": "59.90"}`, `{"traceparent": "00-4bf9", "k\u00e9": "v"}`),
+		row(withHdr, uuid1, "Order", "o-\x01\"", "T", `{"a": "\u2028"}`, nil),
+	}
+	for _, cfg := range []Config{
+		{},
+		{LSNHeaders: true, KeyFormat: "json-string", Defaults: Options{"table.fields.additional.placement": "type:header,aggregateid:envelope"}},
+	} {
+		for _, rw := range rows {
+			rec, err := mustNew(t, cfg).Route(rw, testTx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.MaxRecordBytes = rec.Size() - 1
+			if _, err := mustNew(t, cfg).Route(rw, testTx); !errors.Is(err, ErrInvalid) {
+				t.Errorf("Size %d passed a check of %d", rec.Size(), cfg.MaxRecordBytes)
+			}
+			cfg.MaxRecordBytes = 0
+		}
+	}
+	for _, cfg := range []Config{{MessagePrefix: "outbox"}, {MessagePrefix: "outbox", LSNHeaders: true, KeyFormat: "json-string"}} {
+		m := msg("outbox", `{"id": "e1", "aggregatetype": "Order", "aggregateid": "o-1", "type": "OrderCreated", "payload": {"total": "59.90"}, "headers": {"a": "b"}}`)
+		rec, _, err := mustNew(t, cfg).RouteMessage(m, testTx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.MaxRecordBytes = rec.Size() - 1
+		if _, _, err := mustNew(t, cfg).RouteMessage(m, testTx); !errors.Is(err, ErrInvalid) {
+			t.Errorf("message Size %d passed a check of %d", rec.Size(), cfg.MaxRecordBytes)
+		}
+	}
 }
