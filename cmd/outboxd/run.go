@@ -143,7 +143,6 @@ func (o *runOptions) validate() error {
 	if err := router.ValidTopic(o.CheckpointTopic); err != nil {
 		errs = append(errs, fmt.Errorf("--checkpoint-topic: %w", err))
 	}
-
 	if o.MaxHeaders < 4 || o.MaxHeaders > 100000 {
 		errs = append(errs, errors.New("--max-headers must be between 4 and 100000"))
 	}
