@@ -472,8 +472,9 @@ func TestCompose(t *testing.T) {
 	if get(ob, "build", "context") != ".." || get(ob, "build", "dockerfile") != "deploy/Dockerfile" {
 		t.Errorf("outboxd build = %v, want context .. and dockerfile deploy/Dockerfile", get(ob, "build"))
 	}
-	if !slices.ContainsFunc(list(get(ob, "ports")), func(v any) bool { return str(v) == port+":"+port }) {
-		t.Errorf("outboxd does not publish %s:%s", port, port)
+	// On the host's loopback only: the endpoints have no authentication.
+	if !slices.ContainsFunc(list(get(ob, "ports")), func(v any) bool { return str(v) == "127.0.0.1:"+port+":"+port }) {
+		t.Errorf("outboxd does not publish 127.0.0.1:%s:%s", port, port)
 	}
 	env := mapOf(get(ob, "environment"))
 	for k := range env {
@@ -646,6 +647,7 @@ func TestDockerfile(t *testing.T) {
 		`(?m)^FROM gcr\.io/distroless/static-debian12:nonroot$`,
 		`(?m)^USER 65532:65532$`,
 		`(?m)^EXPOSE ` + port + `$`,
+		`(?m)^ENV OUTBOXD_HTTP_ADDR=:` + port + `$`, // the binary's default is loopback
 		`(?m)^ENTRYPOINT \["/outboxd"\]$`,
 		`(?m)^CMD \["run"\]$`,
 		`docker build -f deploy/Dockerfile`,
@@ -1011,5 +1013,28 @@ func TestReadme(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(deployDir, filepath.FromSlash(m[1]))); errors.Is(err, fs.ErrNotExist) {
 			t.Errorf("README.md links to %s, which does not exist", m[1])
 		}
+	}
+}
+
+// The manifests' security posture: a NetworkPolicy bounds who reaches the
+// unauthenticated endpoints and where the pod may connect; the image is
+// pinned by digest, never a moving tag.
+func TestKubernetesHardening(t *testing.T) {
+	np := readYAML(t, "kubernetes/networkpolicy.yaml")
+	if str(get(np, "kind")) != "NetworkPolicy" || len(list(get(np, "spec", "policyTypes"))) != 2 {
+		t.Fatalf("networkpolicy.yaml: %v", np)
+	}
+	k := readYAML(t, "kubernetes/kustomization.yaml")
+	for _, img := range list(k["images"]) {
+		if tag := str(get(img, "newTag")); tag == "latest" || tag != "" {
+			t.Errorf("kustomization image %v uses a tag; pin a digest", img)
+		}
+		if !strings.HasPrefix(str(get(img, "digest")), "sha256:") {
+			t.Errorf("kustomization image %v has no digest", img)
+		}
+	}
+	sec, err := os.ReadFile(filepath.Join(deployDir, "kubernetes", "secret.example.yaml"))
+	if err != nil || !strings.Contains(string(sec), "sslmode=verify-full") {
+		t.Errorf("secret.example.yaml does not use sslmode=verify-full (%v)", err)
 	}
 }

@@ -12,6 +12,8 @@ import (
 	"regexp"
 	"strings"
 	"text/template"
+
+	"github.com/outboxd/outboxd/pgquote"
 )
 
 //go:embed *.sql.tmpl
@@ -47,15 +49,23 @@ func ParseTable(s string) (schema, table string, err error) {
 	return m[1], m[2], nil
 }
 
+// The templates quote with pgquote, and refuse any value that would end the
+// $outboxd$ DO block it sits in (Vars.Table and Vars.Schema, already quoted,
+// are checked by Render).
 var funcs = template.FuncMap{
-	"ident":   func(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` },
-	"literal": func(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''`) + `'` },
+	"ident":   func(s string) (string, error) { return pgquote.InDollarQuote(pgquote.Ident(s)) },
+	"literal": func(s string) (string, error) { return pgquote.InDollarQuote(pgquote.Literal(s)) },
 }
 
 var tmpl = template.Must(template.New("").Funcs(funcs).ParseFS(files, "*.sql.tmpl"))
 
 // Render returns one script with vars filled in.
 func Render(name string, vars Vars) (string, error) {
+	for _, v := range []string{vars.Table, vars.Schema} {
+		if _, err := pgquote.InDollarQuote(v); err != nil {
+			return "", fmt.Errorf("render %s: %w", name, err)
+		}
+	}
 	var b bytes.Buffer
 	if err := tmpl.ExecuteTemplate(&b, name, vars); err != nil {
 		return "", fmt.Errorf("render %s: %w", name, err)

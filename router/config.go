@@ -32,6 +32,21 @@ type Config struct {
 	// outboxd.xid (decimal) and outboxd.commit_time (RFC 3339, nanoseconds,
 	// UTC) to every routed record.
 	LSNHeaders bool
+	// ReservedTopics are outboxd's own topics (the exactly-once checkpoint
+	// topic, the dead-letter topic): an event routed to one is invalid.
+	ReservedTopics []string
+	// ReservedTopicPrefixes: an event whose topic starts with one of them is
+	// invalid (outboxd's default: "outboxd." and Kafka's internal "__").
+	ReservedTopicPrefixes []string
+	// TopicAllow, when not empty, lists the only topic prefixes events may
+	// be routed to: otherwise every new routing value creates a topic (with
+	// auto-creation) and a metric series.
+	TopicAllow []string
+	// MaxRecordBytes bounds Record.Size: a larger event is invalid, and is
+	// found so from the row's sizes before the record is built (0: no bound).
+	MaxRecordBytes int
+	// MaxHeaders bounds a record's headers (0: DefaultMaxHeaders).
+	MaxHeaders int
 	// MessagePrefix, when not empty, makes transactional
 	// pg_logical_emit_message messages with exactly this prefix outbox
 	// events (see RouteMessage).
@@ -123,6 +138,7 @@ type settings struct {
 	implicitFields bool
 	ignoreMissing  bool
 	invalidOp      string
+	hdrGuard       *headerGuard // set by New
 }
 
 // resolve merges layers (later wins) over Debezium's defaults and validates

@@ -2,6 +2,7 @@ package router
 
 import (
 	"encoding/base64"
+	"errors"
 	"strconv"
 	"unicode/utf8"
 
@@ -38,24 +39,40 @@ func (r *Router) DeadLetter(topic string, row *wal.Row, tx Tx, cause error) Reco
 	}
 	errText := causeText(cause)
 
-	n := 2 + len(errText) + len(p.table) + lsnHeadersMax + len(id.data)
+	if len(id.data) > maxIDText {
+		id.data = id.data[:maxIDText]
+	}
+	fixed := len(errText) + len(p.table) + lsnHeadersMax + len(id.data) + len(topic) + 6*(HeaderOverhead+len(HeaderValueOmitted))
+	n := 2
 	for i, c := range cols {
 		n += jsonStringLen([]byte(c.Name)) + 2 + jsonValueLen(0, get(row.Values, i), false)
 	}
-	buf := make([]byte, 0, n)
-	buf = append(buf, '{')
-	for i, c := range cols {
-		if i > 0 {
-			buf = append(buf, ',')
-		}
-		buf = appendJSONString(buf, []byte(c.Name))
-		buf = append(buf, ':')
-		buf, _ = appendJSONValue(buf, 0, get(row.Values, i), false) // oid 0: always text
+	// A dead letter too large to publish keeps its headers only; deciding
+	// before building it keeps a huge row from costing its size again.
+	omit := row.Oversize > 0 || (r.maxRecord > 0 && n+fixed > r.maxRecord)
+	if omit {
+		n = 0
 	}
-	buf = append(buf, '}')
-	rec := Record{Topic: topic, Value: buf[0:len(buf):len(buf)], Timestamp: tx.CommitTime, Partition: -1}
-	hdrs := make([]Header, 0, 5)
+	buf := make([]byte, 0, n+fixed)
+	rec := Record{Topic: topic, Timestamp: tx.CommitTime, Partition: -1}
+	if !omit {
+		buf = append(buf, '{')
+		for i, c := range cols {
+			if i > 0 {
+				buf = append(buf, ',')
+			}
+			buf = appendJSONString(buf, []byte(c.Name))
+			buf = append(buf, ':')
+			buf, _ = appendJSONValue(buf, 0, get(row.Values, i), false) // oid 0: always text
+		}
+		buf = append(buf, '}')
+		rec.Value = buf[0:len(buf):len(buf)]
+	}
+	hdrs := make([]Header, 0, 6)
 	buf, hdrs = appendDeadLetterHeaders(buf, hdrs, errText, p.table, tx)
+	if omit {
+		hdrs = append(hdrs, Header{Key: HeaderValueOmitted, Value: []byte(valueOmittedText)})
+	}
 	if !id.null {
 		start := len(buf)
 		buf = append(buf, id.data...)
@@ -76,27 +93,42 @@ func (r *Router) DeadLetterMessage(topic string, m *wal.Message, tx Tx, cause er
 	id, hasID := messageEventID(m.Content)
 	textual := utf8.Valid(m.Content)
 
-	n := len(`{"prefix":,"content_base64":}`) + jsonStringLen([]byte(m.Prefix)) + len(errText) + len(source) + lsnHeadersMax + len(id)
+	if len(id) > maxIDText {
+		id = id[:maxIDText]
+	}
+	fixed := len(`{"prefix":,"content_base64":}`) + jsonStringLen([]byte(m.Prefix)) + len(errText) + len(source) + lsnHeadersMax + len(id) +
+		len(topic) + 6*(HeaderOverhead+len(HeaderValueOmitted))
+	n := 0
 	if textual {
 		n += jsonStringLen(m.Content)
 	} else {
 		n += base64.StdEncoding.EncodedLen(len(m.Content)) + 2
 	}
-	buf := make([]byte, 0, n)
-	buf = append(buf, `{"prefix":`...)
-	buf = appendJSONString(buf, []byte(m.Prefix))
-	if textual {
-		buf = append(buf, `,"content":`...)
-		buf = appendJSONString(buf, m.Content)
-	} else {
-		buf = append(buf, `,"content_base64":"`...)
-		buf = base64.StdEncoding.AppendEncode(buf, m.Content)
-		buf = append(buf, '"')
+	omit := m.Oversize > 0 || (r.maxRecord > 0 && n+fixed > r.maxRecord)
+	if omit {
+		n = 0
 	}
-	buf = append(buf, '}')
-	rec := Record{Topic: topic, Value: buf[0:len(buf):len(buf)], Timestamp: tx.CommitTime, Partition: -1}
-	hdrs := make([]Header, 0, 5)
+	buf := make([]byte, 0, n+fixed)
+	rec := Record{Topic: topic, Timestamp: tx.CommitTime, Partition: -1}
+	if !omit {
+		buf = append(buf, `{"prefix":`...)
+		buf = appendJSONString(buf, []byte(m.Prefix))
+		if textual {
+			buf = append(buf, `,"content":`...)
+			buf = appendJSONString(buf, m.Content)
+		} else {
+			buf = append(buf, `,"content_base64":"`...)
+			buf = base64.StdEncoding.AppendEncode(buf, m.Content)
+			buf = append(buf, '"')
+		}
+		buf = append(buf, '}')
+		rec.Value = buf[0:len(buf):len(buf)]
+	}
+	hdrs := make([]Header, 0, 6)
 	buf, hdrs = appendDeadLetterHeaders(buf, hdrs, errText, source, tx)
+	if omit {
+		hdrs = append(hdrs, Header{Key: HeaderValueOmitted, Value: []byte(valueOmittedText)})
+	}
 	if hasID {
 		start := len(buf)
 		buf = append(buf, id...)
@@ -106,9 +138,20 @@ func (r *Router) DeadLetterMessage(topic string, m *wal.Message, tx Tx, cause er
 	return rec
 }
 
+// HeaderValueOmitted marks a dead letter whose value was left out because it
+// would not fit --max-message-bytes.
+const HeaderValueOmitted = "outboxd.value_omitted"
+
+const valueOmittedText = "too large for --max-message-bytes"
+
+// causeText is the cause with its detail (InvalidError.FullText).
 func causeText(cause error) string {
 	if cause == nil {
 		return ""
+	}
+	var inv *InvalidError
+	if errors.As(cause, &inv) && inv == cause {
+		return inv.FullText()
 	}
 	return cause.Error()
 }

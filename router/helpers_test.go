@@ -141,8 +141,11 @@ func checkInvalid(t *testing.T, err error, table, eventID, substr string) {
 	if !errors.As(err, &ie) {
 		t.Fatalf("not an *InvalidError: %T", err)
 	}
-	if ie.Table != table || ie.EventID != eventID || !strings.Contains(ie.Reason, substr) {
-		t.Errorf("InvalidError{Table: %q, EventID: %q, Reason: %q}; want table %q, id %q, reason containing %q", ie.Table, ie.EventID, ie.Reason, table, eventID, substr)
+	if full := ie.Reason + " " + ie.Detail; ie.Table != table || ie.EventID != eventID || !strings.Contains(full, substr) {
+		t.Errorf("InvalidError{Table: %q, EventID: %q, Reason: %q, Detail: %q}; want table %q, id %q, reason or detail containing %q", ie.Table, ie.EventID, ie.Reason, ie.Detail, table, eventID, substr)
+	}
+	if ie.Detail != "" && strings.Contains(ie.Error(), ie.Detail) {
+		t.Errorf("Error() %q shows the row's value %q", ie.Error(), ie.Detail)
 	}
 }
 

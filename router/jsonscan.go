@@ -57,54 +57,70 @@ func scanString(b []byte, i int) int {
 }
 
 // scanHeaderObject checks that b is a JSON object whose values are all
-// strings and returns its member count. JSON null counts as no headers.
-// reason is non-empty when b has another shape.
-func scanHeaderObject(b []byte) (n int, reason string) {
+// strings, whose keys g does not reserve and whose member count g allows,
+// and returns that count. JSON null counts as no headers. reason is
+// non-empty when b has another shape.
+// detail quotes the offending key.
+func scanHeaderObject(b []byte, g *headerGuard) (n int, reason, detail string) {
+	var scratch [64]byte
 	i := skipSpace(b, 0)
 	if i+4 <= len(b) && string(b[i:i+4]) == "null" && skipSpace(b, i+4) == len(b) {
-		return 0, ""
+		return 0, "", ""
 	}
 	if i >= len(b) || b[i] != '{' {
-		return 0, "not a JSON object"
+		return 0, "not a JSON object", ""
 	}
 	i = skipSpace(b, i+1)
 	if i < len(b) && b[i] == '}' {
 		if skipSpace(b, i+1) != len(b) {
-			return 0, "not a JSON object"
+			return 0, "not a JSON object", ""
 		}
-		return 0, ""
+		return 0, "", ""
 	}
 	for {
 		end := scanString(b, i)
 		if end < 0 {
-			return 0, "not a JSON object"
+			return 0, "not a JSON object", ""
 		}
 		keyStart := i
+		key := b[i+1 : end-1]
+		for _, c := range key {
+			if c == '\\' {
+				key = appendUnquoted(scratch[:0], key) // rare: escapes in a header name
+				break
+			}
+		}
+		if g.reserved(key) {
+			return 0, reservedHeaderReason, "header " + quoteValue(key)
+		}
 		i = skipSpace(b, end)
 		if i >= len(b) || b[i] != ':' {
-			return 0, "not a JSON object"
+			return 0, "not a JSON object", ""
 		}
 		i = skipSpace(b, i+1)
 		if end = scanString(b, i); end < 0 {
 			if i < len(b) && isValueStart(b[i]) {
 				key := appendUnquoted(nil, b[keyStart+1:skipBack(b, keyStart)])
-				return 0, "the value of header " + strconv.Quote(string(key)) + " is not a string"
+				return 0, "a header value is not a string", "header " + quoteValue(key)
 			}
-			return 0, "not a JSON object"
+			return 0, "not a JSON object", ""
 		}
 		n++
+		if n > g.max {
+			return 0, "more than " + strconv.Itoa(g.max) + " headers", ""
+		}
 		i = skipSpace(b, end)
 		if i >= len(b) {
-			return 0, "not a JSON object"
+			return 0, "not a JSON object", ""
 		}
 		if b[i] == '}' {
 			if skipSpace(b, i+1) != len(b) {
-				return 0, "not a JSON object"
+				return 0, "not a JSON object", ""
 			}
-			return n, ""
+			return n, "", ""
 		}
 		if b[i] != ',' {
-			return 0, "not a JSON object"
+			return 0, "not a JSON object", ""
 		}
 		i = skipSpace(b, i+1)
 	}

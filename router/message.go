@@ -2,6 +2,7 @@ package router
 
 import (
 	"encoding/json"
+	"strconv"
 
 	"github.com/outboxd/outboxd/wal"
 )
@@ -33,6 +34,9 @@ import (
 func (r *Router) RouteMessage(m *wal.Message, tx Tx) (rec Record, ok bool, err error) {
 	if r.msgPrefix == "" || !m.Transactional || m.Prefix != r.msgPrefix {
 		return Record{}, false, nil
+	}
+	if m.Oversize > 0 {
+		return Record{}, true, &InvalidError{Table: r.msgTable, Reason: oversizeReason(m.Oversize)}
 	}
 	rec, err = r.routeMessage(m.Content, tx)
 	return rec, true, err
@@ -116,13 +120,14 @@ func scalarText(dst, v []byte) []byte {
 }
 
 func (r *Router) routeMessage(content []byte, tx Tx) (Record, error) {
-	invalid := func(id []byte, reason string) error {
-		e := &InvalidError{Table: r.msgTable, Reason: reason}
+	invalidD := func(id []byte, reason, detail string) error {
+		e := &InvalidError{Table: r.msgTable, Reason: reason, Detail: detail}
 		if id != nil {
-			e.EventID = string(scalarText(nil, id))
+			e.EventID = idText(scalarText(nil, id))
 		}
 		return e
 	}
+	invalid := func(id []byte, reason string) error { return invalidD(id, reason, "") }
 	f, reason := parseMessage(content)
 	if reason != "" {
 		return Record{}, invalid(nil, reason)
@@ -153,8 +158,9 @@ func (r *Router) routeMessage(content []byte, tx Tx) (Record, error) {
 	}
 	nHdr := 0
 	if f.headers != nil {
-		if nHdr, reason = scanHeaderObject(f.headers); reason != "" {
-			return Record{}, invalid(f.id, `member "headers": `+reason)
+		var detail string
+		if nHdr, reason, detail = scanHeaderObject(f.headers, r.defaults.hdrGuard); reason != "" {
+			return Record{}, invalidD(f.id, `member "headers": `+reason, detail)
 		}
 	}
 	s := r.defaults
@@ -173,7 +179,10 @@ func (r *Router) routeMessage(content []byte, tx Tx) (Record, error) {
 	}
 	topic := s.topic.topic(route)
 	if topic == "" {
-		return Record{}, invalid(f.id, invalidTopicReason(s.topic, route))
+		return Record{}, invalidD(f.id, invalidTopicReason, topicDetail(s.topic, route))
+	}
+	if reason := r.topicRefusal(topic); reason != "" {
+		return Record{}, invalidD(f.id, reason, "topic "+strconv.Quote(topic))
 	}
 
 	typeAlias, typeHeader := "", false
@@ -185,12 +194,24 @@ func (r *Router) routeMessage(content []byte, tx Tx) (Record, error) {
 	}
 	n := len(content) + 6*len(f.aggID) + 2
 	nh := 1 + nHdr
+	// What the record holds is taken from the content, but for the names
+	// and values outboxd adds.
+	size := len(content) + len(topic) + len("id")
 	if typeHeader && f.typ != nil {
 		nh++
+		size += len(typeAlias)
 	}
 	if r.lsnHeaders {
 		n += lsnHeadersMax
 		nh += 3
+		size += lsnHeadersMax + lsnHeaderKeys
+	}
+	if nh > r.maxHeaders {
+		return Record{}, invalid(f.id, "the record would have "+strconv.Itoa(nh)+" headers, more than "+strconv.Itoa(r.maxHeaders))
+	}
+	// Check before allocating; a header costs HeaderOverhead besides.
+	if size += nh * HeaderOverhead; r.maxRecord > 0 && size > r.maxRecord {
+		return Record{}, invalid(f.id, tooLargeReason(size, r.maxRecord))
 	}
 	buf := make([]byte, 0, n)
 	hdrs := make([]Header, 0, nh)

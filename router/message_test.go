@@ -88,7 +88,7 @@ func TestRouteMessage(t *testing.T) {
 		{name: "empty aggregatetype", content: `{"id": "e1", "aggregatetype": ""}`, invalid: `member "aggregatetype" is empty`, eventID: "e1"},
 		{name: "bad topic", content: `{"id": "e1", "aggregatetype": "a/b"}`, invalid: "not give a valid Kafka topic", eventID: "e1"},
 		{name: "object key", content: `{"id": "e1", "aggregatetype": "A", "aggregateid": [1]}`, invalid: `member "aggregateid" is not a string`, eventID: "e1"},
-		{name: "non-string header", content: `{"id": "e1", "aggregatetype": "A", "headers": {"n": 1}}`, invalid: `member "headers": the value of header "n" is not a string`, eventID: "e1"},
+		{name: "non-string header", content: `{"id": "e1", "aggregatetype": "A", "headers": {"n": 1}}`, invalid: `member "headers": a header value is not a string header "n"`, eventID: "e1"},
 		{name: "headers not an object", content: `{"id": "e1", "aggregatetype": "A", "headers": "x"}`, invalid: `member "headers": not a JSON object`, eventID: "e1"},
 	}
 	for _, tt := range tests {

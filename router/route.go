@@ -16,6 +16,7 @@ const (
 	HeaderCommitTime = "outboxd.commit_time"
 	// lsnHeadersMax bounds the bytes of the three LSN header values.
 	lsnHeadersMax = lsnTextMax + 10 + len("-292277026596-12-04T15:30:07.999999999Z")
+	lsnHeaderKeys = len(HeaderCommitLSN) + len(HeaderXid) + len(HeaderCommitTime)
 )
 
 // plan is a relation's routing, resolved once per *wal.Relation: column
@@ -30,6 +31,7 @@ type plan struct {
 
 	fields     []fieldPlan // placements present in the relation, in order
 	nHeaders   int         // header placements among fields
+	aliasBytes int         // the lengths of their names
 	envelope   bool        // some field goes to the envelope
 	partition  int         // column position of the partition placement, or -1
 	noIDReason string      // the id column is missing
@@ -127,6 +129,7 @@ func (r *Router) buildPlan(rel *wal.Relation) *plan {
 		switch f.place {
 		case placeHeader:
 			p.nHeaders++
+			p.aliasBytes += len(f.alias)
 		case placeEnvelope:
 			p.envelope = true
 			fp.jsonName = append(appendJSONString([]byte{','}, []byte(f.alias)), ':')
@@ -151,10 +154,13 @@ func get(vals []wal.Value, i int) valueRef {
 	return valueRef{data: vals[i].Data}
 }
 
-func (p *plan) invalid(id valueRef, reason string) error {
-	e := &InvalidError{Table: p.table, Reason: reason}
+func (p *plan) invalid(id valueRef, reason string) error { return p.invalidD(id, reason, "") }
+
+// invalidD is invalid with the offending value (quoteValue) as the detail.
+func (p *plan) invalidD(id valueRef, reason, detail string) error {
+	e := &InvalidError{Table: p.table, Reason: reason, Detail: detail}
 	if !id.null {
-		e.EventID = string(id.data)
+		e.EventID = idText(id.data)
 	}
 	return e
 }
@@ -166,6 +172,9 @@ func (p *plan) invalid(id valueRef, reason string) error {
 func (r *Router) Route(row *wal.Row, tx Tx) (Record, error) {
 	p := r.planFor(row.Relation)
 	vals := row.Values
+	if row.Oversize > 0 {
+		return Record{}, p.invalid(get(vals, p.id), oversizeReason(row.Oversize))
+	}
 	if p.id < 0 {
 		return Record{}, p.invalid(valueRef{null: true}, p.noIDReason)
 	}
@@ -182,7 +191,10 @@ func (r *Router) Route(row *wal.Row, tx Tx) (Record, error) {
 	}
 	topic := p.s.topic.topic(route.data)
 	if topic == "" {
-		return Record{}, p.invalid(id, invalidTopicReason(p.s.topic, route.data))
+		return Record{}, p.invalidD(id, invalidTopicReason, topicDetail(p.s.topic, route.data))
+	}
+	if reason := r.topicRefusal(topic); reason != "" {
+		return Record{}, p.invalidD(id, reason, "topic "+strconv.Quote(topic))
 	}
 
 	// Validate and size everything before the one allocation.
@@ -191,8 +203,8 @@ func (r *Router) Route(row *wal.Row, tx Tx) (Record, error) {
 		if v := get(vals, p.ts); !v.null {
 			var ok bool
 			if ts, ok = parseEventTime(p.tsOID, v.data); !ok {
-				return Record{}, p.invalid(id, "cannot parse "+strconv.Quote(string(v.data))+" in "+
-					strconv.Quote(p.s.tsCol)+" ("+optEventTimestamp+") as a timestamp")
+				return Record{}, p.invalidD(id, "cannot parse the value of "+
+					strconv.Quote(p.s.tsCol)+" ("+optEventTimestamp+") as a timestamp", quoteValue(v.data))
 			}
 		}
 	}
@@ -201,7 +213,7 @@ func (r *Router) Route(row *wal.Row, tx Tx) (Record, error) {
 		if v := get(vals, p.partition); !v.null {
 			n, ok := parseInt(v.data)
 			if !ok || n < 0 || n > math.MaxInt32 {
-				return Record{}, p.invalid(id, "partition column value "+strconv.Quote(string(v.data))+" is not a partition number")
+				return Record{}, p.invalidD(id, "the partition column's value is not a partition number", quoteValue(v.data))
 			}
 			partition = int32(n)
 		}
@@ -211,8 +223,9 @@ func (r *Router) Route(row *wal.Row, tx Tx) (Record, error) {
 	if p.hdrs >= 0 {
 		if hdrCol = get(vals, p.hdrs); !hdrCol.null {
 			var reason string
-			if nHdrCol, reason = scanHeaderObject(hdrCol.data); reason != "" {
-				return Record{}, p.invalid(id, "headers column "+strconv.Quote(p.s.headersCol)+": "+reason)
+			var detail string
+			if nHdrCol, reason, detail = scanHeaderObject(hdrCol.data, p.s.hdrGuard); reason != "" {
+				return Record{}, p.invalidD(id, "headers column "+strconv.Quote(p.s.headersCol)+": "+reason, detail)
 			}
 		}
 	}
@@ -247,9 +260,19 @@ func (r *Router) Route(row *wal.Row, tx Tx) (Record, error) {
 	}
 	n += len(hdrCol.data)
 	nh := 1 + p.nHeaders + nHdrCol
+	keyBytes := len("id") + p.aliasBytes // header names not counted in n
 	if r.lsnHeaders {
 		n += lsnHeadersMax
 		nh += 3
+		keyBytes += lsnHeaderKeys
+	}
+	if nh > r.maxHeaders {
+		return Record{}, p.invalid(id, "the record would have "+strconv.Itoa(nh)+" headers, more than "+strconv.Itoa(r.maxHeaders))
+	}
+	// The size check comes before the allocation: an event too large to
+	// publish must not cost its size in memory once more.
+	if size := n + len(topic) + nh*HeaderOverhead + keyBytes; r.maxRecord > 0 && size > r.maxRecord {
+		return Record{}, p.invalid(id, tooLargeReason(size, r.maxRecord))
 	}
 
 	buf := make([]byte, 0, n)
@@ -326,8 +349,12 @@ func (r *Router) Route(row *wal.Row, tx Tx) (Record, error) {
 	return rec, nil
 }
 
-func invalidTopicReason(t *topicRule, value []byte) string {
-	got := "routing value " + strconv.Quote(string(value)) + " does not give a valid Kafka topic name"
+// invalidTopicReason is the reason of a routing value that gives no valid
+// topic; topicDetail says what it gave.
+const invalidTopicReason = "the routing value does not give a valid Kafka topic name: 1-249 characters of [a-zA-Z0-9._-], not \".\" or \"..\""
+
+func topicDetail(t *topicRule, value []byte) string {
+	got := "routing value " + quoteValue(value)
 	var buf []byte
 	if m := t.re.FindSubmatchIndex(value); m != nil {
 		for _, p := range t.parts {
@@ -337,11 +364,11 @@ func invalidTopicReason(t *topicRule, value []byte) string {
 				buf = append(buf, value[m[2*p.group]:m[2*p.group+1]]...)
 			}
 		}
-		got += " (" + strconv.Quote(string(buf)) + ")"
+		got += " gives " + quoteValue(buf)
 	} else {
-		got += " (route.topic.regex does not match it, so the topic would be the raw value)"
+		got += ": route.topic.regex does not match it, so the topic would be the raw value"
 	}
-	return got + ": 1-249 characters of [a-zA-Z0-9._-], not \".\" or \"..\""
+	return got
 }
 
 func appendLSNHeaders(buf []byte, hdrs []Header, tx Tx) ([]byte, []Header) {

@@ -22,7 +22,9 @@ package router
 
 import (
 	"errors"
+	"log/slog"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -45,11 +47,12 @@ type Record struct {
 	Partition int32 // -1: the producer picks the partition from the key
 }
 
-// Size approximates the record's memory and wire footprint.
+// Size approximates the record's memory and wire footprint: its bytes plus
+// HeaderOverhead per header.
 func (r *Record) Size() int {
 	n := len(r.Topic) + len(r.Key) + len(r.Value)
 	for _, h := range r.Headers {
-		n += len(h.Key) + len(h.Value)
+		n += len(h.Key) + len(h.Value) + HeaderOverhead
 	}
 	return n
 }
@@ -63,11 +66,50 @@ type Tx struct {
 
 // InvalidError is an event that cannot be routed. It is never silently
 // dropped: the caller decides between stopping and dead-lettering.
+//
+// Error() holds no value of the row but its id: the text reaches /status and
+// /readyz, which anyone who can reach --http-addr may read. Detail, which
+// quotes the offending value (cut short), goes to the log only (LogValue)
+// and to the dead-letter record's outboxd.error header.
 type InvalidError struct {
 	Table   string // "schema.table", or "message:<prefix>" for a logical message
-	EventID string // the event id, when it could be read
+	EventID string // the event id, when it could be read (at most maxIDText bytes)
 	Reason  string
+	Detail  string // the offending value, quoted and cut short; "" if none
 }
+
+// maxIDText and maxValueText bound the row bytes an error may carry.
+const (
+	maxIDText    = 128
+	maxValueText = 64
+)
+
+// idText is an event id as errors show it.
+func idText(b []byte) string {
+	if len(b) > maxIDText {
+		return string(b[:maxIDText]) + "…"
+	}
+	return string(b)
+}
+
+// quoteValue quotes a value for InvalidError.Detail, cut to maxValueText bytes.
+func quoteValue(b []byte) string {
+	if len(b) > maxValueText {
+		return strconv.Quote(string(b[:maxValueText])) + "… (" + strconv.Itoa(len(b)) + " bytes)"
+	}
+	return strconv.Quote(string(b))
+}
+
+// LogValue is the error with its Detail, for the log.
+func (e *InvalidError) LogValue() slog.Value {
+	if e.Detail == "" {
+		return slog.StringValue(e.Error())
+	}
+	return slog.StringValue(e.Error() + " (" + e.Detail + ")")
+}
+
+// FullText is Error() with Detail.
+func (e *InvalidError) FullText() string { return e.LogValue().String() }
 
 func (e *InvalidError) Error() string {
 	var b strings.Builder
@@ -104,6 +146,12 @@ type Router struct {
 	defaults   *settings
 	tables     map[string]*settings
 
+	reservedTopics   []string
+	reservedPrefixes []string
+	allow            []string
+	maxRecord        int // 0: no bound
+	maxHeaders       int
+
 	last  *plan // the plan of the previous row: the common case
 	plans map[*wal.Relation]*plan
 	keys  map[string]string // interned header keys from headers columns
@@ -125,6 +173,15 @@ func New(cfg Config) (*Router, error) {
 		tables:     make(map[string]*settings, len(cfg.Tables)),
 		plans:      make(map[*wal.Relation]*plan),
 		keys:       make(map[string]string),
+
+		reservedTopics:   nonEmpty(cfg.ReservedTopics),
+		reservedPrefixes: nonEmpty(cfg.ReservedTopicPrefixes),
+		allow:            nonEmpty(cfg.TopicAllow),
+		maxRecord:        cfg.MaxRecordBytes,
+		maxHeaders:       cfg.MaxHeaders,
+	}
+	if r.maxHeaders <= 0 {
+		r.maxHeaders = DefaultMaxHeaders
 	}
 	switch strings.TrimSpace(cfg.KeyFormat) {
 	case "", keyFormatRaw:
@@ -136,6 +193,7 @@ func New(cfg Config) (*Router, error) {
 	var es []error
 	r.defaults, es = resolve(defaultsName, cfg.Defaults)
 	errs = append(errs, es...)
+	r.defaults.hdrGuard = newHeaderGuard(r.defaults, r.maxHeaders)
 	names := make([]string, 0, len(cfg.Tables))
 	for name := range cfg.Tables {
 		names = append(names, name)
@@ -159,12 +217,24 @@ func New(cfg Config) (*Router, error) {
 			s.topic = r.defaults.topic // share the topic cache
 		}
 		s.name = name
+		s.hdrGuard = newHeaderGuard(s, r.maxHeaders)
 		r.tables[name] = s
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(append([]error{errors.New("router: invalid configuration")}, errs...)...)
 	}
 	return r, nil
+}
+
+// nonEmpty drops blank entries of a list option.
+func nonEmpty(list []string) []string {
+	var out []string
+	for _, s := range list {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // tableOnly drops the errors that come from the defaults alone (already

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outboxd/outboxd/pgquote"
 	"github.com/outboxd/outboxd/wal"
 )
 
@@ -92,6 +93,9 @@ type Config struct {
 func Prepare(ctx context.Context, conn *pgconn.PgConn, cfg Config) (info Info, created bool, err error) {
 	if err := ValidateName(cfg.Slot); err != nil {
 		return Info{}, false, err
+	}
+	if err := pgquote.ValidateName("publication", cfg.Publication); err != nil {
+		return Info{}, false, &SetupError{Problem: "--publication: " + err.Error()}
 	}
 	if err := checkWALLevel(ctx, conn); err != nil {
 		return Info{}, false, err
@@ -282,6 +286,6 @@ func firstLine(s string) string {
 	return s
 }
 
-func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+func quoteIdent(s string) string { return pgquote.Ident(s) }
 
-func quoteLiteral(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''`) + `'` }
+func quoteLiteral(s string) string { return pgquote.Literal(s) }

@@ -110,10 +110,15 @@ func newDecoder() *decoder { return &decoder{relations: make(map[uint32]*Relatio
 // decode fills m from one pgoutput message. It reports handled=false for
 // messages that carry nothing for the caller (Relation, Type, Origin), which
 // only update state.
-func (d *decoder) decode(data []byte, m *Msg) (handled bool, err error) {
+//
+// oversize > 0 says data is only the start of a message of that many bytes
+// (see StartOptions.MaxBodyBytes): a row or logical message then decodes as
+// far as it goes, marked Oversize; any other kind is an error.
+func (d *decoder) decode(data []byte, m *Msg, oversize int) (handled bool, err error) {
 	if len(data) == 0 {
 		return false, errShort
 	}
+	m.Row.Oversize, m.Message.Oversize = oversize, oversize
 	r := reader{b: data[1:]}
 	switch data[0] {
 	case 'B':
@@ -129,17 +134,17 @@ func (d *decoder) decode(data []byte, m *Msg) (handled bool, err error) {
 		m.Commit.CommitTime = pgTime(int64(r.u64()))
 	case 'I':
 		m.Kind = KindInsert
-		if err := d.row(&r, m, 'N'); err != nil {
+		if err := d.row(&r, m, 'N'); err != nil && !cutShort(err, oversize) {
 			return false, err
 		}
 	case 'U':
 		m.Kind = KindUpdate
-		if err := d.update(&r, m); err != nil {
+		if err := d.update(&r, m); err != nil && !cutShort(err, oversize) {
 			return false, err
 		}
 	case 'D':
 		m.Kind = KindDelete
-		if err := d.row(&r, m, 'K', 'O'); err != nil {
+		if err := d.row(&r, m, 'K', 'O'); err != nil && !cutShort(err, oversize) {
 			return false, err
 		}
 	case 'T':
@@ -159,7 +164,12 @@ func (d *decoder) decode(data []byte, m *Msg) (handled bool, err error) {
 		m.Message.Transactional = r.u8()&1 == 1
 		m.Message.LSN = LSN(r.u64())
 		m.Message.Prefix = r.cstring()
-		m.Message.Content = r.bytes(int(r.u32()))
+		if oversize > 0 {
+			r.u32()
+			m.Message.Content = r.b // what there is of it
+		} else {
+			m.Message.Content = r.bytes(int(r.u32()))
+		}
 	case 'R':
 		return false, d.decodeRelation(&r)
 	case 'Y', 'O':
@@ -167,11 +177,24 @@ func (d *decoder) decode(data []byte, m *Msg) (handled bool, err error) {
 	default:
 		return false, fmt.Errorf("pgoutput: unexpected message type %q", data[0])
 	}
+	if oversize > 0 {
+		switch data[0] {
+		case 'I', 'U', 'D', 'M':
+			if errors.Is(r.err, errShort) || r.err == nil {
+				return true, nil // the columns that fitted
+			}
+		default:
+			return false, fmt.Errorf("pgoutput %q message of %d bytes: larger than outboxd reads (%w)", data[0], oversize, errShort)
+		}
+	}
 	if r.err != nil {
 		return false, fmt.Errorf("pgoutput %q message: %w", data[0], r.err)
 	}
 	return true, nil
 }
+
+// cutShort: err is the end of a message the stream cut (oversize > 0).
+func cutShort(err error, oversize int) bool { return oversize > 0 && errors.Is(err, errShort) }
 
 func (d *decoder) decodeRelation(r *reader) error {
 	id := r.u32()
@@ -258,6 +281,9 @@ func tuple(r *reader, row *Row) error {
 			if r.err == nil {
 				return fmt.Errorf("pgoutput: unknown tuple value kind %q", v.Kind)
 			}
+		}
+		if r.err != nil {
+			break // a value cut short is not kept
 		}
 		vals = append(vals, v)
 	}

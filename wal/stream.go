@@ -12,11 +12,17 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/outboxd/outboxd/pgquote"
 )
 
 // ErrTimeout is returned by Next when its deadline passes with no message. The
 // stream stays usable: it is the caller's cue to send a status update.
 var ErrTimeout = errors.New("wal: no message before deadline")
+
+// ErrAheadOfServer means a position outboxd was to start from or skip to lies
+// beyond the server's WAL: it cannot have come from this server.
+var ErrAheadOfServer = errors.New("position beyond the server's WAL")
 
 // ErrStreamEnded means the server ended the replication stream, as it does
 // when it shuts down.
@@ -33,8 +39,11 @@ func Connect(ctx context.Context, dsn string) (*pgconn.PgConn, error) {
 	cfg.RuntimeParams["replication"] = "database"
 	// Read the stream in large chunks: pgoutput messages are small, and the
 	// default 8 KiB reads cost a syscall every few dozen events.
+	// bodyCap lets Start bound what one message may cost in memory.
+	bc := &bodyCap{}
 	cfg.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
-		return pgproto3.NewFrontend(bufio.NewReaderSize(r, 256<<10), w)
+		bc.src = bufio.NewReaderSize(r, 256<<10)
+		return pgproto3.NewFrontend(bc, w)
 	}
 	if cfg.RuntimeParams["application_name"] == "" {
 		cfg.RuntimeParams["application_name"] = "outboxd"
@@ -43,6 +52,7 @@ func Connect(ctx context.Context, dsn string) (*pgconn.PgConn, error) {
 	if err != nil {
 		return nil, explainConnectError(cfg, err)
 	}
+	conn.CustomData()[capKey] = bc
 	return conn, nil
 }
 
@@ -55,9 +65,22 @@ func explainConnectError(cfg *pgconn.Config, err error) error {
 	return fmt.Errorf("connect to postgres %s:%d as %q: %w", cfg.Host, cfg.Port, cfg.User, err)
 }
 
-func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+func quoteIdent(s string) string { return pgquote.Ident(s) }
 
-func quoteLiteral(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''`) + `'` }
+// System is what IDENTIFY_SYSTEM reports.
+type System struct {
+	ID     string // the database system identifier, unique per cluster (initdb)
+	WALEnd LSN    // the server's current WAL flush position
+}
+
+// Identify runs IDENTIFY_SYSTEM on a replication connection.
+func Identify(ctx context.Context, conn *pgconn.PgConn) (System, error) {
+	r, err := pglogrepl.IdentifySystem(ctx, conn)
+	if err != nil {
+		return System{}, fmt.Errorf("IDENTIFY_SYSTEM: %w", err)
+	}
+	return System{ID: r.SystemID, WALEnd: r.XLogPos}, nil
+}
 
 // StartOptions selects what to stream.
 type StartOptions struct {
@@ -69,12 +92,19 @@ type StartOptions struct {
 	StartLSN LSN
 	// Messages asks pgoutput to send pg_logical_emit_message messages too.
 	Messages bool
+	// MaxBodyBytes bounds the protocol messages read whole (0: no bound):
+	// a longer row or logical message is read only in part and marked
+	// (Row.Oversize, Message.Oversize), so that its size never has to fit
+	// in memory. Needs a connection made by Connect.
+	MaxBodyBytes int
 }
 
 // Stream is one START_REPLICATION session. It is not safe for concurrent use:
 // one goroutine reads and sends status updates.
 type Stream struct {
 	conn     *pgconn.PgConn
+	cap      *bodyCap // nil: the connection was not made by Connect
+	copySeq  uint64   // CopyData messages received
 	dec      *decoder
 	msg      Msg
 	deadline time.Time
@@ -86,23 +116,43 @@ type Stream struct {
 // wakes a blocked Next promptly; the connection stays open so that a final
 // status update can still be sent.
 func Start(ctx context.Context, conn *pgconn.PgConn, opts StartOptions) (*Stream, error) {
+	// The replication grammar has no E'…' strings: only names of the
+	// safe alphabet go into its literals.
 	quoted := make([]string, len(opts.Publications))
 	for i, p := range opts.Publications {
-		quoted[i] = strings.ReplaceAll(p, `"`, `""`)
+		if err := pgquote.ValidateName("publication", p); err != nil {
+			return nil, err
+		}
+		quoted[i] = pgquote.Ident(p)
 	}
 	args := []string{
 		"proto_version '1'",
-		"publication_names " + quoteLiteral(`"`+strings.Join(quoted, `","`)+`"`),
+		"publication_names " + pgquote.Literal(strings.Join(quoted, ",")),
 	}
 	if opts.Messages {
 		args = append(args, "messages 'true'")
 	}
-	err := pglogrepl.StartReplication(ctx, conn, quoteIdent(opts.Slot), opts.StartLSN,
+	// PostgreSQL lets a logical slot start past its own WAL, and would then
+	// take the client's confirmations from there: one bogus LSN (a forged
+	// checkpoint) would skip every event to come. Never start beyond the
+	// server's position.
+	sys, err := Identify(ctx, conn)
+	if err != nil {
+		return nil, err
+	}
+	if opts.StartLSN > sys.WALEnd {
+		return nil, fmt.Errorf("%w: start position %s is beyond the server's WAL position %s (system %s)", ErrAheadOfServer, opts.StartLSN, sys.WALEnd, sys.ID)
+	}
+	err = pglogrepl.StartReplication(ctx, conn, quoteIdent(opts.Slot), opts.StartLSN,
 		pglogrepl.StartReplicationOptions{Mode: pglogrepl.LogicalReplication, PluginArgs: args})
 	if err != nil {
 		return nil, fmt.Errorf("START_REPLICATION on slot %q: %w", opts.Slot, err)
 	}
 	s := &Stream{conn: conn, dec: newDecoder(), received: opts.StartLSN}
+	if bc, ok := conn.CustomData()[capKey].(*bodyCap); ok {
+		s.cap = bc
+		bc.setMax(opts.MaxBodyBytes)
+	}
 	s.stop = context.AfterFunc(ctx, func() { _ = conn.Conn().SetReadDeadline(time.Now()) })
 	return s, nil
 }
@@ -134,7 +184,12 @@ func (s *Stream) Next(ctx context.Context, deadline time.Time) (*Msg, error) {
 		}
 		switch m := raw.(type) {
 		case *pgproto3.CopyData:
-			if ok, err := s.handle(m.Data); ok || err != nil {
+			s.copySeq++
+			oversize := 0
+			if s.cap != nil {
+				oversize = s.cap.cutSize(s.copySeq)
+			}
+			if ok, err := s.handle(m.Data, oversize); ok || err != nil {
 				return &s.msg, err
 			}
 		case *pgproto3.ErrorResponse:
@@ -148,7 +203,7 @@ func (s *Stream) Next(ctx context.Context, deadline time.Time) (*Msg, error) {
 	}
 }
 
-func (s *Stream) handle(data []byte) (bool, error) {
+func (s *Stream) handle(data []byte, oversize int) (bool, error) {
 	if len(data) == 0 {
 		return false, errShort
 	}
@@ -170,7 +225,7 @@ func (s *Stream) handle(data []byte) (bool, error) {
 			uint64(data[5])<<24 | uint64(data[6])<<16 | uint64(data[7])<<8 | uint64(data[8]))
 		s.received = max(s.received, start)
 		s.msg.WALStart = start
-		return s.dec.decode(data[25:], &s.msg)
+		return s.dec.decode(data[25:], &s.msg, oversize)
 	default:
 		return false, fmt.Errorf("replication stream: unknown CopyData type %q", data[0])
 	}

@@ -88,6 +88,10 @@ func (v Value) IsNull() bool { return v.Kind != ValueText && v.Kind != ValueBina
 type Row struct {
 	Relation *Relation
 	Values   []Value
+	// Oversize is the protocol message's body length when it exceeded
+	// StartOptions.MaxBodyBytes: the stream read only its start, so Values
+	// holds only the columns that fit (possibly none). 0 otherwise.
+	Oversize int
 }
 
 // Get returns the named column's value and whether the relation has it.
@@ -121,6 +125,8 @@ type Message struct {
 	LSN           LSN
 	Prefix        string
 	Content       []byte // aliases the receive buffer, like Value.Data
+	// Oversize is as Row.Oversize: Content is only the start of the content.
+	Oversize int
 }
 
 // Keepalive is the server's periodic ping. WALEnd is how far the server has

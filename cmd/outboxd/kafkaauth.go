@@ -24,6 +24,13 @@ type kafkaAuth struct {
 	SASLUser      string
 	SASLPassword  string
 	SASLPassFile  string
+	// SASLPlainAllowCleartext accepts SASL PLAIN without TLS.
+	SASLPlainAllowCleartext bool
+}
+
+// tlsOn reports whether Kafka connections use TLS.
+func (a *kafkaAuth) tlsOn() bool {
+	return a.TLS || a.TLSCA != "" || a.TLSCert != "" || a.TLSKey != "" || a.TLSServerName != ""
 }
 
 func (a *kafkaAuth) register(s *optionSet) {
@@ -37,11 +44,12 @@ func (a *kafkaAuth) register(s *optionSet) {
 	fs.StringVar(&a.SASLUser, "kafka-sasl-user", "", "SASL user name")
 	fs.StringVar(&a.SASLPassword, "kafka-sasl-password", "", "SASL password; prefer OUTBOXD_KAFKA_SASL_PASSWORD or --kafka-sasl-password-file (never logged)")
 	fs.StringVar(&a.SASLPassFile, "kafka-sasl-password-file", "", "file holding the SASL password (e.g. a mounted Kubernetes secret)")
+	fs.BoolVar(&a.SASLPlainAllowCleartext, "kafka-sasl-plain-allow-cleartext", false, "accept SASL PLAIN without TLS, which sends the password in the clear")
 }
 
 // tlsConfig returns nil when TLS is off.
 func (a *kafkaAuth) tlsConfig() (*tls.Config, error) {
-	if !a.TLS && a.TLSCA == "" && a.TLSCert == "" && a.TLSKey == "" && a.TLSServerName == "" {
+	if !a.tlsOn() {
 		return nil, nil
 	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: a.TLSServerName}
@@ -84,6 +92,9 @@ func (a *kafkaAuth) mechanism() (sasl.Mechanism, error) {
 			return nil, fmt.Errorf("--kafka-sasl-password-file: %w", err)
 		}
 		pass = strings.TrimRight(string(b), "\r\n")
+	}
+	if err := checkSASLPlain(*a); err != nil {
+		return nil, err
 	}
 	if a.SASLUser == "" || pass == "" {
 		return nil, errors.New("--kafka-sasl-mechanism needs --kafka-sasl-user and a password (OUTBOXD_KAFKA_SASL_PASSWORD or --kafka-sasl-password-file)")

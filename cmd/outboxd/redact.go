@@ -20,7 +20,10 @@ const redactMask = "xxxxx"
 var (
 	kvPassword    = passwordRE(`'(?:[^'\\]|\\.)*'?|\S*`)
 	queryPassword = passwordRE(`[^&#]*`)
-	textPassword  = passwordRE(`'(?:[^'\\]|\\.)*'?|[^\s&"` + "`" + `]*`)
+	// Free text may quote the DSN once more (slog, %q): \\' is then an
+	// escaped quote too. Any run of backslashes before a quote counts as
+	// escaping it, which may mask too much, never too little.
+	textPassword = passwordRE(`'(?:[^'\\]|\\+'|\\.)*'?|[^\s&"` + "`" + `]*`)
 )
 
 func passwordRE(value string) *regexp.Regexp {

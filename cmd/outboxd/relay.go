@@ -265,7 +265,7 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := wal.Start(sctx, conn, wal.StartOptions{
-		Slot: r.cfg.Slot, Publications: []string{r.cfg.Publication}, StartLSN: start, Messages: true,
+		Slot: r.cfg.Slot, Publications: []string{r.cfg.Publication}, StartLSN: start, Messages: r.cfg.wantMessages(), MaxBodyBytes: r.cfg.maxBodyBytes(),
 	})
 	if err != nil {
 		return false, nil, err

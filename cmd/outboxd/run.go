@@ -14,9 +14,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kerr"
 
+	"github.com/outboxd/outboxd/pgquote"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink/kafka"
 	"github.com/outboxd/outboxd/slot"
+	"github.com/outboxd/outboxd/wal"
 )
 
 const runSummary = `Streams committed outbox INSERTs from a pgoutput replication slot to Kafka and
@@ -24,46 +26,53 @@ confirms the slot's flush LSN only after Kafka has acked every event up to it.`
 
 // runOptions are the daemon's options.
 type runOptions struct {
-	Config             string
-	Postgres           string
-	Publication        string
-	Slot               string
-	KafkaBrokers       listValue
-	HTTPAddr           string
-	LogFormat          string
-	LogLevel           string
-	ShutdownTimeout    time.Duration
-	StatusInterval     time.Duration
-	ConfirmInterval    time.Duration
-	ReplicationTimeout time.Duration
-	MaxInflightEvents  int
-	MaxInflightBytes   byteSize
-	KafkaLinger        time.Duration
-	Compression        string
-	MaxMessageBytes    byteSize
-	HeartbeatInterval  time.Duration
-	MaxSlotLag         byteSize
-	PollInterval       time.Duration
-	Pprof              bool
-	KeyFormat          string
-	LSNHeaders         bool
-	MessagePrefix      string
-	OnInvalid          string
-	DeadLetterTopic    string
-	Kafka              kafkaAuth
-	ExactlyOnce        bool
-	CheckpointTopic    string
-	TransactionTimeout time.Duration
+	Config                string
+	Postgres              string
+	PostgresFile          string
+	PostgresAllowInsecure bool
+	Publication           string
+	Slot                  string
+	KafkaBrokers          listValue
+	HTTPAddr              string
+	LogFormat             string
+	LogLevel              string
+	ShutdownTimeout       time.Duration
+	StatusInterval        time.Duration
+	ConfirmInterval       time.Duration
+	ReplicationTimeout    time.Duration
+	MaxInflightEvents     int
+	MaxInflightBytes      byteSize
+	KafkaLinger           time.Duration
+	Compression           string
+	MaxMessageBytes       byteSize
+	HeartbeatInterval     time.Duration
+	MaxSlotLag            byteSize
+	PollInterval          time.Duration
+	Pprof                 bool
+	KeyFormat             string
+	LSNHeaders            bool
+	MessagePrefix         string
+	OnInvalid             string
+	DeadLetterTopic       string
+	Kafka                 kafkaAuth
+	ExactlyOnce           bool
+	CheckpointTopic       string
+	TopicAllow            listValue
+	ReservedPrefixes      listValue
+	MaxHeaders            int
+	TransactionTimeout    time.Duration
 }
 
 func (o *runOptions) register(s *optionSet) {
 	fs := s.fs
 	fs.StringVar(&o.Config, "config", "", "YAML config file")
-	fs.StringVar(&o.Postgres, "postgres", "", "PostgreSQL connection string (outboxd adds replication=database itself)")
+	fs.StringVar(&o.Postgres, "postgres", "", "PostgreSQL connection string (outboxd adds replication=database itself); a password here shows in ps: prefer --postgres-file, PGPASSFILE or PGPASSWORD")
+	fs.StringVar(&o.PostgresFile, "postgres-file", "", "file holding the PostgreSQL connection string (e.g. a mounted Kubernetes secret), instead of --postgres")
+	fs.BoolVar(&o.PostgresAllowInsecure, "postgres-allow-insecure", false, "do not warn about a PostgreSQL connection below sslmode=verify-full")
 	fs.StringVar(&o.Publication, "publication", "outboxd", "publication whose tables are outbox tables")
 	fs.StringVar(&o.Slot, "slot", "outboxd", "logical replication slot (pgoutput); created if missing")
 	fs.Var(&o.KafkaBrokers, "kafka-brokers", "Kafka bootstrap brokers, comma-separated host:port")
-	fs.StringVar(&o.HTTPAddr, "http-addr", ":9187", "address for /metrics, /healthz, /readyz and /status (empty disables)")
+	fs.StringVar(&o.HTTPAddr, "http-addr", "127.0.0.1:9187", "address for /metrics, /healthz, /readyz and /status, which have no authentication (empty disables; :9187 for every interface, as in the container)")
 	s.choice(&o.LogFormat, "log-format", "text", "log format", "text", "json")
 	s.choice(&o.LogLevel, "log-level", "info", "log level", "debug", "info", "warn", "error")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long to wait for in-flight Kafka acks before the final confirmation")
@@ -91,18 +100,28 @@ func (o *runOptions) register(s *optionSet) {
 	fs.BoolVar(&o.ExactlyOnce, "exactly-once", false, "transactional producer: whole PostgreSQL transactions per Kafka transaction with a checkpoint; read_committed consumers see each event once")
 	fs.StringVar(&o.CheckpointTopic, "checkpoint-topic", "outboxd.checkpoints", "compacted topic holding the last committed LSN per slot, with --exactly-once")
 	fs.DurationVar(&o.TransactionTimeout, "transaction-timeout", time.Minute, "Kafka transaction timeout with --exactly-once (at most the brokers' transaction.max.timeout.ms, 15m by default); a PostgreSQL transaction that streams for longer than a quarter of it is split over several Kafka transactions")
+	fs.Var(&o.TopicAllow, "topic-allow", "comma-separated topic prefixes events may be routed to; an event routed elsewhere is invalid (--on-invalid). Empty: any topic")
+	o.ReservedPrefixes = listValue{"outboxd.", "__"}
+	fs.Var(&o.ReservedPrefixes, "reserved-topic-prefixes", "comma-separated topic prefixes no event may be routed to (the checkpoint and dead-letter topics always are)")
+	fs.IntVar(&o.MaxHeaders, "max-headers", router.DefaultMaxHeaders, "most headers one record may have; an event with more is invalid (--on-invalid)")
 }
 
 func (o *runOptions) validate() error {
 	var errs []error
-	if o.Postgres == "" {
-		errs = append(errs, errors.New("--postgres (OUTBOXD_POSTGRES) is required"))
+	switch {
+	case o.Postgres != "" && o.PostgresFile != "":
+		errs = append(errs, errors.New("--postgres and --postgres-file exclude each other"))
+	case o.Postgres == "" && o.PostgresFile == "":
+		errs = append(errs, errors.New("--postgres (OUTBOXD_POSTGRES) or --postgres-file is required"))
 	}
 	if len(o.KafkaBrokers) == 0 {
 		errs = append(errs, errors.New("--kafka-brokers (OUTBOXD_KAFKA_BROKERS) is required"))
 	}
 	if err := slot.ValidateName(o.Slot); err != nil {
 		errs = append(errs, fmt.Errorf("--slot: %w", err))
+	}
+	if err := pgquote.ValidateName("publication", o.Publication); err != nil {
+		errs = append(errs, fmt.Errorf("--publication: %w", err))
 	}
 	if o.MaxInflightEvents < 1 {
 		errs = append(errs, errors.New("--max-inflight-events must be at least 1"))
@@ -125,6 +144,12 @@ func (o *runOptions) validate() error {
 	if o.ExactlyOnce && (o.TransactionTimeout < time.Second || o.TransactionTimeout > 15*time.Minute) {
 		errs = append(errs, errors.New("--transaction-timeout must be between 1s and 15m (the brokers' default transaction.max.timeout.ms)"))
 	}
+	if err := router.ValidTopic(o.CheckpointTopic); err != nil {
+		errs = append(errs, fmt.Errorf("--checkpoint-topic: %w", err))
+	}
+	if o.MaxHeaders < 4 || o.MaxHeaders > 100000 {
+		errs = append(errs, errors.New("--max-headers must be between 4 and 100000"))
+	}
 	if o.HeartbeatInterval < 0 {
 		errs = append(errs, errors.New("--heartbeat-interval must not be negative"))
 	}
@@ -145,16 +170,28 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 	if err := o.validate(); err != nil {
 		return err
 	}
+	if o.PostgresFile != "" {
+		if o.Postgres, err = readPostgresFile(o.PostgresFile); err != nil {
+			return err
+		}
+	}
 	log := newLogger(e.stderr, o.LogFormat, o.LogLevel)
+	warnings := transportWarnings(o, e.getenv)
+	for _, w := range warnings {
+		log.Warn("insecure transport: " + w)
+	}
+	if w := checkEmitMessagePublic(ctx, log, o.Postgres, o.MessagePrefix); w != "" {
+		warnings = append(warnings, w)
+	}
 	defaults, tables, err := router.ConfigFromYAML(set.sections["router"], set.sections["tables"])
 	if err != nil {
 		return fmt.Errorf("config file: %w", err)
 	}
-	rt, err := router.New(router.Config{Defaults: defaults, Tables: tables, KeyFormat: o.KeyFormat, LSNHeaders: o.LSNHeaders, MessagePrefix: o.MessagePrefix})
+	rt, err := router.New(routerConfig(o, defaults, tables))
 	if err != nil {
 		return fmt.Errorf("router options: %w", err)
 	}
-	st := &state{dsn: o.Postgres, slotName: o.Slot, maxSlotLag: int64(o.MaxSlotLag)}
+	st := &state{dsn: o.Postgres, slotName: o.Slot, maxSlotLag: int64(o.MaxSlotLag), warnings: warnings}
 	m := newMetrics(version, st)
 	tlsCfg, err := o.Kafka.tlsConfig()
 	if err != nil {
@@ -199,7 +236,7 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 			MaxInflightEvents: o.MaxInflightEvents, MaxInflightBytes: int64(o.MaxInflightBytes),
 			StatusInterval: o.StatusInterval, ConfirmInterval: o.ConfirmInterval, ShutdownTimeout: o.ShutdownTimeout,
 			ReplicationTimeout: o.ReplicationTimeout, ReleaseAfter: defaultReleaseAfter,
-			HeartbeatPrefix: heartbeatPrefix, MaxMessageBytes: int(o.MaxMessageBytes),
+			HeartbeatPrefix: heartbeatPrefixFor(o), MaxMessageBytes: int(o.MaxMessageBytes),
 			OnInvalid: o.OnInvalid, DeadLetterTopic: o.DeadLetterTopic, MessagePrefix: o.MessagePrefix,
 			TxnSink: eosCfg.TxnSink, Checkpoints: eosCfg.Checkpoints, Done: eosCfg.Done, SplitAge: o.TransactionTimeout / 4,
 		},
@@ -214,7 +251,7 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 		if err != nil {
 			return fmt.Errorf("--http-addr: %w", err)
 		}
-		srv := &http.Server{Handler: newHTTPHandler(m, st, o.Pprof), ReadHeaderTimeout: 5 * time.Second}
+		srv := newHTTPServer(newHTTPHandler(m, st, o.Pprof))
 		log.Info("http listening", "addr", ln.Addr().String())
 		wg.Add(1)
 		go func() {
@@ -242,6 +279,41 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 
 const heartbeatPrefix = "outboxd.heartbeat"
 
+// heartbeatPrefixFor is the heartbeat prefix, or "" without heartbeats.
+func heartbeatPrefixFor(o runOptions) string {
+	if o.HeartbeatInterval <= 0 {
+		return ""
+	}
+	return heartbeatPrefix
+}
+
+// wantMessages: pgoutput decodes and ships every pg_logical_emit_message of
+// the database when asked for messages, which any role with CONNECT may
+// emit (EXECUTE is granted to PUBLIC), so they are requested only when
+// something consumes them: the table-less outbox or heartbeats.
+func (c relayConfig) wantMessages() bool { return c.MessagePrefix != "" || c.HeartbeatPrefix != "" }
+
+// maxBodyBytes is the largest replication message read whole: anything
+// longer cannot give a record within --max-message-bytes (bytea's hex text
+// is twice its bytes; the rest is framing), so the stream reads only its
+// start and the event is invalid, never a spike in memory.
+func (c relayConfig) maxBodyBytes() int { return 2*c.MaxMessageBytes + 64<<10 }
+
+// routerConfig is the router's configuration: the router options, and the
+// guards on what a row may make outboxd publish.
+func routerConfig(o runOptions, defaults router.Options, tables map[string]router.Options) router.Config {
+	return router.Config{
+		Defaults: defaults, Tables: tables, KeyFormat: o.KeyFormat, LSNHeaders: o.LSNHeaders, MessagePrefix: o.MessagePrefix,
+		// Reserved whether or not this instance runs exactly-once: another
+		// instance's checkpoints may live there.
+		ReservedTopics:        []string{o.CheckpointTopic, o.DeadLetterTopic},
+		ReservedTopicPrefixes: o.ReservedPrefixes,
+		MaxHeaders:            o.MaxHeaders,
+		TopicAllow:            o.TopicAllow,
+		MaxRecordBytes:        int(o.MaxMessageBytes), // a bound on memory; the sink checks the exact batch size
+	}
+}
+
 func transactional(o runOptions) *kafka.Transactional {
 	if !o.ExactlyOnce {
 		return nil
@@ -258,12 +330,19 @@ func isAuthError(err error) bool {
 // prepareExactlyOnce fences any previous instance (same transactional id),
 // and reads the checkpoint: where the events already in Kafka end.
 func prepareExactlyOnce(ctx context.Context, log *slog.Logger, sk *kafka.Sink, o runOptions) (relayConfig, error) {
-	cp := kafka.Checkpoints{Topic: o.CheckpointTopic, Key: o.Slot}
+	cp := kafka.Checkpoints{Topic: o.CheckpointTopic, Check: checkpointCheck(o.Postgres)}
 	// Kafka may be down at startup: wait for it like the relay would, but
-	// give up at once on what waiting cannot fix (fenced, unauthorised).
+	// give up at once on what waiting cannot fix (fenced, unauthorised, a
+	// checkpoint this server cannot have written).
 	bo := backoff{min: 500 * time.Millisecond, max: 15 * time.Second}
 	for warned := false; ; {
-		err := sk.InitTransactions(ctx, cp)
+		var err error
+		if cp.Key == "" {
+			cp.Key, err = checkpointKey(ctx, o.Postgres, o.Slot)
+		}
+		if err == nil {
+			err = sk.InitTransactions(ctx, cp)
+		}
 		var done kafka.Checkpoint
 		if err == nil {
 			done, err = sk.LoadCheckpoint(ctx, cp)
@@ -272,7 +351,7 @@ func prepareExactlyOnce(ctx context.Context, log *slog.Logger, sk *kafka.Sink, o
 			log.Info("exactly-once mode", "transactional_id", kafka.TransactionalID(o.Slot), "checkpoint_topic", cp.Topic, "checkpoint_lsn", done.String(), "transaction_timeout", o.TransactionTimeout.String())
 			return relayConfig{TxnSink: sk, Checkpoints: cp, Done: done}, nil
 		}
-		if errors.Is(err, kafka.ErrFenced) || isAuthError(err) {
+		if errors.Is(err, kafka.ErrFenced) || isAuthError(err) || errors.Is(err, wal.ErrAheadOfServer) || isConfigError(err) {
 			return relayConfig{}, err
 		}
 		if !warned {
@@ -283,6 +362,61 @@ func prepareExactlyOnce(ctx context.Context, log *slog.Logger, sk *kafka.Sink, o
 			return relayConfig{}, ctx.Err()
 		}
 	}
+}
+
+// checkpointKey names this slot's checkpoint record: the slot qualified by
+// the PostgreSQL system identifier, so that instances of different clusters
+// sharing a checkpoint topic (and slot names) never read each other's.
+func checkpointKey(ctx context.Context, dsn, slotName string) (string, error) {
+	sys, err := identify(ctx, dsn)
+	if err != nil {
+		return "", err
+	}
+	return sys.ID + "/" + slotName, nil
+}
+
+// checkpointCheck refuses a checkpoint beyond the server's WAL position: it
+// would make outboxd skip events that were never published (a forged
+// record, or a server restored from a backup). PostgreSQL being unreachable
+// is no verdict: it waits for it (until ctx ends), as the relay would.
+func checkpointCheck(dsn string) func(ctx context.Context, lsn string) error {
+	return func(ctx context.Context, text string) error {
+		c, err := kafka.ParseCheckpoint(text)
+		if err != nil {
+			return fmt.Errorf("checkpoint %q: %w", text, err)
+		}
+		lsn := c.LSN
+		var sys wal.System
+		bo := backoff{min: 500 * time.Millisecond, max: 15 * time.Second}
+		for {
+			if sys, err = identify(ctx, dsn); err == nil || isConfigError(err) {
+				break
+			}
+			if !bo.wait(ctx) {
+				return fmt.Errorf("checking the checkpoint against PostgreSQL: %w", err)
+			}
+		}
+		if err != nil {
+			return err
+		}
+		if lsn > sys.WALEnd {
+			return fmt.Errorf("%w: the exactly-once checkpoint %s is beyond PostgreSQL's WAL position %s (system %s), so this server cannot have written it "+
+				"(a forged record, or a server restored from a backup); outboxd refuses to skip to it. Check who writes the checkpoint topic, "+
+				"then delete the record (produce a tombstone for its key) to resume from the slot", wal.ErrAheadOfServer, lsn, sys.WALEnd, sys.ID)
+		}
+		return nil
+	}
+}
+
+// identify asks the server for its system identifier and WAL position over
+// a short-lived replication connection (outboxd's role always may open one).
+func identify(ctx context.Context, dsn string) (wal.System, error) {
+	conn, err := wal.Connect(ctx, dsn)
+	if err != nil {
+		return wal.System{}, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return wal.Identify(ctx, conn)
 }
 
 func newLogger(w interface{ Write([]byte) (int, error) }, format, level string) *slog.Logger {

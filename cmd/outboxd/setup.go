@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxd/outboxd/migrations"
+	"github.com/outboxd/outboxd/pgquote"
 	"github.com/outboxd/outboxd/slot"
 	"github.com/outboxd/outboxd/wal"
 )
@@ -35,6 +36,7 @@ type setupOptions struct {
 func (o *setupOptions) register(s *optionSet) {
 	fs := s.fs
 	fs.StringVar(&o.Postgres, "postgres", "", "PostgreSQL connection string, as a role that may create the table, publication and role")
+	registerPostgresFile(s, &o.Postgres)
 	fs.StringVar(&o.Table, "table", "public.outbox", "outbox table, schema.table")
 	fs.StringVar(&o.Publication, "publication", "outboxd", "publication to create, or to add the table to")
 	fs.StringVar(&o.Slot, "slot", "outboxd", "logical replication slot (pgoutput) to create")
@@ -52,8 +54,13 @@ func (o *setupOptions) validate() error {
 	if _, _, err := migrations.ParseTable(o.Table); err != nil {
 		errs = append(errs, fmt.Errorf("--table: %w", err))
 	}
-	if o.Publication == "" {
-		errs = append(errs, errors.New("--publication must not be empty"))
+	if err := pgquote.ValidateName("publication", o.Publication); err != nil {
+		errs = append(errs, fmt.Errorf("--publication: %w", err))
+	}
+	if o.Role != "" {
+		if err := pgquote.ValidateName("role", o.Role); err != nil {
+			errs = append(errs, fmt.Errorf("--role: %w", err))
+		}
 	}
 	if !o.NoSlot {
 		if err := slot.ValidateName(o.Slot); err != nil {
@@ -274,7 +281,18 @@ func (s *setupRun) createSlot() error {
 // printHeader starts each script in --print output.
 const printHeader = "-- ---- "
 
-func printSetupSQL(w io.Writer, o setupOptions, vars migrations.Vars) error {
+// Everything is rendered before anything is written: a value the templates
+// refuse must not leave half a script for psql.
+func printSetupSQL(out io.Writer, o setupOptions, vars migrations.Vars) error {
+	var w strings.Builder
+	if err := writeSetupSQL(&w, o, vars); err != nil {
+		return err
+	}
+	_, err := io.WriteString(out, w.String())
+	return err
+}
+
+func writeSetupSQL(w io.Writer, o setupOptions, vars migrations.Vars) error {
 	fmt.Fprintf(w, `-- The SQL "outboxd setup" runs, for psql or a DBA. Every statement is idempotent:
 --   outboxd setup --print | psql "$DSN" -v ON_ERROR_STOP=1
 -- The objects: table %s, publication %s`, vars.Table, o.Publication)
@@ -353,6 +371,6 @@ func sqlIdent(s string) string {
 }
 
 // sqlQuote always quotes an identifier, as the migrations' ident does.
-func sqlQuote(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+func sqlQuote(s string) string { return pgquote.Ident(s) }
 
-func sqlLiteral(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''`) + `'` }
+func sqlLiteral(s string) string { return pgquote.Literal(s) }

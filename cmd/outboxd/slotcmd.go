@@ -55,6 +55,7 @@ func slotDropCommand(ctx context.Context, e env, args []string) (err error) {
 	defer func() { err = redactErr(err, o.Postgres) }()
 	set := newOptionSet("slot drop")
 	set.fs.StringVar(&o.Postgres, "postgres", "", "PostgreSQL connection string, to the slot's database")
+	registerPostgresFile(set, &o.Postgres)
 	set.fs.StringVar(&o.Slot, "slot", "", "the replication slot to drop (required)")
 	set.fs.BoolVar(&o.Force, "force", false, "if a process holds the slot, terminate it (pg_terminate_backend) and drop the slot once it lets go")
 	if err := set.parse(args, e.getenv); err != nil {

@@ -28,7 +28,8 @@ type state struct {
 	confirmed  wal.LSN // last flush position sent to the server
 	lastErr    string
 	lastErrAt  time.Time
-	stalled    string // why the relay holds on an event it may not pass
+	stalled    string   // why the relay holds on an event it may not pass
+	warnings   []string // insecure settings, set at startup
 }
 
 func (s *state) setErr(err error) {
@@ -105,6 +106,9 @@ func (s *state) status() map[string]any {
 		"confirmed_lsn":    s.confirmed.String(),
 		"slot_server_view": s.slot,
 		"last_error":       s.lastErr,
+	}
+	if len(s.warnings) > 0 {
+		out["security_warnings"] = s.warnings
 	}
 	if !s.lastErrAt.IsZero() {
 		out["last_error_at"] = s.lastErrAt.UTC().Format(time.RFC3339)

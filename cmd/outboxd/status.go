@@ -29,6 +29,7 @@ type statusOptions struct {
 func (o *statusOptions) register(s *optionSet) {
 	fs := s.fs
 	fs.StringVar(&o.Postgres, "postgres", "", "PostgreSQL connection string (any role that may log in)")
+	registerPostgresFile(s, &o.Postgres)
 	fs.StringVar(&o.Slot, "slot", "outboxd", "outboxd's slot, marked * in the table")
 	fs.StringVar(&o.Publication, "publication", "outboxd", "publication whose tables to list")
 	fs.BoolVar(&o.JSON, "json", false, "print one JSON object instead of tables")

@@ -24,7 +24,11 @@ import (
 // becomes visible, and the next run resumes right after the checkpoint.
 type Checkpoints struct {
 	Topic string // compacted, one partition
-	Key   string // the slot name
+	Key   string // the slot, qualified by the PostgreSQL system identifier
+	// Check, when set, vets the checkpoint LoadCheckpoint found before it is
+	// believed: a checkpoint skips events, so one the server cannot have
+	// produced (beyond its WAL, say) must stop outboxd, not silence it.
+	Check func(ctx context.Context, lsn string) error
 }
 
 // TransactionalID derives the producer's transactional id from the slot, so
@@ -229,6 +233,11 @@ func (s *Sink) loadCheckpoint(ctx context.Context, cp Checkpoints) (string, erro
 			break
 		}
 		seen = seen || n > 0
+	}
+	if last != "" && cp.Check != nil {
+		if err := cp.Check(ctx, last); err != nil {
+			return "", err
+		}
 	}
 	return last, nil
 }

@@ -1,0 +1,172 @@
+package main
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func noEnv(string) string { return "" }
+
+// Item 5: anything below verify-full is reported unless explicitly allowed.
+func TestTransportWarnings(t *testing.T) {
+	for _, tc := range []struct {
+		dsn, env, want string
+	}{
+		{"postgres://u@db/app", "", "prefer"},
+		{"postgres://u@db/app?sslmode=require", "", "require"},
+		{"host=db sslmode=verify-ca user=u", "", "verify-ca"},
+		{"host=db user=u", "verify-full", "verify-full"},
+		{"postgres://u@db/app?sslmode=verify-full&sslrootcert=/ca.pem", "", "verify-full"},
+		{"host=/var/run/postgresql user=u", "", "socket"},
+	} {
+		getenv := func(k string) string {
+			if k == "PGSSLMODE" {
+				return tc.env
+			}
+			return ""
+		}
+		if got := sslMode(tc.dsn, getenv); got != tc.want {
+			t.Errorf("sslMode(%q, PGSSLMODE=%q) = %q, want %q", tc.dsn, tc.env, got, tc.want)
+		}
+	}
+	w := transportWarnings(runOptions{Postgres: "postgres://u@db/app"}, noEnv)
+	if len(w) != 1 || !strings.Contains(w[0], "sslmode is prefer") || !strings.Contains(w[0], "verify-full") {
+		t.Fatalf("warnings %q", w)
+	}
+	if w := transportWarnings(runOptions{Postgres: "postgres://u@db/app", PostgresAllowInsecure: true}, noEnv); len(w) != 0 {
+		t.Fatalf("allowed, still %q", w)
+	}
+	if w := transportWarnings(runOptions{Postgres: "postgres://u@db/app?sslmode=verify-full"}, noEnv); len(w) != 0 {
+		t.Fatalf("verify-full warned %q", w)
+	}
+	st := &state{warnings: transportWarnings(runOptions{Postgres: "postgres://u@db/app"}, noEnv)}
+	if got, _ := st.status()["security_warnings"].([]string); len(got) != 1 {
+		t.Fatalf("/status security_warnings %v", st.status()["security_warnings"])
+	}
+}
+
+func TestSASLPlainRefusedWithoutTLS(t *testing.T) {
+	a := kafkaAuth{SASLMechanism: "PLAIN", SASLUser: "u", SASLPassword: "p"}
+	if _, err := a.mechanism(); err == nil || !strings.Contains(err.Error(), "in the clear") {
+		t.Fatalf("PLAIN without TLS: %v", err)
+	}
+	a.TLS = true
+	if _, err := a.mechanism(); err != nil {
+		t.Fatal(err)
+	}
+	a.TLS, a.SASLPlainAllowCleartext = false, true
+	if _, err := a.mechanism(); err != nil {
+		t.Fatal(err)
+	}
+	s := kafkaAuth{SASLMechanism: "SCRAM-SHA-512", SASLUser: "u", SASLPassword: "p"}
+	if _, err := s.mechanism(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Item 6: loopback by default, server timeouts, bounded pprof.
+func TestHTTPSurface(t *testing.T) {
+	var o runOptions
+	set := newOptionSet("run", "router", "tables")
+	o.register(set)
+	if err := set.parse(nil, noEnv); err != nil {
+		t.Fatal(err)
+	}
+	if o.HTTPAddr != "127.0.0.1:9187" {
+		t.Fatalf("default --http-addr %q", o.HTTPAddr)
+	}
+	srv := newHTTPServer(http.NotFoundHandler())
+	if srv.ReadHeaderTimeout == 0 || srv.ReadTimeout == 0 || srv.WriteTimeout == 0 || srv.IdleTimeout == 0 {
+		t.Fatalf("timeouts %+v", srv)
+	}
+	st := &state{}
+	h := newHTTPHandler(newMetrics("test", st), st, true)
+	for q, want := range map[string]int{"seconds=3600": 400, "seconds=-1": 400, "seconds=abc": 400} {
+		for _, path := range []string{"/debug/pprof/profile", "/debug/pprof/trace"} {
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest("GET", path+"?"+q, nil))
+			if rec.Code != want {
+				t.Errorf("%s?%s: %d, want %d", path, q, rec.Code, want)
+			}
+		}
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", "/debug/pprof/trace?seconds=0.01", nil))
+	if rec.Code != 200 {
+		t.Errorf("a short trace: %d", rec.Code)
+	}
+}
+
+// Item 8: the connection string from a file, never on the command line; a
+// quoted password with escaped quotes is masked whole, also when the text
+// quotes it once more (slog, %q).
+func TestPostgresFileAndRedaction(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "dsn")
+	if err := os.WriteFile(p, []byte("\n  host=db password='a\\'b c9Zq'  \n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dsn, err := readPostgresFile(p)
+	if err != nil || dsn != `host=db password='a\'b c9Zq'` {
+		t.Fatalf("%q %v", dsn, err)
+	}
+	var so statusOptions
+	set := newOptionSet("status")
+	so.register(set)
+	if err := set.parse([]string{"--postgres-file", p}, noEnv); err != nil || so.Postgres != dsn {
+		t.Fatalf("status --postgres-file: %q %v", so.Postgres, err)
+	}
+	o := runOptions{Postgres: "x", PostgresFile: p, KafkaBrokers: listValue{"k:9092"}, Slot: "s", Publication: "p"}
+	if err := o.validate(); err == nil || !strings.Contains(err.Error(), "exclude each other") {
+		t.Fatalf("validate: %v", err)
+	}
+	for _, text := range []string{
+		`connect: host=db password='a\'b c9Zq' dbname=x`,
+		`err="connect: host=db password='a\\'b c9Zq' dbname=x"`,
+		`"host=db password='a\\\'b c9Zq'"`,
+	} {
+		if got := redactText(text, dsn); strings.Contains(got, "c9Zq") || strings.Contains(got, "a'b") {
+			t.Errorf("redactText(%s) = %s", text, got)
+		}
+	}
+}
+
+// Item 2: logical messages are requested only when something consumes them.
+func TestMessagesOnlyWhenNeeded(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  relayConfig
+		want bool
+	}{
+		{relayConfig{}, false},
+		{relayConfig{HeartbeatPrefix: heartbeatPrefix}, true},
+		{relayConfig{MessagePrefix: "outbox"}, true},
+	} {
+		if got := tc.cfg.wantMessages(); got != tc.want {
+			t.Errorf("%+v: wantMessages %v", tc.cfg, got)
+		}
+	}
+	if heartbeatPrefixFor(runOptions{}) != "" || heartbeatPrefixFor(runOptions{HeartbeatInterval: 1}) != heartbeatPrefix {
+		t.Fatal("heartbeatPrefixFor")
+	}
+}
+
+// Item 7: setup --print writes nothing when a value would break out of the
+// templates' $outboxd$ blocks (--table may hold $ signs; --publication and
+// --role are validated before).
+func TestSetupPrintRefusesDollarQuoteBreakout(t *testing.T) {
+	var out, errOut strings.Builder
+	code := dispatch(t.Context(), []string{"setup", "--print", "--table", "public.x$outboxd$"}, &out, &errOut, noEnv)
+	if code != 1 || out.Len() != 0 || !strings.Contains(errOut.String(), "$outboxd$") {
+		t.Fatalf("exit %d, stdout %q, stderr %q", code, out.String(), errOut.String())
+	}
+	for _, args := range [][]string{{"--publication", "p$outboxd$"}, {"--role", `r"; DROP ROLE x; --`}} {
+		out.Reset()
+		errOut.Reset()
+		if code := dispatch(t.Context(), append([]string{"setup", "--print"}, args...), &out, &errOut, noEnv); code != 1 || out.Len() != 0 {
+			t.Fatalf("%v: exit %d, stdout %q", args, code, out.String())
+		}
+	}
+}
