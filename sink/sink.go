@@ -43,6 +43,10 @@ const (
 	// Fenced means another instance took over the producer identity: this
 	// one must stop, or the two would fence each other in turn.
 	Fenced
+	// Denied means the broker refuses this principal something the relay
+	// needs as a whole (a transactional id, the checkpoint topic): waiting
+	// cannot fix it, an ACL can; the relay stops with the error.
+	Denied
 )
 
 func (k Kind) String() string {
@@ -51,6 +55,8 @@ func (k Kind) String() string {
 		return "rejected"
 	case Fenced:
 		return "fenced"
+	case Denied:
+		return "denied"
 	}
 	return "transient"
 }
@@ -73,3 +79,9 @@ func KindOf(err error) Kind {
 	}
 	return Transient
 }
+
+// ErrRecordsFailed means records of an open transaction failed, so the
+// transaction was aborted rather than committed: a transactional producer
+// would commit the others, and its checkpoint would pass the failed ones.
+// Each failed record's own error went to its Produce callback.
+var ErrRecordsFailed = errors.New("records of the transaction failed; aborted it instead of committing")

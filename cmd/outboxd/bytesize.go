@@ -47,22 +47,3 @@ func formatBytes(n int64) string {
 	}
 	return strconv.FormatInt(n, 10)
 }
-
-// humanBytes is formatBytes for display: 1.5GiB rather than an exact count.
-func humanBytes(n int64) string {
-	neg := n < 0
-	if neg {
-		n = -n
-	}
-	s := strconv.FormatInt(n, 10) + "B"
-	for i := 3; i >= 0; i-- {
-		if u := byteUnits[i]; n >= u.mult {
-			s = strconv.FormatFloat(float64(n)/float64(u.mult), 'f', 1, 64) + u.suffix
-			break
-		}
-	}
-	if neg {
-		return "-" + s
-	}
-	return s
-}

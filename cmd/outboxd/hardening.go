@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/outboxd/outboxd"
+
 	"context"
 	"errors"
 	"fmt"
@@ -104,13 +106,13 @@ func checkEmitMessagePublic(ctx context.Context, log *slog.Logger, dsn, prefix s
 	}
 	conn, err := connectPlain(ctx, dsn, "outboxd")
 	if err != nil {
-		log.Warn("could not check who may call pg_logical_emit_message", "err", redactErr(err, dsn))
+		log.Warn("could not check who may call pg_logical_emit_message", "err", outboxd.RedactErr(err, dsn))
 		return ""
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	public, err := emitMessagePublic(ctx, conn)
 	if err != nil {
-		log.Warn("could not check who may call pg_logical_emit_message", "err", redactErr(err, dsn))
+		log.Warn("could not check who may call pg_logical_emit_message", "err", outboxd.RedactErr(err, dsn))
 		return ""
 	}
 	if !public {

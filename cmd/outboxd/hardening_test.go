@@ -2,11 +2,12 @@ package main
 
 import (
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/outboxd/outboxd"
 )
 
 func noEnv(string) string { return "" }
@@ -42,10 +43,6 @@ func TestTransportWarnings(t *testing.T) {
 	}
 	if w := transportWarnings(runOptions{Postgres: "postgres://u@db/app?sslmode=verify-full"}, noEnv); len(w) != 0 {
 		t.Fatalf("verify-full warned %q", w)
-	}
-	st := &state{warnings: transportWarnings(runOptions{Postgres: "postgres://u@db/app"}, noEnv)}
-	if got, _ := st.status()["security_warnings"].([]string); len(got) != 1 {
-		t.Fatalf("/status security_warnings %v", st.status()["security_warnings"])
 	}
 }
 
@@ -83,22 +80,6 @@ func TestHTTPSurface(t *testing.T) {
 	if srv.ReadHeaderTimeout == 0 || srv.ReadTimeout == 0 || srv.WriteTimeout == 0 || srv.IdleTimeout == 0 {
 		t.Fatalf("timeouts %+v", srv)
 	}
-	st := &state{}
-	h := newHTTPHandler(newMetrics("test", st), st, true)
-	for q, want := range map[string]int{"seconds=3600": 400, "seconds=-1": 400, "seconds=abc": 400} {
-		for _, path := range []string{"/debug/pprof/profile", "/debug/pprof/trace"} {
-			rec := httptest.NewRecorder()
-			h.ServeHTTP(rec, httptest.NewRequest("GET", path+"?"+q, nil))
-			if rec.Code != want {
-				t.Errorf("%s?%s: %d, want %d", path, q, rec.Code, want)
-			}
-		}
-	}
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, httptest.NewRequest("GET", "/debug/pprof/trace?seconds=0.01", nil))
-	if rec.Code != 200 {
-		t.Errorf("a short trace: %d", rec.Code)
-	}
 }
 
 // Item 8: the connection string from a file, never on the command line; a
@@ -128,28 +109,9 @@ func TestPostgresFileAndRedaction(t *testing.T) {
 		`err="connect: host=db password='a\\'b c9Zq' dbname=x"`,
 		`"host=db password='a\\\'b c9Zq'"`,
 	} {
-		if got := redactText(text, dsn); strings.Contains(got, "c9Zq") || strings.Contains(got, "a'b") {
-			t.Errorf("redactText(%s) = %s", text, got)
+		if got := outboxd.Redact(text, dsn); strings.Contains(got, "c9Zq") || strings.Contains(got, "a'b") {
+			t.Errorf("outboxd.Redact(%s) = %s", text, got)
 		}
-	}
-}
-
-// Item 2: logical messages are requested only when something consumes them.
-func TestMessagesOnlyWhenNeeded(t *testing.T) {
-	for _, tc := range []struct {
-		cfg  relayConfig
-		want bool
-	}{
-		{relayConfig{}, false},
-		{relayConfig{HeartbeatPrefix: heartbeatPrefix}, true},
-		{relayConfig{MessagePrefix: "outbox"}, true},
-	} {
-		if got := tc.cfg.wantMessages(); got != tc.want {
-			t.Errorf("%+v: wantMessages %v", tc.cfg, got)
-		}
-	}
-	if heartbeatPrefixFor(runOptions{}) != "" || heartbeatPrefixFor(runOptions{HeartbeatInterval: 1}) != heartbeatPrefix {
-		t.Fatal("heartbeatPrefixFor")
 	}
 }
 

@@ -1,52 +1,19 @@
 package main
 
 import (
-	"encoding/json"
 	"net/http"
-	"net/http/pprof"
-	"strconv"
+	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/outboxd/outboxd"
 )
-
-// newHTTPHandler serves /metrics, /healthz, /readyz, /status and, when
-// enabled, /debug/pprof.
-func newHTTPHandler(m *metrics, st *state, withPprof bool) http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Write([]byte("ok\n"))
-	})
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if ok, why := st.ready(); !ok {
-			http.Error(w, why, http.StatusServiceUnavailable)
-			return
-		}
-		w.Write([]byte("ok\n"))
-	})
-	mux.HandleFunc("/status", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		enc.Encode(st.status())
-	})
-	if withPprof {
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/profile", capSeconds(pprof.Profile))
-		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-		mux.HandleFunc("/debug/pprof/trace", capSeconds(pprof.Trace))
-	}
-	return mux
-}
 
 // The endpoints have no authentication: the binary listens on loopback by
 // default, and every connection is bounded in time.
 const (
 	httpReadTimeout  = 10 * time.Second
-	httpWriteTimeout = maxPprofSeconds*time.Second + 10*time.Second // a whole profile
+	httpWriteTimeout = outboxd.MaxPprofSeconds*time.Second + 10*time.Second // a whole profile
 	httpIdleTimeout  = 60 * time.Second
-	maxPprofSeconds  = 60
 )
 
 // newHTTPServer is the HTTP server with its timeouts: a client that sends
@@ -62,16 +29,23 @@ func newHTTPServer(h http.Handler) *http.Server {
 	}
 }
 
-// capSeconds refuses a profile or trace longer than maxPprofSeconds: each
-// one keeps a goroutine busy (and a trace costs CPU) for its whole length.
-func capSeconds(h http.HandlerFunc) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		if v := r.URL.Query().Get("seconds"); v != "" {
-			if n, err := strconv.ParseFloat(v, 64); err != nil || n <= 0 || n > maxPprofSeconds {
-				http.Error(w, "seconds must be a number in (0, "+strconv.Itoa(maxPprofSeconds)+"]", http.StatusBadRequest)
-				return
-			}
-		}
-		h(w, r)
-	}
+// swapHandler serves whichever handler was set last: the starting one while
+// outboxd waits for what it needs, then the relay's.
+type swapHandler struct{ h atomic.Pointer[http.Handler] }
+
+func (s *swapHandler) set(h http.Handler) { s.h.Store(&h) }
+
+func (s *swapHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	(*s.h.Load()).ServeHTTP(w, r)
+}
+
+// startingHandler answers before the relay exists: alive (/healthz 200), not
+// ready (/readyz 503 saying why), nothing else yet.
+func startingHandler(why string) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
+	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "starting: "+why, http.StatusServiceUnavailable)
+	})
+	return mux
 }

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/outboxd/outboxd"
 )
 
 func parseRun(t *testing.T, args []string, env map[string]string, file string) (runOptions, *optionSet, error) {
@@ -93,7 +95,7 @@ func TestByteSize(t *testing.T) {
 			t.Errorf("%q → %d, %v; want %d", in, b, err, want)
 		}
 	}
-	if humanBytes(1536<<20) != "1.5GiB" || humanBytes(544) != "544B" {
-		t.Errorf("humanBytes: %s %s", humanBytes(1536<<20), humanBytes(544))
+	if outboxd.HumanBytes(1536<<20) != "1.5GiB" || outboxd.HumanBytes(544) != "544B" {
+		t.Errorf("humanBytes: %s %s", outboxd.HumanBytes(1536<<20), outboxd.HumanBytes(544))
 	}
 }

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/outboxd/outboxd"
+
 	"context"
 	"errors"
 	"flag"
@@ -8,14 +10,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"sync"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kerr"
 
 	"github.com/outboxd/outboxd/pgquote"
 	"github.com/outboxd/outboxd/router"
+	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/sink/kafka"
 	"github.com/outboxd/outboxd/slot"
 	"github.com/outboxd/outboxd/wal"
@@ -158,7 +157,7 @@ func (o *runOptions) validate() error {
 
 func runCommand(ctx context.Context, e env, args []string) (err error) {
 	var o runOptions
-	defer func() { err = redactErr(err, o.Postgres) }()
+	defer func() { err = outboxd.RedactErr(err, o.Postgres) }()
 	set := newOptionSet("run", "router", "tables")
 	o.register(set)
 	if err := set.parse(args, e.getenv); err != nil {
@@ -191,8 +190,6 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 	if err != nil {
 		return fmt.Errorf("router options: %w", err)
 	}
-	st := &state{dsn: o.Postgres, slotName: o.Slot, maxSlotLag: int64(o.MaxSlotLag), warnings: warnings}
-	m := newMetrics(version, st)
 	tlsCfg, err := o.Kafka.tlsConfig()
 	if err != nil {
 		return err
@@ -216,88 +213,64 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 		return err
 	}
 	defer sk.Close()
-	var eosCfg relayConfig
-	if o.ExactlyOnce {
-		if eosCfg, err = prepareExactlyOnce(ctx, log, sk, o); err != nil {
-			if ctx.Err() != nil {
-				return nil // stopped while waiting for Kafka
-			}
-			return err
-		}
-	}
 
-	mo := &monitor{
-		dsn: o.Postgres, slot: o.Slot, interval: o.PollInterval, heartbeatInterval: o.HeartbeatInterval,
-		maxSlotLag: int64(o.MaxSlotLag), log: log, m: m, st: st, sink: sk,
-	}
-	r := &relay{
-		cfg: relayConfig{
-			Postgres: o.Postgres, Slot: o.Slot, Publication: o.Publication,
-			MaxInflightEvents: o.MaxInflightEvents, MaxInflightBytes: int64(o.MaxInflightBytes),
-			StatusInterval: o.StatusInterval, ConfirmInterval: o.ConfirmInterval, ShutdownTimeout: o.ShutdownTimeout,
-			ReplicationTimeout: o.ReplicationTimeout, ReleaseAfter: defaultReleaseAfter,
-			HeartbeatPrefix: heartbeatPrefixFor(o), MaxMessageBytes: int(o.MaxMessageBytes),
-			OnInvalid: o.OnInvalid, DeadLetterTopic: o.DeadLetterTopic, MessagePrefix: o.MessagePrefix,
-			TxnSink: eosCfg.TxnSink, Checkpoints: eosCfg.Checkpoints, Done: eosCfg.Done, SplitAge: o.TransactionTimeout / 4,
-		},
-		poison: map[eventPos]string{}, published: map[string]prometheus.Counter{},
-		log: log, router: rt, sink: sk, m: m, state: st, onHeartbeat: mo.onHeartbeat,
-	}
-
-	var wg sync.WaitGroup
-	defer wg.Wait()
+	// HTTP first: /healthz answers while exactly-once mode waits for Kafka
+	// (a liveness probe must not kill a pod that only waits), and /readyz
+	// says what it waits for.
+	var handler swapHandler
+	handler.set(startingHandler("waiting for Kafka to register the transactional producer and read the checkpoint"))
 	if o.HTTPAddr != "" {
 		ln, err := net.Listen("tcp", o.HTTPAddr)
 		if err != nil {
 			return fmt.Errorf("--http-addr: %w", err)
 		}
-		srv := newHTTPServer(newHTTPHandler(m, st, o.Pprof))
+		srv := newHTTPServer(&handler)
 		log.Info("http listening", "addr", ln.Addr().String())
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		served := make(chan struct{})
+		go func() { // owned here: Close below ends it, and we wait for it
+			defer close(served)
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				log.Error("http server", "err", err)
 			}
 		}()
-		defer srv.Close()
+		defer func() {
+			srv.Close()
+			<-served
+		}()
 	}
-	mctx, stopMonitor := context.WithCancel(ctx)
-	defer stopMonitor()
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		mo.run(mctx)
-	}()
+
+	cfg := outboxd.Config{
+		Postgres: o.Postgres, Slot: o.Slot, Publication: o.Publication,
+		Router: rt, Sink: sk, Logger: log, Version: version,
+		MaxInflightEvents: o.MaxInflightEvents, MaxInflightBytes: int64(o.MaxInflightBytes),
+		StatusInterval: o.StatusInterval, ConfirmInterval: o.ConfirmInterval, ShutdownTimeout: o.ShutdownTimeout,
+		ReplicationTimeout: o.ReplicationTimeout, MaxMessageBytes: int(o.MaxMessageBytes),
+		OnInvalid: o.OnInvalid, DeadLetterTopic: o.DeadLetterTopic, MessagePrefix: o.MessagePrefix,
+		HeartbeatInterval: o.HeartbeatInterval, PollInterval: o.PollInterval, MaxSlotLag: int64(o.MaxSlotLag),
+		Warnings: warnings,
+	}
+	if o.ExactlyOnce {
+		done, err := prepareExactlyOnce(ctx, log, sk, o)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil // stopped while waiting for Kafka
+			}
+			return err
+		}
+		cfg.TxnSink, cfg.Done, cfg.SplitAge = sk, done, o.TransactionTimeout/4
+	}
+	relay, err := outboxd.New(cfg)
+	if err != nil {
+		return err
+	}
+	handler.set(relay.Handler(o.Pprof))
 	log.Info("outboxd starting", "version", version, "slot", o.Slot, "publication", o.Publication, "kafka", o.KafkaBrokers.String())
-	if err := r.run(ctx); err != nil {
+	if err := relay.Run(ctx); err != nil {
 		return err
 	}
 	log.Info("outboxd stopped")
 	return nil
 }
-
-const heartbeatPrefix = "outboxd.heartbeat"
-
-// heartbeatPrefixFor is the heartbeat prefix, or "" without heartbeats.
-func heartbeatPrefixFor(o runOptions) string {
-	if o.HeartbeatInterval <= 0 {
-		return ""
-	}
-	return heartbeatPrefix
-}
-
-// wantMessages: pgoutput decodes and ships every pg_logical_emit_message of
-// the database when asked for messages, which any role with CONNECT may
-// emit (EXECUTE is granted to PUBLIC), so they are requested only when
-// something consumes them: the table-less outbox or heartbeats.
-func (c relayConfig) wantMessages() bool { return c.MessagePrefix != "" || c.HeartbeatPrefix != "" }
-
-// maxBodyBytes is the largest replication message read whole: anything
-// longer cannot give a record within --max-message-bytes (bytea's hex text
-// is twice its bytes; the rest is framing), so the stream reads only its
-// start and the event is invalid, never a spike in memory.
-func (c relayConfig) maxBodyBytes() int { return 2*c.MaxMessageBytes + 64<<10 }
 
 // routerConfig is the router's configuration: the router options, and the
 // guards on what a row may make outboxd publish.
@@ -321,20 +294,14 @@ func transactional(o runOptions) *kafka.Transactional {
 	return &kafka.Transactional{ID: kafka.TransactionalID(o.Slot), Timeout: o.TransactionTimeout}
 }
 
-// isAuthError reports Kafka authorisation failures: waiting cannot fix them.
-func isAuthError(err error) bool {
-	return errors.Is(err, kerr.TopicAuthorizationFailed) || errors.Is(err, kerr.TransactionalIDAuthorizationFailed) ||
-		errors.Is(err, kerr.ClusterAuthorizationFailed) || errors.Is(err, kerr.GroupAuthorizationFailed)
-}
-
 // prepareExactlyOnce fences any previous instance (same transactional id),
 // and reads the checkpoint: where the events already in Kafka end.
-func prepareExactlyOnce(ctx context.Context, log *slog.Logger, sk *kafka.Sink, o runOptions) (relayConfig, error) {
+func prepareExactlyOnce(ctx context.Context, log *slog.Logger, sk *kafka.Sink, o runOptions) (sink.Checkpoint, error) {
 	cp := kafka.Checkpoints{Topic: o.CheckpointTopic, Check: checkpointCheck(o.Postgres)}
 	// Kafka may be down at startup: wait for it like the relay would, but
 	// give up at once on what waiting cannot fix (fenced, unauthorised, a
 	// checkpoint this server cannot have written).
-	bo := backoff{min: 500 * time.Millisecond, max: 15 * time.Second}
+	bo := outboxd.Backoff{Min: 500 * time.Millisecond, Max: 15 * time.Second}
 	for warned := false; ; {
 		var err error
 		if cp.Key == "" {
@@ -343,23 +310,23 @@ func prepareExactlyOnce(ctx context.Context, log *slog.Logger, sk *kafka.Sink, o
 		if err == nil {
 			err = sk.InitTransactions(ctx, cp)
 		}
-		var done kafka.Checkpoint
+		var done sink.Checkpoint
 		if err == nil {
-			done, err = sk.LoadCheckpoint(ctx, cp)
+			done, err = sk.LoadCheckpoint(ctx)
 		}
 		if err == nil {
 			log.Info("exactly-once mode", "transactional_id", kafka.TransactionalID(o.Slot), "checkpoint_topic", cp.Topic, "checkpoint_lsn", done.String(), "transaction_timeout", o.TransactionTimeout.String())
-			return relayConfig{TxnSink: sk, Checkpoints: cp, Done: done}, nil
+			return done, nil
 		}
-		if errors.Is(err, kafka.ErrFenced) || isAuthError(err) || errors.Is(err, wal.ErrAheadOfServer) || isConfigError(err) {
-			return relayConfig{}, err
+		if k := sink.KindOf(err); k == sink.Fenced || k == sink.Denied || errors.Is(err, wal.ErrAheadOfServer) || outboxd.IsConfigError(err) {
+			return sink.Checkpoint{}, err
 		}
 		if !warned {
 			log.Warn("exactly-once: waiting for Kafka to register the transactional producer and read the checkpoint", "err", err)
 			warned = true
 		}
-		if !bo.wait(ctx) {
-			return relayConfig{}, ctx.Err()
+		if !bo.Wait(ctx) {
+			return sink.Checkpoint{}, ctx.Err()
 		}
 	}
 }
@@ -381,18 +348,18 @@ func checkpointKey(ctx context.Context, dsn, slotName string) (string, error) {
 // is no verdict: it waits for it (until ctx ends), as the relay would.
 func checkpointCheck(dsn string) func(ctx context.Context, lsn string) error {
 	return func(ctx context.Context, text string) error {
-		c, err := kafka.ParseCheckpoint(text)
+		c, err := sink.ParseCheckpoint(text)
 		if err != nil {
 			return fmt.Errorf("checkpoint %q: %w", text, err)
 		}
 		lsn := c.LSN
 		var sys wal.System
-		bo := backoff{min: 500 * time.Millisecond, max: 15 * time.Second}
+		bo := outboxd.Backoff{Min: 500 * time.Millisecond, Max: 15 * time.Second}
 		for {
-			if sys, err = identify(ctx, dsn); err == nil || isConfigError(err) {
+			if sys, err = identify(ctx, dsn); err == nil || outboxd.IsConfigError(err) {
 				break
 			}
-			if !bo.wait(ctx) {
+			if !bo.Wait(ctx) {
 				return fmt.Errorf("checking the checkpoint against PostgreSQL: %w", err)
 			}
 		}

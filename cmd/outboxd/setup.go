@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/outboxd/outboxd"
+
 	"context"
 	"errors"
 	"flag"
@@ -79,7 +81,7 @@ func (o *setupOptions) tableScript() string {
 
 func setupCommand(ctx context.Context, e env, args []string) (err error) {
 	var o setupOptions
-	defer func() { err = redactErr(err, o.Postgres) }()
+	defer func() { err = outboxd.RedactErr(err, o.Postgres) }()
 	set := newOptionSet("setup")
 	o.register(set)
 	if err := set.parse(args, e.getenv); err != nil {

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/outboxd/outboxd"
+
 	"context"
 	"errors"
 	"flag"
@@ -52,7 +54,7 @@ type slotDropOptions struct {
 
 func slotDropCommand(ctx context.Context, e env, args []string) (err error) {
 	var o slotDropOptions
-	defer func() { err = redactErr(err, o.Postgres) }()
+	defer func() { err = outboxd.RedactErr(err, o.Postgres) }()
 	set := newOptionSet("slot drop")
 	set.fs.StringVar(&o.Postgres, "postgres", "", "PostgreSQL connection string, to the slot's database")
 	registerPostgresFile(set, &o.Postgres)

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/outboxd/outboxd"
+
 	"context"
 	"encoding/json"
 	"errors"
@@ -80,7 +82,7 @@ type statusReport struct {
 
 func statusCommand(ctx context.Context, e env, args []string) (err error) {
 	var o statusOptions
-	defer func() { err = redactErr(err, o.Postgres) }()
+	defer func() { err = outboxd.RedactErr(err, o.Postgres) }()
 	set := newOptionSet("status")
 	o.register(set)
 	if err := set.parse(args, e.getenv); err != nil {
@@ -227,7 +229,7 @@ func writeStatus(w io.Writer, r *statusReport) {
 			dbs = append(dbs[:6], "…")
 		}
 		fmt.Fprintf(w, "note: %d more slot(s) of other databases or physical replication not shown (%s), retaining up to %s of WAL\n",
-			n, strings.Join(dbs, ", "), humanBytes(retained))
+			n, strings.Join(dbs, ", "), outboxd.HumanBytes(retained))
 	}
 	var idle []string
 	for _, s := range r.Slots {
@@ -299,7 +301,7 @@ func holder(s statusSlot) string {
 func safeWALSize(s statusSlot) string {
 	switch {
 	case s.SafeWALSize != nil:
-		return humanBytes(*s.SafeWALSize)
+		return outboxd.HumanBytes(*s.SafeWALSize)
 	case s.WALStatus == "lost" || s.WALStatus == "":
 		return "-"
 	default:
@@ -311,7 +313,7 @@ func bytesOrDash(n *int64) string {
 	if n == nil {
 		return "-"
 	}
-	return humanBytes(*n)
+	return outboxd.HumanBytes(*n)
 }
 
 func lsnOrDash(p *string) string {

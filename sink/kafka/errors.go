@@ -29,9 +29,10 @@ func classify(err error, transactional bool) error {
 	}
 	switch {
 	case errors.Is(err, kerr.ProducerFenced),
-		transactional && errors.Is(err, kerr.InvalidProducerEpoch),
-		errors.Is(err, kerr.TransactionalIDAuthorizationFailed):
+		transactional && errors.Is(err, kerr.InvalidProducerEpoch):
 		return &sink.Error{Kind: sink.Fenced, Err: fmt.Errorf("%w: %v", ErrFenced, err)}
+	case errors.Is(err, kerr.TransactionalIDAuthorizationFailed), errors.Is(err, kerr.ClusterAuthorizationFailed):
+		return &sink.Error{Kind: sink.Denied, Err: err}
 	case errors.Is(err, kerr.MessageTooLarge),
 		errors.Is(err, kerr.RecordListTooLarge),
 		errors.Is(err, kerr.InvalidRecord),
@@ -44,4 +45,14 @@ func classify(err error, transactional bool) error {
 		return &sink.Error{Kind: sink.Rejected, Err: err}
 	}
 	return &sink.Error{Kind: sink.Transient, Err: err}
+}
+
+// denied marks an authorisation failure outside a record's produce (the
+// checkpoint topic, the transactional id) as Denied: waiting cannot fix it.
+func denied(err error) error {
+	if errors.Is(err, kerr.TopicAuthorizationFailed) || errors.Is(err, kerr.TransactionalIDAuthorizationFailed) ||
+		errors.Is(err, kerr.ClusterAuthorizationFailed) || errors.Is(err, kerr.GroupAuthorizationFailed) {
+		return &sink.Error{Kind: sink.Denied, Err: err}
+	}
+	return err
 }

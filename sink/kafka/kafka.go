@@ -57,6 +57,7 @@ type Sink struct {
 	maxBatch   int // the producer's batch limit, for Check
 	partitions partitionCache
 	txn        *Transactional // nil unless exactly-once
+	cp         Checkpoints    // where exactly-once checkpoints live (InitTransactions)
 	// failed counts records of the open Kafka transaction that failed: a
 	// transactional producer still commits the others, so Commit must
 	// refuse to (exactly-once mode).

@@ -14,7 +14,6 @@ import (
 
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
-	"github.com/outboxd/outboxd/wal"
 )
 
 func newCluster(t *testing.T) *kfake.Cluster {
@@ -149,8 +148,8 @@ func TestCommitAbortsATransactionWithAFailedRecord(t *testing.T) {
 	for _, v := range []string{"a", strings.Repeat("x", 5000), "c"} {
 		s.Produce(ctx, &router.Record{Topic: "e", Value: []byte(v), Partition: -1}, func(err error) { results <- err })
 	}
-	err := s.Commit(ctx, cp, Checkpoint{LSN: 0x100})
-	if !errors.Is(err, ErrRecordsFailed) {
+	err := s.Commit(ctx, sink.Checkpoint{LSN: 0x100})
+	if !errors.Is(err, sink.ErrRecordsFailed) {
 		t.Fatalf("Commit = %v, want ErrRecordsFailed", err)
 	}
 	var failed int
@@ -168,7 +167,7 @@ func TestCommitAbortsATransactionWithAFailedRecord(t *testing.T) {
 	if got := readCommitted(t, c, "e"); len(got) != 0 {
 		t.Fatalf("read_committed sees %q of the aborted transaction", got)
 	}
-	if got, err := s.LoadCheckpoint(ctx, cp); err != nil || got != (Checkpoint{}) {
+	if got, err := s.LoadCheckpoint(ctx); err != nil || got != (sink.Checkpoint{}) {
 		t.Fatalf("checkpoint %v, %v after the abort; want none", got, err)
 	}
 	// The next transaction commits normally, checkpoint and all.
@@ -178,14 +177,14 @@ func TestCommitAbortsATransactionWithAFailedRecord(t *testing.T) {
 	if err := produceSync(s, &router.Record{Topic: "e", Value: []byte("d"), Partition: -1}); err != nil {
 		t.Fatal(err)
 	}
-	want := Checkpoint{LSN: 0x200, Events: 7}
-	if err := s.Commit(ctx, cp, want); err != nil {
+	want := sink.Checkpoint{LSN: 0x200, Events: 7}
+	if err := s.Commit(ctx, want); err != nil {
 		t.Fatal(err)
 	}
 	if got := readCommitted(t, c, "e"); strings.Join(got, ",") != "d" {
 		t.Fatalf("read_committed sees %q, want d", got)
 	}
-	if got, err := s.LoadCheckpoint(ctx, cp); err != nil || got != want {
+	if got, err := s.LoadCheckpoint(ctx); err != nil || got != want {
 		t.Fatalf("checkpoint %v, %v; want %v", got, err, want)
 	}
 }
@@ -211,7 +210,7 @@ func TestFencingIsNotAnEventRejection(t *testing.T) {
 	if err := b.InitTransactions(ctx, cp); err != nil {
 		t.Fatal(err)
 	}
-	err := a.Commit(ctx, cp, Checkpoint{LSN: 1})
+	err := a.Commit(ctx, sink.Checkpoint{LSN: 1})
 	if sink.KindOf(err) != sink.Fenced || !errors.Is(err, ErrFenced) {
 		t.Fatalf("fenced commit: %v (kind %s)", err, sink.KindOf(err))
 	}
@@ -237,33 +236,5 @@ func TestClassify(t *testing.T) {
 		if got := sink.KindOf(classify(c.err, c.txn)); got != c.want {
 			t.Errorf("classify(%v, transactional=%v) = %s, want %s", c.err, c.txn, got, c.want)
 		}
-	}
-}
-
-func TestCheckpointText(t *testing.T) {
-	for _, c := range []Checkpoint{{LSN: 0x16B3748}, {LSN: 0x1_0000_0010, Events: 12}} {
-		got, err := ParseCheckpoint(c.String())
-		if err != nil || got != c {
-			t.Fatalf("%q → %v, %v", c.String(), got, err)
-		}
-	}
-	for _, bad := range []string{"", "x", "0/10+0", "0/10+a"} {
-		if _, err := ParseCheckpoint(bad); err == nil {
-			t.Fatalf("%q parsed", bad)
-		}
-	}
-	split := Checkpoint{LSN: 100, Events: 2}
-	for _, c := range []struct {
-		commit wal.LSN
-		n      int
-		want   bool
-	}{{99, 50, true}, {100, 0, true}, {100, 1, true}, {100, 2, false}, {101, 0, false}} {
-		if got := split.Covers(c.commit, c.n); got != c.want {
-			t.Fatalf("Covers(%d, %d) = %v", c.commit, c.n, got)
-		}
-	}
-	whole := Checkpoint{LSN: 100}
-	if !whole.Covers(99, 5) || whole.Covers(100, 0) {
-		t.Fatal("a whole checkpoint covers the transactions committed before it, only")
 	}
 }

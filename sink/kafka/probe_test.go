@@ -27,7 +27,7 @@ func TestProbeIsInvisibleAndLeavesTheProducerUsable(t *testing.T) {
 	if err := s.InitTransactions(ctx, cp); err != nil {
 		t.Fatal(err)
 	}
-	commit := func(topic, v string, at Checkpoint) {
+	commit := func(topic, v string, at sink.Checkpoint) {
 		t.Helper()
 		if err := s.Begin(); err != nil {
 			t.Fatal(err)
@@ -35,23 +35,23 @@ func TestProbeIsInvisibleAndLeavesTheProducerUsable(t *testing.T) {
 		if err := produceSync(s, &router.Record{Topic: topic, Value: []byte(v), Partition: -1}); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Commit(ctx, cp, at); err != nil {
+		if err := s.Commit(ctx, at); err != nil {
 			t.Fatal(err)
 		}
 	}
-	commit("e", "a", Checkpoint{LSN: 10, Events: 1})
+	commit("e", "a", sink.Checkpoint{LSN: 10, Events: 1})
 	if err := s.Probe(ctx, &router.Record{Topic: "e", Value: []byte(strings.Repeat("x", 3000)), Partition: -1}); sink.KindOf(err) != sink.Rejected {
 		t.Fatalf("probe of an oversized record: %v", err)
 	}
-	commit("dlq", "dead letter", Checkpoint{LSN: 10, Events: 2})
+	commit("dlq", "dead letter", sink.Checkpoint{LSN: 10, Events: 2})
 	if err := s.Probe(ctx, &router.Record{Topic: "e", Value: []byte("b"), Partition: -1}); err != nil {
 		t.Fatal(err)
 	}
-	commit("e", "b", Checkpoint{LSN: 20})
+	commit("e", "b", sink.Checkpoint{LSN: 20})
 	if got := readCommitted(t, c, "e"); strings.Join(got, ",") != "a,b" {
 		t.Fatalf("read_committed sees %q, want a,b", got)
 	}
-	if got, err := s.LoadCheckpoint(ctx, cp); err != nil || got != (Checkpoint{LSN: 20}) {
+	if got, err := s.LoadCheckpoint(ctx); err != nil || got != (sink.Checkpoint{LSN: 20}) {
 		t.Fatalf("checkpoint %v, %v", got, err)
 	}
 }

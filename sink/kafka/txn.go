@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -14,7 +12,6 @@ import (
 
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
-	"github.com/outboxd/outboxd/wal"
 )
 
 // Checkpoints makes the producer transactional (exactly-once mode): records
@@ -35,63 +32,20 @@ type Checkpoints struct {
 // a second outboxd on the same slot fences the first.
 func TransactionalID(slot string) string { return "outboxd." + slot }
 
-// ErrRecordsFailed means records of the open Kafka transaction failed, so it
-// was aborted rather than committed: a transactional producer would commit
-// the others and the checkpoint would move past the failed ones. Each failed
-// record's own error went to its Produce callback.
-var ErrRecordsFailed = errors.New("kafka: records of the transaction failed; aborted it instead of committing")
-
-// Checkpoint says how far the events already committed to Kafka go. Events
-// == 0: every transaction that committed before LSN (an end LSN) is in
-// Kafka. Events > 0: a long PostgreSQL transaction was split over several
-// Kafka transactions, and its first Events events (the transaction whose
-// commit LSN is LSN) are in Kafka too.
-type Checkpoint struct {
-	LSN    wal.LSN
-	Events int
-}
-
-// Covers reports whether event n (0-based) of the transaction committed at
-// commit is in Kafka already.
-func (c Checkpoint) Covers(commit wal.LSN, n int) bool {
-	return commit < c.LSN || (c.Events > 0 && commit == c.LSN && n < c.Events)
-}
-
-// String is the record value: "X/Y", or "X/Y+N" for a split transaction.
-func (c Checkpoint) String() string {
-	if c.Events == 0 {
-		return c.LSN.String()
-	}
-	return fmt.Sprintf("%s+%d", c.LSN, c.Events)
-}
-
-// ParseCheckpoint reads a checkpoint record's value.
-func ParseCheckpoint(text string) (Checkpoint, error) {
-	lsn, n, split := strings.Cut(text, "+")
-	var c Checkpoint
-	var err error
-	if c.LSN, err = wal.ParseLSN(lsn); err != nil {
-		return Checkpoint{}, err
-	}
-	if split {
-		if c.Events, err = strconv.Atoi(n); err != nil || c.Events < 1 {
-			return Checkpoint{}, fmt.Errorf("bad event count in checkpoint %q", text)
-		}
-	}
-	return c, nil
-}
-
 // InitTransactions registers the transactional id with the coordinator now
 // rather than at the first record: that aborts whatever a previous instance
 // left open and fences it, before this instance streams anything.
+//
+// It also records where the checkpoints live, for Commit and LoadCheckpoint.
 func (s *Sink) InitTransactions(ctx context.Context, cp Checkpoints) error {
+	s.cp = cp
 	adm := kadm.NewClient(s.cl())
 	resp, err := adm.CreateTopic(ctx, 1, -1, map[string]*string{"cleanup.policy": ptr("compact")}, cp.Topic)
 	if err == nil {
 		err = resp.Err
 	}
 	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
-		return fmt.Errorf("kafka: create checkpoint topic %s: %w", cp.Topic, err)
+		return denied(fmt.Errorf("kafka: create checkpoint topic %s: %w", cp.Topic, err))
 	}
 	if _, _, err := s.cl().ProducerID(ctx); err != nil {
 		return classify(fmt.Errorf("kafka: init transactional producer: %w", err), true)
@@ -126,13 +80,13 @@ func (s *Sink) Begin() error {
 // checkpoint and commits. If any record failed it aborts instead and returns
 // ErrRecordsFailed. On any error the transaction is aborted; nothing of it is
 // visible to read_committed consumers.
-func (s *Sink) Commit(ctx context.Context, cp Checkpoints, at Checkpoint) error {
+func (s *Sink) Commit(ctx context.Context, at sink.Checkpoint) error {
 	err := s.cl().Flush(ctx)
 	if err == nil && s.failed.Load() > 0 {
-		err = &sink.Error{Kind: sink.Rejected, Err: ErrRecordsFailed}
+		err = &sink.Error{Kind: sink.Rejected, Err: sink.ErrRecordsFailed}
 	}
 	if err == nil {
-		err = s.commit(ctx, cp, at)
+		err = s.commit(ctx, at)
 	}
 	if err != nil {
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
@@ -143,8 +97,8 @@ func (s *Sink) Commit(ctx context.Context, cp Checkpoints, at Checkpoint) error 
 	return nil
 }
 
-func (s *Sink) commit(ctx context.Context, cp Checkpoints, at Checkpoint) error {
-	rec := &kgo.Record{Topic: cp.Topic, Key: []byte(cp.Key), Value: []byte(at.String())}
+func (s *Sink) commit(ctx context.Context, at sink.Checkpoint) error {
+	rec := &kgo.Record{Topic: s.cp.Topic, Key: []byte(s.cp.Key), Value: []byte(at.String())}
 	// Not ProduceSync: a record already sent to a stalled broker ignores
 	// ctx, and the caller's deadline must hold.
 	acked := make(chan error, 1)
@@ -167,16 +121,17 @@ func (s *Sink) Abort(ctx context.Context) {
 	_ = s.cl().EndTransaction(ctx, kgo.TryAbort)
 }
 
-// LoadCheckpoint reads the checkpoint topic with read_committed isolation and
-// returns the last checkpoint committed for cp.Key (zero if none).
-func (s *Sink) LoadCheckpoint(ctx context.Context, cp Checkpoints) (Checkpoint, error) {
-	text, err := s.loadCheckpoint(ctx, cp)
+// LoadCheckpoint reads the checkpoint topic (as given to InitTransactions)
+// with read_committed isolation and returns the last checkpoint committed for
+// its key (zero if none).
+func (s *Sink) LoadCheckpoint(ctx context.Context) (sink.Checkpoint, error) {
+	text, err := s.loadCheckpoint(ctx, s.cp)
 	if err != nil || text == "" {
-		return Checkpoint{}, err
+		return sink.Checkpoint{}, denied(err)
 	}
-	c, err := ParseCheckpoint(text)
+	c, err := sink.ParseCheckpoint(text)
 	if err != nil {
-		return Checkpoint{}, fmt.Errorf("kafka: checkpoint %q in %s: %w", text, cp.Topic, err)
+		return sink.Checkpoint{}, fmt.Errorf("kafka: checkpoint %q in %s: %w", text, s.cp.Topic, err)
 	}
 	return c, nil
 }

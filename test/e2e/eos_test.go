@@ -121,9 +121,14 @@ func TestExactlyOnceStartsWhileKafkaDown(t *testing.T) {
 	if err := k.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	p, _ := f.spawn("--exactly-once", "--checkpoint-topic", "cp."+f.agg)
+	p, r := f.spawn("--exactly-once", "--checkpoint-topic", "cp."+f.agg)
 	if err := p.WaitLog(f.ctx, "waiting for Kafka"); err != nil {
 		t.Fatalf("%v\n%s", err, p.Log())
+	}
+	// Alive while it waits (a liveness probe must not kill it), not ready.
+	poll(t, 10*time.Second, "/healthz 200 while waiting for Kafka", func() bool { c, _ := r.get(t, "/healthz"); return c == 200 })
+	if c, body := r.get(t, "/readyz"); c != 503 || !strings.Contains(body, "waiting for Kafka") {
+		t.Fatalf("/readyz while waiting: %d %s", c, body)
 	}
 	f.commit(event{1, "a", "E", `{}`})
 	if err := k.Start(f.ctx); err != nil {

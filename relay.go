@@ -1,4 +1,4 @@
-package main
+package outboxd
 
 import (
 	"context"
@@ -13,61 +13,22 @@ import (
 
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
-	"github.com/outboxd/outboxd/sink/kafka"
 	"github.com/outboxd/outboxd/slot"
 	"github.com/outboxd/outboxd/wal"
 )
-
-// relayConfig is what the relay loop needs; run.go fills it from options.
-type relayConfig struct {
-	Postgres           string
-	Slot               string
-	Publication        string
-	MaxInflightEvents  int
-	MaxInflightBytes   int64
-	StatusInterval     time.Duration // the longest gap between standby status updates
-	ConfirmInterval    time.Duration // the shortest gap between confirmations while events flow
-	ReplicationTimeout time.Duration // silence from the server after which the connection is presumed dead
-	ShutdownTimeout    time.Duration
-	ReleaseAfter       time.Duration // a full in-flight window without acks this long lets go of the connection
-	HeartbeatPrefix    string
-	MaxMessageBytes    int    // a record larger than this is an invalid row, not a broker error
-	OnInvalid          string // "fail" or "dead-letter"
-	DeadLetterTopic    string
-	MessagePrefix      string // the table-less outbox's pg_logical_emit_message prefix
-	// Exactly-once mode: the transactional sink and its checkpoints.
-	TxnSink     txnSink
-	Checkpoints kafka.Checkpoints
-	// Done is what Kafka held at startup (exactly-once mode's checkpoint).
-	Done kafka.Checkpoint
-	// SplitAge: a Kafka transaction this old commits even in the middle of
-	// a PostgreSQL transaction (a fraction of the transaction timeout).
-	SplitAge time.Duration
-}
-
-// recordSink is what the relay needs of the broker.
-type recordSink interface {
-	sink.Sink
-	// Check says, before producing, whether the broker would refuse rec
-	// (a sink.Error of kind Rejected).
-	Check(ctx context.Context, rec *router.Record) error
-	// Probe produces rec and waits for the outcome, without making it
-	// visible to read_committed consumers in exactly-once mode.
-	Probe(ctx context.Context, rec *router.Record) error
-}
 
 // relay moves committed outbox rows from the slot to the sink and confirms
 // the slot only up to the ack watermark. One goroutine runs it; sink callbacks
 // only touch the watermark, the error channel and metrics.
 type relay struct {
-	cfg    relayConfig
+	cfg    Config
 	log    *slog.Logger
 	router *router.Router
-	sink   recordSink
+	sink   Sink
 	m      *metrics
 	state  *state
 
-	// onHeartbeat receives the content of heartbeat messages (set by run.go).
+	// onHeartbeat receives the content of heartbeat messages (the monitor's).
 	onHeartbeat func(content []byte, received time.Time)
 
 	// poison remembers events the broker rejected, by position, so that the
@@ -116,7 +77,7 @@ func (r *rejection) Unwrap() error { return r.err }
 // configuration, fencing).
 func (r *relay) run(ctx context.Context) error {
 	resume := r.cfg.Done.LSN
-	bo := backoff{min: 500 * time.Millisecond, max: 15 * time.Second}
+	bo := Backoff{Min: 500 * time.Millisecond, Max: 15 * time.Second}
 	for first := true; ; first = false {
 		if !first {
 			r.m.reconnects.WithLabelValues("postgres").Inc()
@@ -131,7 +92,7 @@ func (r *relay) run(ctx context.Context) error {
 		var rej *rejection
 		var hold *holdError
 		switch {
-		case errors.As(err, &setupErr), isConfigError(err), sink.KindOf(err) == sink.Fenced:
+		case errors.As(err, &setupErr), IsConfigError(err), sink.KindOf(err) == sink.Fenced, sink.KindOf(err) == sink.Denied:
 			return err
 		case errors.As(err, &busy):
 			r.logOnce(slog.LevelWarn, "replication slot busy; retrying", err)
@@ -176,13 +137,13 @@ func (r *relay) run(ctx context.Context) error {
 			if !r.hold(ctx, hold) {
 				return nil
 			}
-			bo.reset()
+			bo.Reset()
 			continue
 		}
 		if streamed && rej == nil {
-			bo.reset()
+			bo.Reset()
 		}
-		if !bo.wait(ctx) {
+		if !bo.Wait(ctx) {
 			return nil
 		}
 	}
@@ -213,9 +174,9 @@ func (r *relay) hold(ctx context.Context, h *holdError) bool {
 		<-ctx.Done()
 		return false
 	}
-	bo := backoff{min: time.Second, max: 30 * time.Second}
+	bo := Backoff{Min: time.Second, Max: 30 * time.Second}
 	for {
-		if !bo.wait(ctx) {
+		if !bo.Wait(ctx) {
 			return false
 		}
 		pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -279,7 +240,7 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 
 	s := &streamer{relay: r, stream: stream, wm: wm, errc: make(chan error, 1), rejected: &r.rejected, lastSent: start, sentAt: time.Now()}
 	if r.cfg.TxnSink != nil {
-		s.eos = &eos{sink: r.cfg.TxnSink, cp: r.cfg.Checkpoints, done: r.cfg.Done, splitAge: r.cfg.SplitAge}
+		s.eos = &eos{sink: r.cfg.TxnSink, done: r.cfg.Done, splitAge: r.cfg.SplitAge}
 	}
 	err = s.loop(sctx)
 
@@ -290,9 +251,9 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 	return true, wm, err
 }
 
-// isConfigError reports server errors that retrying cannot fix: bad
+// IsConfigError reports PostgreSQL errors that retrying cannot fix: bad
 // credentials, missing privileges, a database that does not exist.
-func isConfigError(err error) bool {
+func IsConfigError(err error) bool {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
 		return false
@@ -305,12 +266,12 @@ func isConfigError(err error) bool {
 // that refuses connections is a wait, not a reason to exit), but gives up at
 // once on what waiting cannot fix: fencing, a missing authorisation.
 func (r *relay) resetTransactions(ctx context.Context, resume *wal.LSN) error {
-	bo := backoff{min: 500 * time.Millisecond, max: 15 * time.Second}
+	bo := Backoff{Min: 500 * time.Millisecond, Max: 15 * time.Second}
 	for {
 		err := r.cfg.TxnSink.Reset(ctx)
-		var done kafka.Checkpoint
+		var done sink.Checkpoint
 		if err == nil {
-			done, err = r.cfg.TxnSink.LoadCheckpoint(ctx, r.cfg.Checkpoints)
+			done, err = r.cfg.TxnSink.LoadCheckpoint(ctx)
 		}
 		if err == nil {
 			if r.cfg.Done.LSN < done.LSN || (r.cfg.Done.LSN == done.LSN && r.cfg.Done.Events < done.Events) {
@@ -319,13 +280,13 @@ func (r *relay) resetTransactions(ctx context.Context, resume *wal.LSN) error {
 			*resume = max(*resume, r.cfg.Done.LSN)
 			return nil
 		}
-		if ctx.Err() != nil || sink.KindOf(err) == sink.Fenced || isAuthError(err) {
+		if ctx.Err() != nil || sink.KindOf(err) == sink.Fenced || sink.KindOf(err) == sink.Denied {
 			return err
 		}
 		r.state.setErr(err)
 		r.m.reconnects.WithLabelValues("kafka").Inc()
 		r.logOnce(slog.LevelWarn, "exactly-once: waiting for Kafka to start a new transactional session", err)
-		if !bo.wait(ctx) {
+		if !bo.Wait(ctx) {
 			return ctx.Err()
 		}
 	}
@@ -340,21 +301,24 @@ func (r *relay) logOnce(level slog.Level, msg string, err error, args ...any) {
 	} else {
 		r.lastLogged, r.lastLoggedAt = text, time.Now()
 	}
-	r.log.Log(context.Background(), level, msg, append([]any{"err", redactText(text, r.cfg.Postgres)}, args...)...)
+	r.log.Log(context.Background(), level, msg, append([]any{"err", Redact(text, r.cfg.Postgres)}, args...)...)
 }
 
-// backoff is exponential with a cap.
-type backoff struct {
-	min, max, cur time.Duration
+// Backoff is exponential with a cap: the schedule on which outboxd retries
+// what waiting can fix (a server or broker that is down).
+type Backoff struct {
+	Min, Max, cur time.Duration
 }
 
-func (b *backoff) reset() { b.cur = 0 }
+// Reset starts the schedule over.
+func (b *Backoff) Reset() { b.cur = 0 }
 
-func (b *backoff) wait(ctx context.Context) bool {
+// Wait sleeps for the next step, or until ctx ends (then it returns false).
+func (b *Backoff) Wait(ctx context.Context) bool {
 	if b.cur == 0 {
-		b.cur = b.min
+		b.cur = b.Min
 	} else {
-		b.cur = min(b.cur*2, b.max)
+		b.cur = min(b.cur*2, b.Max)
 	}
 	t := time.NewTimer(b.cur)
 	defer t.Stop()

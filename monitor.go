@@ -1,4 +1,4 @@
-package main
+package outboxd
 
 import (
 	"context"
@@ -57,7 +57,7 @@ func (mo *monitor) run(ctx context.Context) {
 		}
 		c, err := pgx.Connect(ctx, mo.dsn)
 		if err != nil {
-			mo.log.Debug("monitor: postgres connect failed", "err", redactErr(err, mo.dsn))
+			mo.log.Debug("monitor: postgres connect failed", "err", RedactErr(err, mo.dsn))
 			return false
 		}
 		conn = c
@@ -109,7 +109,7 @@ func (mo *monitor) pollSlot(ctx context.Context, conn *pgx.Conn) {
 	switch {
 	case err == pgx.ErrNoRows:
 	case err != nil:
-		mo.log.Debug("monitor: slot poll failed", "err", redactErr(err, mo.dsn))
+		mo.log.Debug("monitor: slot poll failed", "err", RedactErr(err, mo.dsn))
 		return
 	default:
 		v.Found = true
@@ -170,7 +170,7 @@ func (mo *monitor) heartbeat(ctx context.Context, conn *pgx.Conn) {
 	now := strconv.FormatInt(time.Now().UnixNano(), 10)
 	if _, err := conn.Exec(hctx, `SELECT pg_logical_emit_message(false, $1, $2)`, heartbeatPrefix, now); err != nil {
 		mo.m.heartbeatErrors.Inc()
-		mo.log.Debug("heartbeat failed", "err", redactErr(err, mo.dsn))
+		mo.log.Debug("heartbeat failed", "err", RedactErr(err, mo.dsn))
 	}
 }
 
@@ -193,7 +193,7 @@ func (mo *monitor) checkLag() {
 		return
 	}
 	mo.lastLagWarn = time.Now()
-	mo.log.Warn("replication slot lag above --max-slot-lag", "lag", humanBytes(lag), "max", humanBytes(mo.maxSlotLag), "cause", mo.st.lagCause())
+	mo.log.Warn("replication slot lag above --max-slot-lag", "lag", HumanBytes(lag), "max", HumanBytes(mo.maxSlotLag), "cause", mo.st.lagCause())
 }
 
 func deref(s *string) string {

@@ -1,10 +1,10 @@
-package main
+package outboxd
 
 import (
 	"context"
 	"time"
 
-	"github.com/outboxd/outboxd/sink/kafka"
+	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/slot"
 	"github.com/outboxd/outboxd/wal"
 )
@@ -19,7 +19,7 @@ import (
 // or hold eosMaxRecords records, or when the stream goes quiet. A PostgreSQL
 // transaction too large for that is split: the Kafka transaction commits in
 // its middle with a checkpoint naming the transaction and how many of its
-// events are in (kafka.Checkpoint), so no Kafka transaction stays open long
+// events are in (sink.Checkpoint), so no Kafka transaction stays open long
 // enough for the coordinator's timeout to abort it. A read_committed consumer
 // then sees such a PostgreSQL transaction in parts, each event still once.
 
@@ -32,21 +32,11 @@ const (
 // Kafka would answer no keepalive, and hold up a PostgreSQL shutdown.
 const eosCommitTimeout = 10 * time.Second
 
-// txnSink is the part of the Kafka sink that exactly-once mode uses.
-type txnSink interface {
-	Begin() error
-	Commit(ctx context.Context, cp kafka.Checkpoints, at kafka.Checkpoint) error
-	Abort(ctx context.Context)
-	Reset(ctx context.Context) error
-	LoadCheckpoint(ctx context.Context, cp kafka.Checkpoints) (kafka.Checkpoint, error)
-}
-
 // eos is one session's Kafka-transaction state, owned by the streamer.
 type eos struct {
-	sink     txnSink
-	cp       kafka.Checkpoints
-	done     kafka.Checkpoint // what Kafka held when the session started
-	splitAge time.Duration    // a Kafka transaction this old commits even inside a PostgreSQL one
+	sink     TxnSink
+	done     sink.Checkpoint // what Kafka held when the session started
+	splitAge time.Duration   // a Kafka transaction this old commits even inside a PostgreSQL one
 	open     bool
 	started  time.Time
 	records  int
@@ -72,7 +62,7 @@ func (e *eos) pgCommit(ctx context.Context, wm *slot.Watermark, txn *slot.Txn, e
 	e.txns = append(e.txns, txn)
 	e.ends = append(e.ends, end)
 	if time.Since(e.started) >= eosMaxAge || e.records >= eosMaxRecords {
-		return e.commit(ctx, wm, false, kafka.Checkpoint{})
+		return e.commit(ctx, wm, false, sink.Checkpoint{})
 	}
 	return nil
 }
@@ -87,16 +77,16 @@ func (e *eos) splitDue() bool {
 // the watermark see its whole PostgreSQL transactions as committed. With
 // split, the checkpoint is at (inside the current PostgreSQL transaction);
 // otherwise it is the end of the last whole transaction.
-func (e *eos) commit(ctx context.Context, wm *slot.Watermark, split bool, at kafka.Checkpoint) error {
+func (e *eos) commit(ctx context.Context, wm *slot.Watermark, split bool, at sink.Checkpoint) error {
 	if !e.open || (len(e.txns) == 0 && !split) {
 		return nil
 	}
 	if !split {
-		at = kafka.Checkpoint{LSN: e.ends[len(e.ends)-1]}
+		at = sink.Checkpoint{LSN: e.ends[len(e.ends)-1]}
 	}
 	cctx, cancel := context.WithTimeout(ctx, eosCommitTimeout)
 	defer cancel()
-	if err := e.sink.Commit(cctx, e.cp, at); err != nil {
+	if err := e.sink.Commit(cctx, at); err != nil {
 		e.reset()
 		return err
 	}

@@ -1,4 +1,4 @@
-package main
+package outboxd
 
 import (
 	"regexp"
@@ -71,10 +71,10 @@ func redactURL(u string) string {
 	return out
 }
 
-// redactText masks passwords in free text (an error message, a log line):
+// Redact masks passwords in free text (an error message, a log line):
 // every postgres:// URL and password=… pair, and the literal passwords of
 // the given connection strings wherever they appear.
-func redactText(s string, dsns ...string) string {
+func Redact(s string, dsns ...string) string {
 	for _, dsn := range dsns {
 		if dsn == "" {
 			continue
@@ -106,13 +106,13 @@ func passwords(dsn string) []string {
 	return []string{cfg.Password}
 }
 
-// redactErr returns err with passwords masked in its message (see
+// RedactErr returns err with passwords masked in its message (see
 // redactText); errors.Is and errors.As still see the original. nil stays nil.
-func redactErr(err error, dsns ...string) error {
+func RedactErr(err error, dsns ...string) error {
 	if err == nil {
 		return nil
 	}
-	msg := redactText(err.Error(), dsns...)
+	msg := Redact(err.Error(), dsns...)
 	if msg == err.Error() {
 		return err
 	}

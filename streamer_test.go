@@ -1,4 +1,4 @@
-package main
+package outboxd
 
 import (
 	"context"
@@ -14,7 +14,6 @@ import (
 
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
-	"github.com/outboxd/outboxd/sink/kafka"
 	"github.com/outboxd/outboxd/slot"
 	"github.com/outboxd/outboxd/wal"
 )
@@ -195,17 +194,17 @@ type harness struct {
 	done   chan error
 }
 
-func newHarness(t *testing.T, start wal.LSN, tweak func(*relayConfig)) *harness {
+func newHarness(t *testing.T, start wal.LSN, tweak func(*Config)) *harness {
 	t.Helper()
 	rt, err := router.New(router.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := relayConfig{
+	cfg := Config{
 		Slot: "s", MaxInflightEvents: 1000, MaxInflightBytes: 1 << 20,
 		StatusInterval: time.Second, ConfirmInterval: 5 * time.Millisecond, ReplicationTimeout: time.Minute,
 		ShutdownTimeout: 2 * time.Second, ReleaseAfter: time.Minute, MaxMessageBytes: 1 << 20,
-		OnInvalid: "fail", DeadLetterTopic: "dlq", HeartbeatPrefix: heartbeatPrefix,
+		OnInvalid: "fail", DeadLetterTopic: "dlq",
 	}
 	if tweak != nil {
 		tweak(&cfg)
@@ -316,7 +315,7 @@ func TestStreamerRejectionEndsTheSessionBeforeTheEvent(t *testing.T) {
 // flowing, and after ReleaseAfter without an ack the session lets go of the
 // connection (so a PostgreSQL shutdown is never held up by Kafka).
 func TestStreamerBackPressureThenRelease(t *testing.T) {
-	h := newHarness(t, 100, func(c *relayConfig) {
+	h := newHarness(t, 100, func(c *Config) {
 		c.MaxInflightEvents = 2
 		c.StatusInterval = 20 * time.Millisecond
 		c.ReleaseAfter = 300 * time.Millisecond
@@ -361,7 +360,7 @@ func TestStreamerHoldsOnAnInvalidRow(t *testing.T) {
 // In dead-letter mode the invalid row goes to the dead-letter topic in its
 // place, and the transaction is confirmed once both are acked.
 func TestStreamerDeadLettersAnInvalidRowInOrder(t *testing.T) {
-	h := newHarness(t, 100, func(c *relayConfig) { c.OnInvalid = "dead-letter" })
+	h := newHarness(t, 100, func(c *Config) { c.OnInvalid = "dead-letter" })
 	h.start()
 	h.stream.push(txn(200, 210, uuid(1), "bad", uuid(3))...)
 	h.sink.waitProduced(t, 3)
@@ -470,12 +469,12 @@ func TestStreamerShutdownDrainsAndConfirms(t *testing.T) {
 type fakeTxnSink struct {
 	mu      sync.Mutex
 	open    bool
-	commits []kafka.Checkpoint
+	commits []sink.Checkpoint
 	fail    error
 }
 
 func (f *fakeTxnSink) Begin() error { f.mu.Lock(); f.open = true; f.mu.Unlock(); return nil }
-func (f *fakeTxnSink) Commit(_ context.Context, _ kafka.Checkpoints, at kafka.Checkpoint) error {
+func (f *fakeTxnSink) Commit(_ context.Context, at sink.Checkpoint) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.open = false
@@ -487,14 +486,14 @@ func (f *fakeTxnSink) Commit(_ context.Context, _ kafka.Checkpoints, at kafka.Ch
 }
 func (f *fakeTxnSink) Abort(context.Context)       { f.mu.Lock(); f.open = false; f.mu.Unlock() }
 func (f *fakeTxnSink) Reset(context.Context) error { return nil }
-func (f *fakeTxnSink) LoadCheckpoint(context.Context, kafka.Checkpoints) (kafka.Checkpoint, error) {
-	return kafka.Checkpoint{}, nil
+func (f *fakeTxnSink) LoadCheckpoint(context.Context) (sink.Checkpoint, error) {
+	return sink.Checkpoint{}, nil
 }
 
-func (f *fakeTxnSink) checkpoints() []kafka.Checkpoint {
+func (f *fakeTxnSink) checkpoints() []sink.Checkpoint {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return append([]kafka.Checkpoint(nil), f.commits...)
+	return append([]sink.Checkpoint(nil), f.commits...)
 }
 
 // Exactly-once: events the checkpoint covers are skipped (a split
@@ -504,7 +503,7 @@ func (f *fakeTxnSink) checkpoints() []kafka.Checkpoint {
 func TestStreamerExactlyOnceSkipsWhatKafkaHolds(t *testing.T) {
 	ts := &fakeTxnSink{}
 	h := newHarness(t, 100, nil)
-	h.s.eos = &eos{sink: ts, done: kafka.Checkpoint{LSN: 300, Events: 1}, splitAge: time.Minute}
+	h.s.eos = &eos{sink: ts, done: sink.Checkpoint{LSN: 300, Events: 1}, splitAge: time.Minute}
 	h.start()
 	h.stream.push(txn(200, 210, uuid(1))...)          // before the checkpoint: skipped
 	h.stream.push(txn(300, 310, uuid(2), uuid(3))...) // its first event is in Kafka
@@ -516,7 +515,7 @@ func TestStreamerExactlyOnceSkipsWhatKafkaHolds(t *testing.T) {
 	h.sink.ack(0, nil)
 	h.sink.ack(1, nil)
 	h.waitSent(410)
-	if cps := ts.checkpoints(); len(cps) == 0 || cps[len(cps)-1] != (kafka.Checkpoint{LSN: 410}) {
+	if cps := ts.checkpoints(); len(cps) == 0 || cps[len(cps)-1] != (sink.Checkpoint{LSN: 410}) {
 		t.Fatalf("checkpoints %v, want the last at 0/19A", cps)
 	}
 }
@@ -526,7 +525,7 @@ func TestStreamerExactlyOnceSkipsWhatKafkaHolds(t *testing.T) {
 // of its events are in; the slot is confirmed only after the last part.
 func TestStreamerExactlyOnceSplitsALargeTransaction(t *testing.T) {
 	ts := &fakeTxnSink{}
-	h := newHarness(t, 100, func(c *relayConfig) { c.MaxInflightEvents, c.MaxInflightBytes = 1<<20, 1<<30 })
+	h := newHarness(t, 100, func(c *Config) { c.MaxInflightEvents, c.MaxInflightBytes = 1<<20, 1<<30 })
 	h.s.eos = &eos{sink: ts, splitAge: time.Minute}
 	h.start()
 	ids := make([]string, eosMaxRecords*2+5)
@@ -540,7 +539,7 @@ func TestStreamerExactlyOnceSplitsALargeTransaction(t *testing.T) {
 	}
 	h.waitSent(210)
 	cps := ts.checkpoints()
-	want := []kafka.Checkpoint{{LSN: 200, Events: eosMaxRecords}, {LSN: 200, Events: 2 * eosMaxRecords}, {LSN: 210}}
+	want := []sink.Checkpoint{{LSN: 200, Events: eosMaxRecords}, {LSN: 200, Events: 2 * eosMaxRecords}, {LSN: 210}}
 	if fmt.Sprint(cps) != fmt.Sprint(want) {
 		t.Fatalf("checkpoints %v, want %v", cps, want)
 	}

@@ -1,4 +1,4 @@
-package main
+package outboxd
 
 import (
 	"context"
@@ -11,7 +11,6 @@ import (
 
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
-	"github.com/outboxd/outboxd/sink/kafka"
 	"github.com/outboxd/outboxd/slot"
 	"github.com/outboxd/outboxd/wal"
 )
@@ -152,7 +151,7 @@ func (s *streamer) loop(ctx context.Context) error {
 			}
 			if s.eos != nil && s.txn == nil {
 				// Quiet stream: commit what the open Kafka transaction holds.
-				if err := s.eosCommit(ctx, kafka.Checkpoint{}, false); err != nil {
+				if err := s.eosCommit(ctx, sink.Checkpoint{}, false); err != nil {
 					return err
 				}
 			}
@@ -282,7 +281,7 @@ func (s *streamer) update(msg *wal.Msg) error {
 // (transactional, with the configured prefix) and outboxd's own heartbeats.
 func (s *streamer) message(ctx context.Context, m *wal.Message) error {
 	if !m.Transactional {
-		if m.Prefix == s.cfg.HeartbeatPrefix && s.onHeartbeat != nil {
+		if m.Prefix == heartbeatPrefix && s.cfg.HeartbeatInterval > 0 && s.onHeartbeat != nil {
 			s.onHeartbeat(m.Content, time.Now())
 		} else if s.cfg.MessagePrefix != "" && m.Prefix == s.cfg.MessagePrefix {
 			s.log.Warn("ignored a non-transactional message with the outbox prefix: emit outbox messages with pg_logical_emit_message(true, …) so they commit with the transaction", "prefix", m.Prefix, "lsn", m.LSN.String())
@@ -377,7 +376,7 @@ func (s *streamer) publish(ctx context.Context, pos eventPos, src source, rec ro
 // split if need be): the probe runs in a transaction of its own, aborted.
 func (s *streamer) probe(ctx context.Context, rec *router.Record, pos eventPos) error {
 	if s.eos != nil && s.eos.open {
-		if err := s.eosCommit(ctx, kafka.Checkpoint{LSN: pos.commit, Events: pos.n}, true); err != nil {
+		if err := s.eosCommit(ctx, sink.Checkpoint{LSN: pos.commit, Events: pos.n}, true); err != nil {
 			return err
 		}
 		s.inKafka = false
@@ -454,7 +453,7 @@ func (s *streamer) produce(ctx context.Context, rec *router.Record, pos eventPos
 		s.m.publishLatency.Observe(time.Since(commit).Seconds())
 	})
 	if s.eos != nil && s.eos.splitDue() {
-		if err := s.eosCommit(ctx, kafka.Checkpoint{LSN: pos.commit, Events: pos.n + 1}, true); err != nil {
+		if err := s.eosCommit(ctx, sink.Checkpoint{LSN: pos.commit, Events: pos.n + 1}, true); err != nil {
 			return err
 		}
 		s.inKafka = false
@@ -464,7 +463,7 @@ func (s *streamer) produce(ctx context.Context, rec *router.Record, pos eventPos
 
 // eosCommit commits the open Kafka transaction (exactly-once mode); split:
 // inside the current PostgreSQL transaction, at checkpoint at.
-func (s *streamer) eosCommit(ctx context.Context, at kafka.Checkpoint, split bool) error {
+func (s *streamer) eosCommit(ctx context.Context, at sink.Checkpoint, split bool) error {
 	return s.eosErr(s.eos.commit(ctx, s.wm, split, at))
 }
 
@@ -472,7 +471,7 @@ func (s *streamer) eosCommit(ctx context.Context, at kafka.Checkpoint, split boo
 // failed into that record's rejection, which its callback has sent by now:
 // the relay then holds or dead-letters that event, as at-least-once does.
 func (s *streamer) eosErr(err error) error {
-	if !errors.Is(err, kafka.ErrRecordsFailed) {
+	if !errors.Is(err, sink.ErrRecordsFailed) {
 		return err
 	}
 	select {
@@ -513,7 +512,7 @@ func (s *streamer) finish(ctx context.Context, connAlive bool) {
 	if s.eos != nil {
 		if s.txn == nil {
 			// Clean shutdown between transactions: commit what is complete.
-			if err := s.eos.commit(tctx, s.wm, false, kafka.Checkpoint{}); err != nil {
+			if err := s.eos.commit(tctx, s.wm, false, sink.Checkpoint{}); err != nil {
 				s.log.Warn("exactly-once: final Kafka commit failed; the next run resumes from the last checkpoint", "err", err)
 			}
 		}

@@ -1,4 +1,4 @@
-package main
+package outboxd
 
 import (
 	"fmt"
@@ -37,7 +37,7 @@ func (s *state) setErr(err error) {
 		return
 	}
 	s.mu.Lock()
-	s.lastErr, s.lastErrAt = redactText(err.Error(), s.dsn), time.Now()
+	s.lastErr, s.lastErrAt = Redact(err.Error(), s.dsn), time.Now()
 	s.mu.Unlock()
 }
 
@@ -53,7 +53,7 @@ func (s *state) ready() (bool, string) {
 	case !s.kafkaOK:
 		return false, "kafka unreachable" + s.errSuffix()
 	case s.maxSlotLag > 0 && s.slot.LagBytes > s.maxSlotLag:
-		return false, fmt.Sprintf("slot lag %s above --max-slot-lag %s: %s", humanBytes(s.slot.LagBytes), humanBytes(s.maxSlotLag), s.lagCauseLocked())
+		return false, fmt.Sprintf("slot lag %s above --max-slot-lag %s: %s", HumanBytes(s.slot.LagBytes), HumanBytes(s.maxSlotLag), s.lagCauseLocked())
 	}
 	if st := s.wm.Stats(); !st.OldestUnacked.IsZero() && time.Since(st.OldestUnacked) > stalledAfter {
 		return false, fmt.Sprintf("watermark stalled: %d events unacked for %s", st.InflightEvents, time.Since(st.OldestUnacked).Round(time.Second))
@@ -144,7 +144,7 @@ func (s *state) endSession() {
 // longer does).
 func (s *state) setStalled(reason string) {
 	s.mu.Lock()
-	s.stalled = redactText(reason, s.dsn)
+	s.stalled = Redact(reason, s.dsn)
 	s.mu.Unlock()
 }
 

@@ -1,0 +1,215 @@
+// Package outboxd is the relay engine: it streams committed outbox rows from
+// a PostgreSQL pgoutput slot to a broker and confirms the slot only up to
+// what the broker has acknowledged. cmd/outboxd wires it from flags; a Go
+// service can embed it the same way:
+//
+//	rt, _ := router.New(router.Config{})
+//	sk, _ := kafka.New(kafka.Config{Brokers: brokers})
+//	r, err := outboxd.New(outboxd.Config{Postgres: dsn, Router: rt, Sink: sk})
+//	go http.ListenAndServe("127.0.0.1:9187", r.Handler(false))
+//	err = r.Run(ctx) // until ctx ends
+//
+// One event's path, file by file: relay.go holds the replication connection
+// (one goroutine, one session at a time) and streamer.go reads it, routes each
+// insert with the router and hands the record to the Sink; the Sink's
+// acknowledgement reaches the slot.Watermark, whose contiguous position is the
+// only flush LSN ever sent to PostgreSQL. eos.go is exactly-once mode's
+// batching of whole PostgreSQL transactions into Kafka transactions.
+// monitor.go polls the slot and the broker on an ordinary connection;
+// state.go and metrics.go are what /status, /readyz and /metrics show
+// (handler.go).
+package outboxd
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outboxd/outboxd/router"
+	"github.com/outboxd/outboxd/sink"
+)
+
+// Config configures a Relay. Zero durations and sizes take the defaults
+// cmd/outboxd documents for its flags of the same names.
+type Config struct {
+	Postgres    string // connection string of an ordinary connection; replication=database is added
+	Slot        string // the pgoutput slot, created if missing (default "outboxd")
+	Publication string // its outbox tables (default "outboxd")
+	Router      *router.Router
+	Sink        Sink
+	Logger      *slog.Logger // default: discard
+	Version     string       // outboxd_build_info's version label
+
+	MaxInflightEvents  int           // events handed to the sink and not yet acked before reading pauses (50000)
+	MaxInflightBytes   int64         // the same in bytes (32 MiB)
+	StatusInterval     time.Duration // the longest gap between standby status updates (10s)
+	ConfirmInterval    time.Duration // the shortest gap between confirmations while events flow (25ms)
+	ReplicationTimeout time.Duration // silence after which the connection is presumed dead (30s)
+	ShutdownTimeout    time.Duration // on shutdown, the wait for in-flight acks (30s)
+	ReleaseAfter       time.Duration // a full in-flight window without acks this long lets go of the connection (5s)
+	MaxMessageBytes    int           // a record larger than this is an invalid event, not a broker error (1000012)
+	OnInvalid          string        // "fail" (hold before the event, default) or "dead-letter"
+	DeadLetterTopic    string        // with OnInvalid "dead-letter" (default "outboxd.deadletter")
+	MessagePrefix      string        // the table-less outbox's pg_logical_emit_message prefix ("" disables)
+	HeartbeatInterval  time.Duration // heartbeat messages measuring replication delay (0 disables)
+	PollInterval       time.Duration // slot and broker polls (5s)
+	MaxSlotLag         int64         // slot lag above which the relay warns and is not ready (0 disables)
+	Warnings           []string      // insecure settings found at startup, shown on /status
+
+	// Exactly-once mode: a transactional sink whose InitTransactions has
+	// run, and what it held then.
+	TxnSink TxnSink
+	Done    sink.Checkpoint
+	// SplitAge: a Kafka transaction this old commits even in the middle of
+	// a PostgreSQL transaction (a quarter of the transaction timeout).
+	SplitAge time.Duration
+}
+
+// Sink is what the relay needs of the broker.
+type Sink interface {
+	sink.Sink
+	// Check says, before producing, whether the broker would refuse rec
+	// (a sink.Error of kind Rejected).
+	Check(ctx context.Context, rec *router.Record) error
+	// Probe produces rec and waits for the outcome, without making it
+	// visible to read_committed consumers in exactly-once mode.
+	Probe(ctx context.Context, rec *router.Record) error
+}
+
+// TxnSink is the part of a transactional sink exactly-once mode uses.
+type TxnSink interface {
+	Begin() error
+	// Commit waits for the transaction's records and commits them with the
+	// checkpoint at; it aborts instead if any record failed.
+	Commit(ctx context.Context, at sink.Checkpoint) error
+	Abort(ctx context.Context)
+	// Reset replaces the producer (same transactional id) after a failure.
+	Reset(ctx context.Context) error
+	LoadCheckpoint(ctx context.Context) (sink.Checkpoint, error)
+}
+
+const heartbeatPrefix = "outboxd.heartbeat"
+
+// heartbeatPrefix is the prefix of outboxd's heartbeat messages, or ""
+// without heartbeats.
+func (c *Config) heartbeatPrefix() string {
+	if c.HeartbeatInterval <= 0 {
+		return ""
+	}
+	return heartbeatPrefix
+}
+
+// wantMessages: pgoutput decodes and ships every pg_logical_emit_message of
+// the database when asked for messages, which any role with CONNECT may
+// emit (EXECUTE is granted to PUBLIC), so they are requested only when
+// something consumes them: the table-less outbox or heartbeats.
+func (c *Config) wantMessages() bool { return c.MessagePrefix != "" || c.heartbeatPrefix() != "" }
+
+// maxBodyBytes is the largest replication message read whole: anything
+// longer cannot give a record within MaxMessageBytes (bytea's hex text is
+// twice its bytes; the rest is framing), so the stream reads only its start
+// and the event is invalid, never a spike in memory.
+func (c *Config) maxBodyBytes() int { return 2*c.MaxMessageBytes + 64<<10 }
+
+func (c *Config) defaults() error {
+	if c.Postgres == "" || c.Router == nil || c.Sink == nil {
+		return errors.New("outboxd: Config needs Postgres, Router and Sink")
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	if c.Slot == "" {
+		c.Slot = "outboxd"
+	}
+	if c.Publication == "" {
+		c.Publication = "outboxd"
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.MaxInflightEvents == 0 {
+		c.MaxInflightEvents = 50000
+	}
+	if c.MaxInflightBytes == 0 {
+		c.MaxInflightBytes = 32 << 20
+	}
+	if c.MaxMessageBytes == 0 {
+		c.MaxMessageBytes = 1000012
+	}
+	def(&c.StatusInterval, 10*time.Second)
+	def(&c.ConfirmInterval, 25*time.Millisecond)
+	def(&c.ReplicationTimeout, 30*time.Second)
+	def(&c.ShutdownTimeout, 30*time.Second)
+	def(&c.ReleaseAfter, 5*time.Second)
+	def(&c.PollInterval, 5*time.Second)
+	def(&c.SplitAge, 15*time.Second)
+	if c.OnInvalid == "" {
+		c.OnInvalid = "fail"
+	}
+	if c.OnInvalid != "fail" && c.OnInvalid != "dead-letter" {
+		return errors.New(`outboxd: OnInvalid must be "fail" or "dead-letter"`)
+	}
+	if c.DeadLetterTopic == "" {
+		c.DeadLetterTopic = "outboxd.deadletter"
+	}
+	return nil
+}
+
+// Relay is one outboxd: the replication session loop and its monitor.
+type Relay struct {
+	relay   *relay
+	monitor *monitor
+	m       *metrics
+	st      *state
+}
+
+// New checks cfg and builds the relay; it contacts nothing.
+func New(cfg Config) (*Relay, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	st := &state{dsn: cfg.Postgres, slotName: cfg.Slot, maxSlotLag: cfg.MaxSlotLag, warnings: cfg.Warnings}
+	m := newMetrics(cfg.Version, st)
+	mo := &monitor{
+		dsn: cfg.Postgres, slot: cfg.Slot, interval: cfg.PollInterval, heartbeatInterval: cfg.HeartbeatInterval,
+		maxSlotLag: cfg.MaxSlotLag, log: cfg.Logger, m: m, st: st, sink: cfg.Sink,
+	}
+	r := &relay{
+		cfg: cfg, log: cfg.Logger, router: cfg.Router, sink: cfg.Sink, m: m, state: st,
+		poison: map[eventPos]string{}, published: map[string]prometheus.Counter{},
+		onHeartbeat: mo.onHeartbeat,
+	}
+	return &Relay{relay: r, monitor: mo, m: m, st: st}, nil
+}
+
+// Run streams until ctx ends, then drains what is in flight (up to
+// ShutdownTimeout) and sends the final confirmation. It returns nil after a
+// clean shutdown, and an error only for what a restart with the same
+// configuration cannot fix (a slot or publication problem, bad credentials,
+// another instance fencing this one). It owns two goroutines: its caller's,
+// which runs the replication sessions, and the monitor's, which it stops and
+// waits for before returning.
+func (r *Relay) Run(ctx context.Context) error {
+	mctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		r.monitor.run(mctx)
+	}()
+	defer wg.Wait() // second: the monitor has returned
+	defer stop()    // first: tell it to
+	return r.relay.run(ctx)
+}
+
+// Handler serves /metrics, /healthz, /readyz, /status and, with pprof,
+// /debug/pprof. It has no authentication: serve it on loopback or behind
+// the network boundary.
+func (r *Relay) Handler(pprof bool) http.Handler { return newHTTPHandler(r.m, r.st, pprof) }
