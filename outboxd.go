@@ -184,7 +184,7 @@ func New(cfg Config) (*Relay, error) {
 	r := &relay{
 		cfg: cfg, log: cfg.Logger, router: cfg.Router, sink: cfg.Sink, m: m, state: st,
 		poison: map[eventPos]string{}, published: map[string]prometheus.Counter{},
-		onHeartbeat: mo.onHeartbeat,
+		onHeartbeat: mo.onHeartbeat, holdRetry: time.Second,
 	}
 	return &Relay{relay: r, monitor: mo, m: m, st: st}, nil
 }

@@ -36,6 +36,8 @@ type relay struct {
 	// holds before them (fail). Owned by the relay goroutine; fed from sink
 	// callbacks through the session's errc.
 	poison map[eventPos]string
+	// holdRetry is the first wait before a held event is tried again.
+	holdRetry time.Duration
 	// rejected collects refusals from sink callbacks, which may run after
 	// their session ended; run moves them into poison between sessions.
 	rejected rejections
@@ -174,7 +176,7 @@ func (r *relay) hold(ctx context.Context, h *holdError) bool {
 		<-ctx.Done()
 		return false
 	}
-	bo := Backoff{Min: time.Second, Max: 30 * time.Second}
+	bo := Backoff{Min: r.holdRetry, Max: 30 * time.Second}
 	for {
 		if !bo.Wait(ctx) {
 			return false
