@@ -74,6 +74,10 @@ func newFixture(t *testing.T, opts ...fixtureOpt) *fixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { f.conn.Close(context.Background()) })
+	// Drop the test's slot at the end (cleanups run last-in first-out, so
+	// outboxd is gone by then): the shared server has 32 slots, and a left
+	// slot would pin WAL for every later test.
+	t.Cleanup(func() { f.dropSlot() })
 	f.exec(`CREATE TABLE outbox (
 		id uuid PRIMARY KEY,
 		aggregatetype varchar(255) NOT NULL,
@@ -444,4 +448,27 @@ func (f *fixture) holdSlot() (pid int, release func()) {
 		f.t.Fatal(err)
 	}
 	return f.slotState().ActivePID, release
+}
+
+// dropSlot drops the fixture's slot once no walsender holds it (bounded).
+func (f *fixture) dropSlot() {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	conn, err := f.pg.Connect(ctx, f.db)
+	if err != nil {
+		return // the server is gone (a test stopped it); nothing to pin
+	}
+	defer conn.Close(context.Background())
+	for ctx.Err() == nil {
+		var active *bool
+		err := conn.QueryRow(ctx, `SELECT active FROM pg_replication_slots WHERE slot_name = $1`, f.slot).Scan(&active)
+		if err != nil {
+			return // no such slot
+		}
+		if active != nil && !*active {
+			_, _ = conn.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, f.slot)
+			return
+		}
+		time.Sleep(50 * time.Millisecond) // polls the walsender's exit
+	}
 }
