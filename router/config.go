@@ -70,6 +70,10 @@ const (
 	optTombstone       = "route.tombstone.on.empty.payload"
 	optPlacement       = "table.fields.additional.placement"
 	optMissing         = "table.field.additional.missing"
+	// optMissingLegacy is the boolean Debezium 2.5–3.5 used for the same
+	// thing; 3.6 renamed it without an alias. Accepted, so a 3.5 config
+	// pastes unchanged.
+	optMissingLegacy = "table.fields.additional.error.on.missing"
 	optInvalidOp       = "table.op.invalid.behavior"
 	optHeadersField    = "headers.field"
 	defaultTopicRegex  = "(?<routedByValue>.*)"
@@ -155,6 +159,17 @@ func resolve(name string, layers ...Options) (*settings, []error) {
 	placementSet := false
 	for _, l := range layers {
 		for _, k := range sortedKeys(l) {
+			if k == optMissingLegacy {
+				b, err := parseBool(l[k])
+				if err != nil {
+					bad(k, "%v", err)
+				} else if b {
+					eff[optMissing] = "error"
+				} else {
+					eff[optMissing] = "ignore"
+				}
+				continue
+			}
 			if _, ok := debeziumDefaults[k]; !ok {
 				bad(k, "unknown option (supported: %s)", strings.Join(sortedKeys(debeziumDefaults), ", "))
 				continue

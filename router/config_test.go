@@ -256,3 +256,17 @@ func TestFastPathDetection(t *testing.T) {
 		}
 	}
 }
+
+// Debezium 2.5–3.5's boolean spelling of table.field.additional.missing is
+// accepted, so such a configuration pastes unchanged.
+func TestLegacyErrorOnMissingSpelling(t *testing.T) {
+	for v, ignore := range map[string]bool{"false": true, "true": false} {
+		s, errs := resolve("defaults", Options{"table.fields.additional.error.on.missing": v})
+		if len(errs) != 0 || s.ignoreMissing != ignore {
+			t.Fatalf("error.on.missing=%s: ignoreMissing %v, errors %v", v, s.ignoreMissing, errs)
+		}
+	}
+	if _, errs := resolve("defaults", Options{"table.fields.additional.error.on.missing": "maybe"}); len(errs) != 1 {
+		t.Fatalf("a bad boolean: %v", errs)
+	}
+}
