@@ -92,7 +92,9 @@ func (l LatencyRun) cpuPerEvent() float64 {
 }
 
 // Table renders the results as one table with a header and a legend.
-func (r *Results) Table(w io.Writer) {
+// Table prints the run as one table and returns the measurements that
+// missed their target (result FAIL).
+func (r *Results) Table(w io.Writer) (missed []string) {
 	outboxdArgs := append(append([]string(nil), r.Config.OutboxdEnv...), r.Config.OutboxdArgs...)
 	m := r.Machine
 	fmt.Fprintf(w, "outboxd bench — %s, took %s%s\n", r.Started.UTC().Format("2006-01-02 15:04 UTC"), r.Took.Round(time.Second),
@@ -356,6 +358,11 @@ func (r *Results) Table(w io.Writer) {
 	}
 
 	writeTable(w, rows)
+	for _, rw := range rows[1:] {
+		if rw[6] == "FAIL" {
+			missed = append(missed, rw[1])
+		}
+	}
 	fmt.Fprint(w, `
 drain:    events/s from outboxd process start until the topic's end offsets sum to the event count AND the slot's
           confirmed_flush_lsn reached the last commit's end LSN. ceiling: a client opening the same kind of slot (pgoutput
@@ -378,6 +385,7 @@ CPU:      utime+stime from /proc/<pid>/stat over the run's wall time, as % of on
           "others" is the machine's busy time (/proc/stat) not spent in the processes listed: other tenants, kernel threads.
           RSS: VmHWM from /proc/<pid>/status just before outboxd is stopped. MiB = 2^20 bytes.
 `)
+	return missed
 }
 
 func writeTable(w io.Writer, rows []row) {

@@ -36,6 +36,7 @@ func main() {
 		perfDir     = flag.String("perf-dir", "", "record perf record -g profiles of outboxd and its walsender during each drain into this directory")
 		noPolling   = flag.Bool("no-polling", false, "skip the polling publisher in the drain cases")
 		timeout     = flag.Duration("timeout", 30*time.Minute, "give up after this long")
+		allowMiss   = flag.Bool("allow-miss", false, "exit 0 even when a measurement misses its target")
 	)
 	flag.Parse()
 	cfg := bench.DefaultConfig(*quick)
@@ -72,9 +73,13 @@ func main() {
 		os.Exit(1)
 	}
 	fmt.Println()
-	res.Table(os.Stdout)
+	missed := res.Table(os.Stdout)
 	if res.Failed() {
 		fmt.Fprintln(os.Stderr, "bench: some cases failed to run (see ERROR rows)")
+		os.Exit(1)
+	}
+	if len(missed) > 0 && !*allowMiss {
+		fmt.Fprintf(os.Stderr, "bench: %d measurement(s) missed their target: %s (-allow-miss to exit 0 anyway)\n", len(missed), strings.Join(missed, "; "))
 		os.Exit(1)
 	}
 }
