@@ -2,7 +2,7 @@
 // the outboxd binary and with each other: every OUTBOXD_* variable and --flag
 // they mention is an option of an outboxd command (run, setup, status, slot
 // drop) or a listed flag of another tool, every outboxd_* metric exists in
-// cmd/outboxd/metrics.go, ports are 9187, probes hit /healthz and /readyz, the
+// metrics.go, ports are 9187, probes hit /healthz and /readyz, the
 // compose init SQL is the rendered migrations, and every alert has unit tests.
 //
 //	go test ./deploy/
@@ -380,10 +380,10 @@ func configKeys(prefix string, tree map[string]any) []string {
 
 var histogramRE = regexp.MustCompile(`(?s)HistogramOpts\{[^}]*?Name:\s*"(outboxd_[a-z0-9_]+)"`)
 
-// binaryMetrics reads metric names from cmd/outboxd/metrics.go.
+// binaryMetrics reads metric names from metrics.go (the root package).
 func binaryMetrics(t *testing.T) (names, histograms map[string]bool) {
 	t.Helper()
-	src, err := os.ReadFile(filepath.Join(deployDir, "..", "cmd", "outboxd", "metrics.go"))
+	src, err := os.ReadFile(filepath.Join(deployDir, "..", "metrics.go"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -431,7 +431,7 @@ func TestMetricReferences(t *testing.T) {
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		t.Errorf("metric %s is not in cmd/outboxd/metrics.go; referenced at %s", k, strings.Join(missing[k], ", "))
+		t.Errorf("metric %s is not in metrics.go; referenced at %s", k, strings.Join(missing[k], ", "))
 	}
 }
 
