@@ -164,8 +164,11 @@ func (r *relay) hold(ctx context.Context, h *holdError) bool {
 	if h.rec != nil {
 		reason = h.Error() + "; outboxd retries it with backoff and streams on once Kafka accepts it (or run with --on-invalid dead-letter)"
 	}
-	r.log.Error("cannot publish an outbox event; the slot stays before it", "err", reason,
-		"table", h.table, "event_id", h.id, "commit_lsn", h.pos.commit.String(), "event", h.pos.n+1)
+	args := []any{"err", reason, "table", h.table, "event_id", h.id, "commit_lsn", h.pos.commit.String(), "event", h.pos.n + 1}
+	if inv := (*router.InvalidError)(nil); errors.As(h.cause, &inv) && inv.Detail != "" {
+		args = append(args, "value", inv.Detail) // the log only: /readyz and /status name the event, not its values
+	}
+	r.log.Error("cannot publish an outbox event; the slot stays before it", args...)
 	r.state.setStalled(reason)
 	r.m.blocked.Set(1)
 	defer func() {
