@@ -72,7 +72,15 @@ func runContainer(ctx context.Context, name string, req testcontainers.Container
 		req.Labels = map[string]string{}
 	}
 	req.Labels[ContainerLabel] = name
-	tc, err := testcontainers.GenericContainer(ctx, testcontainers.GenericContainerRequest{ContainerRequest: req, Started: false})
+	// testcontainers attaches containers to its default network, creating a
+	// bridge network with a private-range subnet if "bridge" is missing (as
+	// with dockerd --bridge=none). Naming "host" as the default bridge
+	// network keeps every container on the host network and creates none.
+	prov, err := testcontainers.NewDockerProvider(testcontainers.WithDefaultBridgeNetwork("host"))
+	if err != nil {
+		return nil, fmt.Errorf("testcontainers docker provider: %w", err)
+	}
+	tc, err := prov.CreateContainer(ctx, req)
 	if err != nil {
 		if tc != nil {
 			_ = tc.Terminate(context.WithoutCancel(ctx))
