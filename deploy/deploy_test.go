@@ -639,11 +639,13 @@ func TestComposeInitSQL(t *testing.T) {
 func TestDockerfile(t *testing.T) {
 	d := string(read(t, "Dockerfile"))
 	for _, re := range []string{
-		`(?m)^FROM .*golang:\$\{GO_VERSION\} AS build$`,
+		`(?m)^ARG BUILDER_IMAGE=golang:\$\{GO_VERSION\}$`,
+		`(?m)^FROM --platform=\$BUILDPLATFORM \$\{BUILDER_IMAGE\} AS build$`,
+		`(?m)^ARG RUNTIME_IMAGE=gcr\.io/distroless/static-debian12:nonroot$`,
+		`(?m)^FROM \$\{RUNTIME_IMAGE\}$`,
 		`(?m)^ARG GO_VERSION=1\.26$`,
 		`CGO_ENABLED=0`,
 		`go build -trimpath -ldflags "-s -w -X main\.version=\$\{VERSION\}"`,
-		`(?m)^FROM gcr\.io/distroless/static-debian12:nonroot$`,
 		`(?m)^USER 65532:65532$`,
 		`(?m)^EXPOSE ` + port + `$`,
 		`(?m)^ENTRYPOINT \["/outboxd"\]$`,

@@ -14,6 +14,7 @@ import (
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/client"
 	"github.com/testcontainers/testcontainers-go"
+	tclog "github.com/testcontainers/testcontainers-go/log"
 )
 
 // EnvBackend selects how the harness runs PostgreSQL and Kafka: unset or
@@ -54,6 +55,8 @@ type testContainer struct {
 // runContainer creates a container from req on the host network, arms its
 // watchdog, and starts it.
 func runContainer(ctx context.Context, name string, req testcontainers.ContainerRequest) (*testContainer, error) {
+	// testcontainers-go logs every lifecycle step; the harness reports errors.
+	tclog.SetDefault(tclog.NewNoopLogger())
 	if os.Getenv("TESTCONTAINERS_RYUK_DISABLED") == "" {
 		// Read once by testcontainers-go, before its first container.
 		os.Setenv("TESTCONTAINERS_RYUK_DISABLED", "true")
@@ -76,7 +79,7 @@ func runContainer(ctx context.Context, name string, req testcontainers.Container
 	// bridge network with a private-range subnet if "bridge" is missing (as
 	// with dockerd --bridge=none). Naming "host" as the default bridge
 	// network keeps every container on the host network and creates none.
-	prov, err := testcontainers.NewDockerProvider(testcontainers.WithDefaultBridgeNetwork("host"))
+	prov, err := testcontainers.NewDockerProvider(testcontainers.WithLogger(tclog.NewNoopLogger()), testcontainers.WithDefaultBridgeNetwork("host"))
 	if err != nil {
 		return nil, fmt.Errorf("testcontainers docker provider: %w", err)
 	}

@@ -325,7 +325,8 @@ func RuntimeImage(ctx context.Context) (string, error) {
 }
 
 // KfakedImage is a scratch image with a static test/cmd/kfaked as its
-// entrypoint, running as 65532 with its data under /data.
+// entrypoint, running as 65532 by default, with its data under /data
+// (writable by any user: the harness runs it as the test's user).
 func KfakedImage(ctx context.Context) (string, error) {
 	root, err := ModuleRoot()
 	if err != nil {
@@ -351,7 +352,7 @@ func KfakedImage(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	files = append(files, tarEntry{name: "kfaked", mode: 0o755, body: body}, tarEntry{name: "data/", mode: 0o755, uid: 65532})
+	files = append(files, tarEntry{name: "kfaked", mode: 0o755, body: body}, tarEntry{name: "data/", mode: 0o1777})
 	tarball, err := makeTar(files)
 	if err != nil {
 		return "", err

@@ -66,6 +66,9 @@ func (k *Kafka) runDocker(ctx context.Context, img string) error {
 		Image:              img,
 		Cmd:                args,
 		HostConfigModifier: func(hc *container.HostConfig) { hc.Binds = append(hc.Binds, binds...) },
+		// As the test's user, like the process backend: it can read the
+		// TLS key (mode 0600) the test wrote.
+		ConfigModifier: func(c *container.Config) { c.User = fmt.Sprintf("%d:%d", os.Getuid(), os.Getgid()) },
 	})
 	if err != nil {
 		return err
