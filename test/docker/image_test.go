@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -57,7 +58,7 @@ func outboxdImage(t *testing.T) string {
 		tag := fmt.Sprintf("outboxd-test/outboxd:test-%d", os.Getpid())
 		start := time.Now()
 		_, err = harness.DockerCLI(ctx, "build", "--progress=plain", "--network", "host",
-			"-f", "deploy/Dockerfile",
+			"-f", filepath.Join(root, "deploy", "Dockerfile"),
 			"--build-arg", "BUILDER_IMAGE="+builder,
 			"--build-arg", "RUNTIME_IMAGE="+runtime,
 			"--build-arg", "GOPROXY="+strings.TrimSpace(string(proxy)),
@@ -215,9 +216,9 @@ func TestImage(t *testing.T) {
 			t.Errorf("key %s: got %q, want %q", key, got[key], ids)
 		}
 	}
-	waitFor(t, ctx, 30*time.Second, "outboxd_events_published_total 10", func() bool {
+	waitFor(t, ctx, 30*time.Second, "outboxd_events_published_total{topic=outbox.event.order} 10", func() bool {
 		_, body := get(base + "/metrics")
-		return metricValue(body, "outboxd_events_published_total") == "10"
+		return metricValue(body, `outboxd_events_published_total{topic="outbox.event.order"}`) == "10"
 	})
 
 	// SIGTERM (docker stop) drains and exits 0.
@@ -233,8 +234,8 @@ func TestImage(t *testing.T) {
 	}
 }
 
-// metricValue returns the value of the unlabelled sample name in a
-// Prometheus text exposition ("" if absent).
+// metricValue returns the value of the sample (name with its labels, as
+// exposed) in a Prometheus text exposition ("" if absent).
 func metricValue(body, name string) string {
 	for _, line := range strings.Split(body, "\n") {
 		if v, ok := strings.CutPrefix(line, name+" "); ok {

@@ -258,7 +258,9 @@ exec "$@"
 
 // GoBuilderImage is a builder base for deploy/Dockerfile's BUILDER_IMAGE: the
 // local bookworm image with this machine's Go toolchain at /usr/local/go
-// (GOPATH /go, GOTOOLCHAIN local, like the official golang image).
+// (GOPATH /go, GOTOOLCHAIN local, like the official golang image) and this
+// machine's CA bundle, so that the build reaches the module proxy the way
+// the machine does (a TLS-intercepting proxy's CA included).
 func GoBuilderImage(ctx context.Context) (string, error) {
 	base, err := LocalPostgresImage(ctx)
 	if err != nil {
@@ -272,24 +274,44 @@ func GoBuilderImage(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("go builder image: reading the toolchain version: %w", err)
 	}
-	dockerfile := "FROM " + base + `
+	ca, err := os.ReadFile(caBundle)
+	if err != nil {
+		return "", fmt.Errorf("go builder image needs the CA bundle: %w (apt-get install ca-certificates)", err)
+	}
+	withGo := "FROM " + base + `
 COPY . /usr/local/go
 ENV GOPATH=/go GOTOOLCHAIN=local PATH=/go/bin:/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 ENTRYPOINT []
 CMD ["bash"]
 `
 	ver, _, _ := strings.Cut(strings.TrimPrefix(string(version), "go"), "\n")
-	tag := localRepo + "golang:" + ver + "-" + contentHash([]byte(dockerfile), version)
+	tag := localRepo + "golang:" + ver + "-" + contentHash([]byte(withGo), version, ca)
 	return ensureImage(ctx, tag, func(ctx context.Context, tag string) error {
-		_, err := dockerCLIStdin(ctx, []byte(dockerfile), "build", "--network", "host", "-q", "-t", tag, "-f", "-", goroot)
+		if _, err := dockerCLIStdin(ctx, []byte(withGo), "build", "--network", "host", "-q", "-t", tag+"-goroot", "-f", "-", goroot); err != nil {
+			return err
+		}
+		defer DockerCLI(context.WithoutCancel(ctx), "rmi", tag+"-goroot")
+		dir, err := os.MkdirTemp("", "outboxd-builder-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		if err := os.WriteFile(filepath.Join(dir, "ca-certificates.crt"), ca, 0o644); err != nil {
+			return err
+		}
+		withCA := "FROM " + tag + "-goroot\nCOPY ca-certificates.crt /etc/ssl/certs/ca-certificates.crt\n"
+		_, err = dockerCLIStdin(ctx, []byte(withCA), "build", "--network", "host", "-q", "-t", tag, "-f", "-", dir)
 		return err
 	})
 }
 
+// caBundle is the machine's CA bundle (Debian's path).
+const caBundle = "/etc/ssl/certs/ca-certificates.crt"
+
 // nonrootFiles are the files of distroless/static's nonroot variant that a
 // static Go binary needs: users (nonroot = 65532), CA certificates, /tmp.
 func nonrootFiles() ([]tarEntry, error) {
-	ca, err := os.ReadFile("/etc/ssl/certs/ca-certificates.crt")
+	ca, err := os.ReadFile(caBundle)
 	if err != nil {
 		return nil, fmt.Errorf("runtime base image needs the CA bundle: %w (apt-get install ca-certificates)", err)
 	}
