@@ -84,9 +84,26 @@ func ensureImage(ctx context.Context, tag string, build func(context.Context, st
 			return "", fmt.Errorf("building local image %s: %w", tag, err)
 		}
 		fmt.Fprintf(os.Stderr, "harness: built local image %s in %s\n", tag, time.Since(start).Round(time.Second))
+		removeStale(ctx, tag)
 	}
 	images.tags[tag] = tag
 	return tag, nil
+}
+
+// removeStale untags older builds of the same image (same repository,
+// tag up to the hash), so that recipe changes do not pile up images.
+func removeStale(ctx context.Context, tag string) {
+	repo, version, _ := strings.Cut(tag, ":")
+	prefix := version[:strings.LastIndex(version, "-")+1] // "" for hash-only tags
+	out, err := DockerCLI(ctx, "image", "ls", "--format", "{{.Repository}}:{{.Tag}}", repo)
+	if err != nil {
+		return
+	}
+	for _, old := range strings.Fields(out) {
+		if old != tag && strings.HasPrefix(old, repo+":"+prefix) {
+			_, _ = DockerCLI(ctx, "rmi", old) // fails harmlessly if a container uses it
+		}
+	}
 }
 
 // lockFile takes an exclusive flock on path, polling until ctx ends.
