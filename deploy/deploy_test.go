@@ -75,6 +75,8 @@ var foreignFlags = map[string]string{
 	"property":         "Kafka CLI tools",
 	"from-literal":     "kubectl create secret",
 	"from-file":        "kubectl create secret",
+	"bridge":           "dockerd (.ci/docker.sh)",
+	"iptables":         "dockerd (.ci/docker.sh)",
 }
 
 const (
@@ -275,6 +277,7 @@ func TestOptionReferences(t *testing.T) {
 	for _, e := range envRE.FindAllString(binHelp+otherHelp, -1) {
 		knownEnv[e] = true // includes env-only variables the help text names
 	}
+	knownEnv["OUTBOXD_SKIP_DOCKER_TESTS"] = true // test/docker's, not outboxd's
 	byOption := map[string][]ref{}
 	for _, f := range deployFiles(t) {
 		b := read(t, f)
