@@ -20,12 +20,12 @@ vet:
 
 test: vet ## unit, integration, end-to-end, container and alert-rule tests (< 10 min on 2 cores; containers need a Docker engine: bash .ci/docker.sh)
 	$(GO) test -count=1 -timeout 20m ./...
-	OUTBOXD_TEST_BACKEND=docker $(GO) test -count=1 -timeout 10m ./test/e2e/
+	OUTBOXD_TEST_BACKEND=docker $(GO) test -count=1 -timeout 10m ./test/e2e/ ./test/harness/
 	bash deploy/check.sh
 
-test-docker: ## container tests only: the image, compose, and test/e2e on the docker backend
-	$(GO) test -count=1 -timeout 20m ./test/docker/
-	OUTBOXD_TEST_BACKEND=docker $(GO) test -count=1 -timeout 10m ./test/e2e/
+test-docker: ## container tests only: the image, compose, and test/e2e and test/harness on the docker backend
+	$(GO) test -count=1 -timeout 20m ./test/docker/ ./test/harness/
+	OUTBOXD_TEST_BACKEND=docker $(GO) test -count=1 -timeout 10m ./test/e2e/ ./test/harness/
 
 bench: ## throughput/latency/resources side by side with baselines (~5 min)
 	$(GO) run ./test/cmd/bench
