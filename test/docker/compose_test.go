@@ -2,7 +2,11 @@ package docker_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,13 +23,21 @@ import (
 // composeOverride swaps the registry images of deploy/compose.yaml for
 // local stand-ins and moves every service to the host network on free
 // loopback ports (no compose network, so no private-range addresses):
+//
 //   - postgres: the local image with the official entrypoint's behaviour,
 //     so the real init.sql mount and the TCP pg_isready health check run;
+//
 //   - kafka: kfaked (no shell, so no health check; outboxd waits for Kafka);
+//
 //   - outboxd: built by compose from deploy/Dockerfile on the local bases.
 //
-// Prometheus and Grafana are not started (no image here); `docker compose
-// config` validates them with the rest of the file.
+//   - prometheus: Debian's prometheus binary on the local bookworm image
+//     (see prometheusImage), with the real alerts.yaml and prometheus.yml,
+//     the latter with only its target moved to outboxd's loopback port; its
+//     health check uses bash instead of wget (not in the image).
+//
+// Grafana is not started (no image here); `docker compose config`
+// validates it with the rest of the file.
 const composeOverride = `services:
   postgres:
     image: {{pgImage}}
@@ -67,7 +79,64 @@ const composeOverride = `services:
         condition: service_healthy
       kafka:
         condition: service_started
+  prometheus:
+    image: {{promImage}}
+    pull_policy: never
+    network_mode: host
+    ports: !reset []
+    command: ["--config.file=/etc/prometheus/prometheus.yml", "--storage.tsdb.path=/prometheus", "--web.listen-address=127.0.0.1:{{promPort}}"]
+    volumes:
+      - {{promConfig}}:/etc/prometheus/prometheus.yml:ro
+    healthcheck:
+      test: ["CMD", "bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/{{promPort}} && printf 'GET /-/ready HTTP/1.0\\r\\n\\r\\n' >&3 && grep -q ' 200 ' <&3"]
+      interval: 1s
 `
+
+// prometheusImage is a stand-in for prom/prometheus: the machine's
+// prometheus binary (Debian's package, which .ci/run installs for promtool)
+// on the local bookworm image, with prom/prometheus's entrypoint, user
+// (nobody) and data directory.
+func prometheusImage(ctx context.Context) (string, error) {
+	bin, err := exec.LookPath("prometheus")
+	if err != nil {
+		return "", fmt.Errorf("prometheus binary not found: apt-get install prometheus (.ci/run does): %w", err)
+	}
+	body, err := os.ReadFile(bin)
+	if err != nil {
+		return "", err
+	}
+	base, err := harness.LocalPostgresImage(ctx)
+	if err != nil {
+		return "", err
+	}
+	dockerfile := "FROM " + base + `
+COPY prometheus /bin/prometheus
+RUN mkdir -p /prometheus && chown 65534:65534 /prometheus
+USER 65534:65534
+WORKDIR /prometheus
+ENTRYPOINT ["/bin/prometheus"]
+CMD ["--config.file=/etc/prometheus/prometheus.yml", "--storage.tsdb.path=/prometheus"]
+`
+	sum := sha256.Sum256(append([]byte(dockerfile), body...))
+	tag := "outboxd-test/prometheus:" + hex.EncodeToString(sum[:6])
+	if _, err := harness.DockerCLI(ctx, "image", "inspect", tag); err == nil {
+		return tag, nil
+	}
+	dir, err := os.MkdirTemp("", "outboxd-prometheus-image-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(dir)
+	for name, b := range map[string][]byte{"prometheus": body, "Dockerfile": []byte(dockerfile)} {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o755); err != nil {
+			return "", err
+		}
+	}
+	if _, err := harness.DockerCLI(ctx, "build", "--network", "host", "-q", "-t", tag, dir); err != nil {
+		return "", err
+	}
+	return tag, nil
+}
 
 // compose runs docker compose on deploy/compose.yaml plus the override.
 type compose struct {
@@ -143,16 +212,32 @@ func TestComposeUp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	promImage, err := prometheusImage(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	proxy, _ := exec.CommandContext(ctx, "go", "env", "GOPROXY").Output()
 	ports := map[string]int{}
-	for _, name := range []string{"pgPort", "kafkaPort", "httpPort"} {
+	for _, name := range []string{"pgPort", "kafkaPort", "httpPort", "promPort"} {
 		if ports[name], err = harness.FreePort(); err != nil {
 			t.Fatal(err)
 		}
 	}
 	project := fmt.Sprintf("outboxd-compose-test-%d", os.Getpid())
 	outboxdImage := "outboxd-test/outboxd:" + project
+	promConfig := filepath.Join(t.TempDir(), "prometheus.yml")
+	realConfig, err := os.ReadFile(filepath.Join(root, "deploy", "prometheus", "prometheus.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(realConfig), `"outboxd:9187"`) {
+		t.Fatal(`deploy/prometheus/prometheus.yml has no target "outboxd:9187" to move`)
+	}
+	if err := os.WriteFile(promConfig, []byte(strings.ReplaceAll(string(realConfig), `"outboxd:9187"`, fmt.Sprintf(`"127.0.0.1:%d"`, ports["httpPort"]))), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	override := strings.NewReplacer(
+		"{{promImage}}", promImage, "{{promConfig}}", promConfig, "{{promPort}}", fmt.Sprint(ports["promPort"]),
 		"{{pgImage}}", pgImage, "{{kafkaImage}}", kafkaImage, "{{outboxdImage}}", outboxdImage,
 		"{{builder}}", builder, "{{runtime}}", runtime, "{{goproxy}}", strings.TrimSpace(string(proxy)),
 		"{{pgPort}}", fmt.Sprint(ports["pgPort"]), "{{kafkaPort}}", fmt.Sprint(ports["kafkaPort"]),
@@ -192,7 +277,7 @@ func TestComposeUp(t *testing.T) {
 			}
 		}
 	})
-	if _, err := c.run(ctx, "up", "--detach", "postgres", "kafka", "outboxd"); err != nil {
+	if _, err := c.run(ctx, "up", "--detach", "postgres", "kafka", "outboxd", "prometheus"); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("docker compose up (postgres healthy, then outboxd): %s", time.Since(start).Round(100*time.Millisecond))
@@ -251,6 +336,8 @@ func TestComposeUp(t *testing.T) {
 		return metricValue(body, `outboxd_events_published_total{topic="outbox.event.invoice"}`) == fmt.Sprint(n)
 	})
 
+	checkPrometheus(t, ctx, c, fmt.Sprintf("http://127.0.0.1:%d", ports["promPort"]), n)
+
 	// docker compose stop: SIGTERM, drained within stop_grace_period, exit 0.
 	if _, err := c.run(ctx, "stop", "outboxd"); err != nil {
 		t.Fatal(err)
@@ -262,4 +349,73 @@ func TestComposeUp(t *testing.T) {
 	if strings.TrimSpace(out) != "outboxd 0" {
 		t.Errorf("after docker compose stop outboxd: %q, want exit code 0", out)
 	}
+}
+
+// checkPrometheus: the compose health check passes, Prometheus scrapes
+// outboxd (job outboxd up), has loaded every alert rule of alerts.yaml and
+// evaluated each without error, and sees the published events.
+func checkPrometheus(t *testing.T, ctx context.Context, c *compose, base string, events int) {
+	t.Helper()
+	start := time.Now()
+	waitFor(t, ctx, time.Minute, "prometheus healthy", func() bool {
+		out, err := c.run(ctx, "ps", "--format", "{{.Health}}", "prometheus")
+		return err == nil && strings.TrimSpace(out) == "healthy"
+	})
+	query := func(q string) string {
+		_, body := get(base + "/api/v1/query?query=" + url.QueryEscape(q))
+		var r struct {
+			Data struct {
+				Result []struct {
+					Value [2]any `json:"value"`
+				} `json:"result"`
+			} `json:"data"`
+		}
+		if json.Unmarshal([]byte(body), &r) != nil || len(r.Data.Result) != 1 {
+			return ""
+		}
+		v, _ := r.Data.Result[0].Value[1].(string)
+		return v
+	}
+	// scrape_interval is 15s in prometheus.yml.
+	waitFor(t, ctx, time.Minute, `up{job="outboxd"} == 1`, func() bool { return query(`up{job="outboxd"}`) == "1" })
+	waitFor(t, ctx, time.Minute, "published events in Prometheus", func() bool {
+		return query(`sum(outboxd_events_published_total{job="outboxd"})`) == fmt.Sprint(events)
+	})
+	alerts, err := os.ReadFile(filepath.Join(c.root, "deploy", "prometheus", "alerts.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantRules := strings.Count(string(alerts), "- alert:")
+	var last string
+	waitFor(t, ctx, time.Minute, fmt.Sprintf("%d alert rules evaluated without error", wantRules), func() bool {
+		_, body := get(base + "/api/v1/rules?type=alert")
+		var r struct {
+			Data struct {
+				Groups []struct {
+					Rules []struct {
+						Name, Health, LastError string
+					} `json:"rules"`
+				} `json:"groups"`
+			} `json:"data"`
+		}
+		if json.Unmarshal([]byte(body), &r) != nil {
+			return false
+		}
+		ok, total := 0, 0
+		for _, g := range r.Data.Groups {
+			for _, rule := range g.Rules {
+				total++
+				if rule.Health == "ok" {
+					ok++
+				} else if rule.LastError != "" {
+					last = rule.Name + ": " + rule.LastError
+				}
+			}
+		}
+		return total == wantRules && ok == total
+	})
+	if last != "" {
+		t.Logf("a rule failed before it passed: %s", last)
+	}
+	t.Logf("prometheus healthy, scraping outboxd, %d alert rules ok: %s", wantRules, time.Since(start).Round(100*time.Millisecond))
 }
