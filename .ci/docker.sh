@@ -26,7 +26,7 @@ ci_docker_install() {
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
   fi
-  local plugins="$HOME/.docker/cli-plugins" tmp
+  local plugins=/usr/local/lib/docker/cli-plugins tmp
   mkdir -p "$plugins"
   if ! docker buildx version >/dev/null 2>&1; then
     echo "building docker buildx $ci_docker_buildx (Go module, once)"

@@ -18,29 +18,30 @@ const kfakedReady = "kfaked listening on "
 
 // startDocker runs kfaked in a container from KfakedImage (a scratch image
 // with the static binary) when EnvBackend is "docker"; ok reports whether
-// it did (or failed trying). An Apache Kafka image is not used: none can be
-// pulled here, and kfaked's SASL/TLS options are what the tests configure.
-func (k *Kafka) startDocker(ctx context.Context) (ok bool, err error) {
+// it did (or failed trying). There is no Apache Kafka image variant yet:
+// kfaked takes the SASL and TLS settings of KafkaOption as flags.
+func (k *Kafka) startDocker(ctx context.Context) (_ *Kafka, ok bool, err error) {
 	if docker, err := dockerBackend(); !docker || err != nil {
-		return err != nil, err
+		return nil, err != nil, err
 	}
 	img, err := KfakedImage(ctx)
 	if err != nil {
-		return true, err
+		return nil, true, err
 	}
 	if k.dir, err = os.MkdirTemp("", "outboxd-kafka-"); err != nil {
-		return true, fmt.Errorf("creating kafka temp dir: %w", err)
+		return nil, true, fmt.Errorf("creating kafka temp dir: %w", err)
 	}
 	for attempt := 1; ; attempt++ {
 		if k.port, err = FreePort(); err != nil {
-			return true, err
+			os.RemoveAll(k.dir)
+			return nil, true, err
 		}
 		if err = k.runDocker(ctx, img); err == nil {
-			return true, nil
+			return k, true, nil
 		}
 		if attempt == 3 || ctx.Err() != nil || !strings.Contains(err.Error(), "address already in use") {
 			os.RemoveAll(k.dir)
-			return true, err
+			return nil, true, err
 		}
 	}
 }

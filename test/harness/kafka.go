@@ -80,8 +80,8 @@ func StartKafka(ctx context.Context, opts ...KafkaOption) (*Kafka, error) {
 		}
 		return k, nil
 	}
-	if ok, err := k.startDocker(ctx); ok {
-		return k, err
+	if kd, ok, err := k.startDocker(ctx); ok {
+		return kd, err
 	}
 	bin, err := BuildBinary(ctx, "./test/cmd/kfaked")
 	if err != nil {
