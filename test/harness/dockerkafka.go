@@ -28,19 +28,14 @@ func (k *Kafka) startDocker(ctx context.Context) (_ *Kafka, ok bool, err error) 
 	if err != nil {
 		return nil, true, err
 	}
-	if k.dir, err = os.MkdirTemp("", "outboxd-kafka-"); err != nil {
-		return nil, true, fmt.Errorf("creating kafka temp dir: %w", err)
-	}
 	for attempt := 1; ; attempt++ {
 		if k.port, err = FreePort(); err != nil {
-			os.RemoveAll(k.dir)
 			return nil, true, err
 		}
 		if err = k.runDocker(ctx, img); err == nil {
 			return k, true, nil
 		}
 		if attempt == 3 || ctx.Err() != nil || !strings.Contains(err.Error(), "address already in use") {
-			os.RemoveAll(k.dir)
 			return nil, true, err
 		}
 	}
@@ -128,9 +123,17 @@ func (k *Kafka) dockerPause(resume bool) error {
 	return k.ctr.pause(ctx)
 }
 
-// dockerLogFile writes the container's output so far to the file LogFile
-// names for the process backend, and returns its path.
+// dockerLogFile writes the container's output so far to kfaked.log in a
+// temp dir made on first use (so a killed test process leaves none
+// behind), and returns its path.
 func (k *Kafka) dockerLogFile() string {
+	if k.dir == "" {
+		dir, err := os.MkdirTemp("", "outboxd-kafka-")
+		if err != nil {
+			return ""
+		}
+		k.dir = dir
+	}
 	path := filepath.Join(k.dir, "kfaked.log")
 	_ = os.WriteFile(path, []byte(k.ctr.logs(context.Background())), 0o644)
 	return path
@@ -140,7 +143,9 @@ func (k *Kafka) dockerClose() {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.ctr.close()
-	_ = os.RemoveAll(k.dir)
+	if k.dir != "" {
+		_ = os.RemoveAll(k.dir)
+	}
 }
 
 // ContainerID is the container running the broker ("" unless EnvBackend

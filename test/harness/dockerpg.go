@@ -3,6 +3,8 @@ package harness
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -126,6 +128,26 @@ func (p *Postgres) dockerClose() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.ctr.close()
+	if p.root != "" {
+		_ = os.RemoveAll(p.root)
+	}
+}
+
+// dockerLogFile writes the container's output so far (the server log: the
+// harness turns logging_collector off) to a file in a temp dir made on
+// first use (so a killed test process leaves none behind), and returns its
+// path.
+func (p *Postgres) dockerLogFile() string {
+	if p.root == "" {
+		dir, err := os.MkdirTemp("", "outboxd-pg-")
+		if err != nil {
+			return ""
+		}
+		p.root = dir
+	}
+	path := filepath.Join(p.root, "postgres.log")
+	_ = os.WriteFile(path, []byte(p.ctr.logs(context.Background())), 0o644)
+	return path
 }
 
 // ContainerID is the container running the server ("" unless EnvBackend

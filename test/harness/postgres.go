@@ -223,6 +223,9 @@ func (p *Postgres) Dir() string { return p.dataDir }
 
 // LogFile is the server log ("" for an external server).
 func (p *Postgres) LogFile() string {
+	if p.ctr != nil {
+		return p.dockerLogFile()
+	}
 	if p.dataDir == "" {
 		return ""
 	}
