@@ -49,10 +49,28 @@ ci_docker_install() {
   fi
 }
 
+# ci_docker_live PID: the process exists and is not a zombie.
+ci_docker_live() {
+  local state
+  state=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) || return 1
+  [ -n "$state" ] && [ "$state" != Z ]
+}
+
 ci_docker_start() {
   if docker version --format '{{.Server.Version}}' >/dev/null 2>&1; then
     return 0
   fi
+  # A dockerd or containerd that was killed (e.g. at the end of a previous
+  # session) leaves pid files that make the next dockerd refuse to start.
+  local f pid
+  for f in /var/run/docker.pid /var/run/docker/containerd/containerd.pid; do
+    if [ -f "$f" ]; then
+      pid=$(cat "$f" 2>/dev/null || true)
+      if [ -z "$pid" ] || ! ci_docker_live "$pid"; then
+        rm -f "$f"
+      fi
+    fi
+  done
   setsid dockerd --bridge=none --iptables=false --ip6tables=false >>"$ci_docker_log" 2>&1 </dev/null &
   ci_docker_pid=$!
   for _ in $(seq 1 120); do
