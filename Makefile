@@ -4,7 +4,7 @@ GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all build run test test-short vet bench soak docker clean
+.PHONY: all build run test test-short test-docker vet bench soak docker clean
 
 all: build
 
@@ -18,9 +18,14 @@ vet:
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
 
-test: vet ## unit, integration, end-to-end and alert-rule tests (< 10 min on 2 cores)
+test: vet ## unit, integration, end-to-end, container and alert-rule tests (< 10 min on 2 cores; containers need a Docker engine: bash .ci/docker.sh)
 	$(GO) test -count=1 -timeout 20m ./...
+	OUTBOXD_TEST_BACKEND=docker $(GO) test -count=1 -timeout 10m ./test/e2e/ ./test/harness/
 	bash deploy/check.sh
+
+test-docker: ## container tests only: the image, compose, and test/e2e and test/harness on the docker backend
+	$(GO) test -count=1 -timeout 20m ./test/docker/ ./test/harness/
+	OUTBOXD_TEST_BACKEND=docker $(GO) test -count=1 -timeout 10m ./test/e2e/ ./test/harness/
 
 bench: ## throughput/latency/resources side by side with baselines (~5 min)
 	$(GO) run ./test/cmd/bench
@@ -29,8 +34,8 @@ soak: ## fault-injection soak under load, at-least-once then exactly-once (~20 m
 	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -mode at-least-once
 	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -mode exactly-once
 
-docker: ## container image (needs a Docker engine)
-	docker build -f deploy/Dockerfile --build-arg VERSION=$(VERSION) -t outboxd:$(VERSION) .
+docker: ## container image (needs a Docker engine with BuildKit); DOCKER_BUILD_ARGS="--build-arg BUILDER_IMAGE=..."
+	docker build -f deploy/Dockerfile --build-arg VERSION=$(VERSION) $(DOCKER_BUILD_ARGS) -t outboxd:$(VERSION) .
 
 clean:
 	rm -rf bin

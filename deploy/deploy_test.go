@@ -75,6 +75,8 @@ var foreignFlags = map[string]string{
 	"property":         "Kafka CLI tools",
 	"from-literal":     "kubectl create secret",
 	"from-file":        "kubectl create secret",
+	"bridge":           "dockerd (.ci/docker.sh)",
+	"iptables":         "dockerd (.ci/docker.sh)",
 }
 
 const (
@@ -275,6 +277,8 @@ func TestOptionReferences(t *testing.T) {
 	for _, e := range envRE.FindAllString(binHelp+otherHelp, -1) {
 		knownEnv[e] = true // includes env-only variables the help text names
 	}
+	knownEnv["OUTBOXD_SKIP_DOCKER_TESTS"] = true // test/docker's, not outboxd's
+	knownEnv["OUTBOXD_TEST_BACKEND"] = true      // the test harness's
 	byOption := map[string][]ref{}
 	for _, f := range deployFiles(t) {
 		b := read(t, f)
@@ -640,11 +644,13 @@ func TestComposeInitSQL(t *testing.T) {
 func TestDockerfile(t *testing.T) {
 	d := string(read(t, "Dockerfile"))
 	for _, re := range []string{
-		`(?m)^FROM .*golang:\$\{GO_VERSION\} AS build$`,
+		`(?m)^ARG BUILDER_IMAGE=golang:\$\{GO_VERSION\}$`,
+		`(?m)^FROM --platform=\$BUILDPLATFORM \$\{BUILDER_IMAGE\} AS build$`,
+		`(?m)^ARG RUNTIME_IMAGE=gcr\.io/distroless/static-debian12:nonroot$`,
+		`(?m)^FROM \$\{RUNTIME_IMAGE\}$`,
 		`(?m)^ARG GO_VERSION=1\.26$`,
 		`CGO_ENABLED=0`,
 		`go build -trimpath -ldflags "-s -w -X main\.version=\$\{VERSION\}"`,
-		`(?m)^FROM gcr\.io/distroless/static-debian12:nonroot$`,
 		`(?m)^USER 65532:65532$`,
 		`(?m)^EXPOSE ` + port + `$`,
 		`(?m)^ENV OUTBOXD_HTTP_ADDR=:` + port + `$`, // the binary's default is loopback

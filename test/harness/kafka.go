@@ -60,6 +60,8 @@ type Kafka struct {
 	dir  string // temp dir: data dir and broker log
 	port int
 	proc *Proc // nil while stopped
+
+	ctr *testContainer // the broker's container (EnvBackend docker), see dockerkafka.go
 }
 
 // StartKafka starts a broker (building kfaked once per process), or uses
@@ -77,6 +79,9 @@ func StartKafka(ctx context.Context, opts ...KafkaOption) (*Kafka, error) {
 			}
 		}
 		return k, nil
+	}
+	if kd, ok, err := k.startDocker(ctx); ok {
+		return kd, err
 	}
 	bin, err := BuildBinary(ctx, "./test/cmd/kfaked")
 	if err != nil {
@@ -173,6 +178,9 @@ func (k *Kafka) LogFile() string {
 	if k.extern {
 		return ""
 	}
+	if k.ctr != nil {
+		return k.dockerLogFile()
+	}
 	return filepath.Join(k.dir, "kfaked.log")
 }
 
@@ -185,6 +193,9 @@ func (k *Kafka) errExternal(op string) error {
 func (k *Kafka) Start(ctx context.Context) error {
 	if k.extern {
 		return k.errExternal("start")
+	}
+	if k.ctr != nil {
+		return k.dockerStart(ctx)
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -200,6 +211,9 @@ func (k *Kafka) Start(ctx context.Context) error {
 func (k *Kafka) Stop() error {
 	if k.extern {
 		return k.errExternal("stop")
+	}
+	if k.ctr != nil {
+		return k.dockerStop()
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -222,6 +236,9 @@ func (k *Kafka) signal(sig syscall.Signal, op string) error {
 	if k.extern {
 		return k.errExternal(op)
 	}
+	if k.ctr != nil {
+		return k.dockerPause(sig == syscall.SIGCONT)
+	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.proc == nil {
@@ -237,6 +254,9 @@ func (k *Kafka) Kill() error {
 	if k.extern {
 		return k.errExternal("kill")
 	}
+	if k.ctr != nil {
+		return k.dockerKill()
+	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.proc == nil {
@@ -251,6 +271,10 @@ func (k *Kafka) Kill() error {
 // and never fails; it does nothing for an external cluster.
 func (k *Kafka) Close() {
 	if k.extern {
+		return
+	}
+	if k.ctr != nil {
+		k.dockerClose()
 		return
 	}
 	if err := k.Stop(); err != nil {

@@ -16,6 +16,9 @@ func (p *Postgres) Start(ctx context.Context) error {
 	if p.External() {
 		return p.errExternal("start")
 	}
+	if p.ctr != nil {
+		return p.dockerStart(ctx)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.isRunning(ctx) {
@@ -37,6 +40,9 @@ func (p *Postgres) start(ctx context.Context) error {
 func (p *Postgres) Stop(ctx context.Context) error {
 	if p.External() {
 		return p.errExternal("stop")
+	}
+	if p.ctr != nil {
+		return p.dockerStop(ctx)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -75,6 +81,9 @@ func (p *Postgres) Restart(ctx context.Context, mode string) error {
 	if mode != "fast" && mode != "immediate" && mode != "smart" {
 		return fmt.Errorf("postgres restart: unknown mode %q (want fast or immediate)", mode)
 	}
+	if p.ctr != nil {
+		return p.dockerRestart(ctx, mode)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err := p.stop(ctx, mode); err != nil {
@@ -87,6 +96,10 @@ func (p *Postgres) Restart(ctx context.Context, mode string) error {
 // meant for cleanup. Close on an external server does nothing.
 func (p *Postgres) Close() {
 	if p.External() {
+		return
+	}
+	if p.ctr != nil {
+		p.dockerClose()
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

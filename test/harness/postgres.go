@@ -68,6 +68,8 @@ type Postgres struct {
 
 	extDSN  string // non-empty for an external server
 	adminDB string // database used for administrative connections
+
+	ctr *testContainer // the server's container (EnvBackend docker), see dockerpg.go
 }
 
 // StartPostgres initializes and starts a fresh server, or connects to the
@@ -79,6 +81,9 @@ func StartPostgres(ctx context.Context, opts ...PGOption) (*Postgres, error) {
 	var o pgOptions
 	for _, opt := range opts {
 		opt(&o)
+	}
+	if p, ok, err := dockerPostgres(ctx, o); ok {
+		return p, err
 	}
 	u, err := lookupPGUser()
 	if err != nil {
@@ -218,6 +223,9 @@ func (p *Postgres) Dir() string { return p.dataDir }
 
 // LogFile is the server log ("" for an external server).
 func (p *Postgres) LogFile() string {
+	if p.ctr != nil {
+		return p.dockerLogFile()
+	}
 	if p.dataDir == "" {
 		return ""
 	}
