@@ -3,8 +3,13 @@
 GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
+# PostgreSQL 16-18 server binaries, fetched by .ci/postgres.sh; 15 is the system's.
+PG_CACHE    ?= $(if $(filter 0,$(shell id -u)),/var/cache/outboxd,$(HOME)/.cache/outboxd)
+PG_VERSIONS ?= 16 17 18
+# The e2e core that runs on every PostgreSQL version (the full suite runs on 15).
+E2E_CORE    := TestStartupCheck|TestSlotHeldByAnotherProcess|TestRoutingAndSkippedOperations|TestOrderPerAggregate|TestGracefulShutdownConfirmsEverything|TestBrokerDownHoldsSlot|TestKillDuringStreamLosesNothing|TestPostgresConnectionLoss|TestIdleOutboxDoesNotPinWAL|TestOpsStatus|TestHA|TestPGFailover
 
-.PHONY: all build run test test-short vet bench soak docker clean
+.PHONY: all build run test test-pg-versions vet bench soak docker clean
 
 all: build
 
@@ -20,7 +25,16 @@ vet:
 
 test: vet ## unit, integration, end-to-end and alert-rule tests (< 10 min on 2 cores)
 	$(GO) test -count=1 -timeout 20m ./...
+	$(MAKE) --no-print-directory test-pg-versions
 	bash deploy/check.sh
+
+test-pg-versions: ## the e2e core on PostgreSQL 16, 17 and 18 (binaries from .ci/postgres.sh)
+	@for v in $(PG_VERSIONS); do \
+	  bin=$(PG_CACHE)/pg-$$v/bin; \
+	  test -x $$bin/postgres || { echo "PostgreSQL $$v binaries missing in $$bin: run bash .ci/postgres.sh"; exit 1; }; \
+	  echo "e2e core on PostgreSQL $$v"; \
+	  OUTBOXD_TEST_PG_BIN=$$bin $(GO) test -count=1 -timeout 10m -run '$(E2E_CORE)' ./test/e2e/ || exit 1; \
+	done
 
 bench: ## throughput/latency/resources side by side with baselines (~5 min)
 	$(GO) run ./test/cmd/bench
