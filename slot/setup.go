@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd/wal"
@@ -56,6 +55,12 @@ type Info struct {
 	ConfirmedFlush wal.LSN
 	RestartLSN     wal.LSN
 	WALStatus      string
+	// Failover: PostgreSQL 17+ copies the slot to standbys that sync slots.
+	// Synced: this copy was synchronized from a primary (on a standby, or
+	// on a promoted one). Temporary slots are never synced for good.
+	Failover, Synced, Temporary bool
+	// ServerVersion is server_version_num (set by Prepare only).
+	ServerVersion int
 	// SessionPID is the backend PID of the connection Prepare ran on: the
 	// walsender's PID once it streams (set by Prepare only).
 	SessionPID int
@@ -80,6 +85,8 @@ type Config struct {
 	// FIN: a partition, a dead NAT entry), it is terminated rather than waited
 	// for until wal_sender_timeout.
 	TakeOver int
+	// Failover is --slot-failover: auto (""), true or false.
+	Failover string
 	// StaleAfter: an outboxd walsender (application_name outboxd) whose
 	// client has not replied for this long is dead (outboxd replies every
 	// few seconds), e.g. left by a killed process; it is terminated. 0 never.
@@ -103,13 +110,20 @@ func Prepare(ctx context.Context, conn *pgconn.PgConn, cfg Config) (info Info, c
 	if err != nil {
 		return Info{}, false, err
 	}
+	version, err := serverVersion(ctx, conn)
+	if err != nil {
+		return Info{}, false, err
+	}
+	failover, err := wantFailover(cfg.Failover, version)
+	if err != nil {
+		return Info{}, false, err
+	}
 	info, found, err := Inspect(ctx, conn, cfg.Slot)
 	if err != nil {
 		return Info{}, false, err
 	}
 	if !found {
-		if _, err := pglogrepl.CreateReplicationSlot(ctx, conn, cfg.Slot, "pgoutput",
-			pglogrepl.CreateReplicationSlotOptions{SnapshotAction: "NOEXPORT_SNAPSHOT"}); err != nil {
+		if err := createSlot(ctx, conn, cfg.Slot, failover); err != nil {
 			var pgErr *pgconn.PgError
 			if !errors.As(err, &pgErr) || pgErr.Code != "42710" { // duplicate_object: lost a race, inspect again
 				return Info{}, false, fmt.Errorf("create replication slot %q: %w", cfg.Slot, err)
@@ -121,12 +135,21 @@ func Prepare(ctx context.Context, conn *pgconn.PgConn, cfg Config) (info Info, c
 			return Info{}, false, err
 		}
 	}
+	if failover && !info.Failover && !info.Active && info.Type == "logical" {
+		if err := makeFailover(ctx, conn, cfg.Slot); err != nil {
+			return Info{}, false, err
+		}
+		if info, _, err = Inspect(ctx, conn, cfg.Slot); err != nil {
+			return Info{}, false, err
+		}
+	}
 	if info.Active && (cfg.TakeOver != 0 && info.ActivePID == cfg.TakeOver || stale(ctx, conn, info.ActivePID, cfg.StaleAfter)) {
 		if info, err = takeOver(ctx, conn, info); err != nil {
 			return Info{}, false, err
 		}
 	}
 	info.SessionPID, _ = strconv.Atoi(db[1])
+	info.ServerVersion = version
 	return info, created, checkSlot(ctx, conn, info, db[0], db[1])
 }
 
@@ -224,16 +247,20 @@ func checkSlot(ctx context.Context, conn *pgconn.PgConn, info Info, db, ownPID s
 }
 
 // Inspect reads one slot from pg_replication_slots; found is false if it does
-// not exist. It works on replication and ordinary connections alike.
+// not exist. It works on replication and ordinary connections alike, and on
+// every supported version: columns newer than 15 (failover and synced, 17)
+// are read through to_jsonb so that one query fits all.
 func Inspect(ctx context.Context, conn *pgconn.PgConn, name string) (info Info, found bool, err error) {
 	rows, err := query(ctx, conn, `SELECT slot_name, slot_type, coalesce(plugin,''), coalesce(database,''), active,
-	coalesce(active_pid, 0), coalesce(confirmed_flush_lsn, '0/0'), coalesce(restart_lsn, '0/0'), coalesce(wal_status, '')
-	FROM pg_replication_slots WHERE slot_name = `+quoteLiteral(name))
+	coalesce(active_pid, 0), coalesce(confirmed_flush_lsn, '0/0'), coalesce(restart_lsn, '0/0'), coalesce(wal_status, ''),
+	coalesce((to_jsonb(s)->>'failover')::bool, false), coalesce((to_jsonb(s)->>'synced')::bool, false), temporary
+	FROM pg_replication_slots s WHERE slot_name = `+quoteLiteral(name))
 	if err != nil || len(rows) == 0 {
 		return Info{}, false, err
 	}
 	r := rows[0]
-	info = Info{Name: r[0], Type: r[1], Plugin: r[2], Database: r[3], Active: r[4] == "t", WALStatus: r[8]}
+	info = Info{Name: r[0], Type: r[1], Plugin: r[2], Database: r[3], Active: r[4] == "t", WALStatus: r[8],
+		Failover: r[9] == "t", Synced: r[10] == "t", Temporary: r[11] == "t"}
 	info.ActivePID, _ = strconv.Atoi(r[5])
 	if info.ConfirmedFlush, err = wal.ParseLSN(r[6]); err != nil {
 		return Info{}, false, err

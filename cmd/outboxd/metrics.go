@@ -90,6 +90,7 @@ func newMetrics(version string, st *state) *metrics {
 			}
 			return time.Since(s.OldestUnacked).Seconds()
 		})
+	f(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "outboxd_active", Help: "1 while this instance streams from the slot (the active); 0 on a standby. Alert on the maximum over instances."}, st.isActive))
 	m.connected = g("outboxd_replication_connected", "1 while streaming from the slot.")
 	m.replDelay = g("outboxd_replication_delay_seconds", "Time from emitting a heartbeat message to receiving it from the slot.")
 	m.deadLettered = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_events_dead_lettered_total", Help: "Rows published to the dead-letter topic."})

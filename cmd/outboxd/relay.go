@@ -23,6 +23,7 @@ type relayConfig struct {
 	Postgres           string
 	Slot               string
 	Publication        string
+	SlotFailover       string // --slot-failover
 	MaxInflightEvents  int
 	MaxInflightBytes   int64
 	StatusInterval     time.Duration // the longest gap between standby status updates
@@ -112,7 +113,12 @@ func (r *relay) run(ctx context.Context) error {
 		case errors.As(err, &setupErr), isConfigError(err), errors.Is(err, kafka.ErrFenced):
 			return err
 		case errors.As(err, &busy):
-			r.logOnce(slog.LevelWarn, "replication slot busy; retrying", err)
+			// Another instance is active: stand by and take over as soon as
+			// it lets go (role.go), without backing off.
+			if !r.standBy(ctx, busy) {
+				return nil
+			}
+			continue
 		case errors.Is(err, wal.ErrStreamEnded):
 			r.log.Warn("PostgreSQL ended the replication stream; reconnecting", "resume_lsn", resume.String())
 		case errors.As(err, &rej):
@@ -169,6 +175,7 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 
 	info, created, err := slot.Prepare(ctx, conn, slot.Config{
 		Slot: r.cfg.Slot, Publication: r.cfg.Publication, TakeOver: r.lastPID, StaleAfter: r.cfg.ReplicationTimeout,
+		Failover: r.cfg.SlotFailover,
 	})
 	if err != nil {
 		return false, nil, err
@@ -193,7 +200,7 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 	r.state.wm, r.state.streaming, r.state.slotInfo, r.state.stalled = wm, true, info, ""
 	r.state.mu.Unlock()
 	r.m.connected.Set(1)
-	r.log.Info("streaming", "slot", info.Name, "publication", r.cfg.Publication, "from_lsn", start.String())
+	r.log.Info("streaming", "slot", info.Name, "publication", r.cfg.Publication, "from_lsn", start.String(), "failover", info.Failover)
 
 	s := &streamer{relay: r, stream: stream, wm: wm, errc: make(chan error, 1), lastSent: start, sentAt: time.Now()}
 	if r.cfg.TxnSink != nil {

@@ -55,6 +55,7 @@ type runOptions struct {
 	Kafka              kafkaAuth
 	ExactlyOnce        bool
 	CheckpointTopic    string
+	SlotFailover       string
 }
 
 func (o *runOptions) register(s *optionSet) {
@@ -63,6 +64,7 @@ func (o *runOptions) register(s *optionSet) {
 	fs.StringVar(&o.Postgres, "postgres", "", "PostgreSQL connection string (outboxd adds replication=database itself)")
 	fs.StringVar(&o.Publication, "publication", "outboxd", "publication whose tables are outbox tables")
 	fs.StringVar(&o.Slot, "slot", "outboxd", "logical replication slot (pgoutput); created if missing")
+	s.choice(&o.SlotFailover, "slot-failover", "auto", "make the slot a failover slot that PostgreSQL 17+ copies to standbys (sync_replication_slots) so it survives a promotion: auto (when the server supports it), true (required) or false", "auto", "true", "false")
 	fs.Var(&o.KafkaBrokers, "kafka-brokers", "Kafka bootstrap brokers, comma-separated host:port")
 	fs.StringVar(&o.HTTPAddr, "http-addr", ":9187", "address for /metrics, /healthz, /readyz and /status (empty disables)")
 	s.choice(&o.LogFormat, "log-format", "text", "log format", "text", "json")
@@ -192,7 +194,7 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 	}
 	r := &relay{
 		cfg: relayConfig{
-			Postgres: o.Postgres, Slot: o.Slot, Publication: o.Publication,
+			Postgres: o.Postgres, Slot: o.Slot, Publication: o.Publication, SlotFailover: o.SlotFailover,
 			MaxInflightEvents: o.MaxInflightEvents, MaxInflightBytes: int64(o.MaxInflightBytes),
 			StatusInterval: o.StatusInterval, ConfirmInterval: o.ConfirmInterval, ShutdownTimeout: o.ShutdownTimeout,
 			ReplicationTimeout: o.ReplicationTimeout,

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -29,6 +30,7 @@ type state struct {
 	lastErr    string
 	lastErrAt  time.Time
 	stalled    string // why the relay holds on an event it may not pass
+	holder     string // who holds the slot while this instance stands by (role.go)
 }
 
 func (s *state) setErr(err error) {
@@ -36,6 +38,9 @@ func (s *state) setErr(err error) {
 		return
 	}
 	s.mu.Lock()
+	if busy := (*slot.BusyError)(nil); !errors.As(err, &busy) {
+		s.holder = "" // not a standby: the session failed for another reason
+	}
 	s.lastErr, s.lastErrAt = redactText(err.Error(), s.dsn), time.Now()
 	s.mu.Unlock()
 }
@@ -47,6 +52,8 @@ func (s *state) ready() (bool, string) {
 	switch {
 	case s.stalled != "":
 		return false, s.stalled
+	case s.roleLocked() == roleStandby && s.kafkaOK:
+		return true, fmt.Sprintf("standby: slot %s is held by %s; taking over when it lets go", s.slotName, s.holder)
 	case !s.streaming:
 		return false, "not streaming from the replication slot" + s.errSuffix()
 	case !s.kafkaOK:
@@ -98,6 +105,8 @@ func (s *state) status() map[string]any {
 	defer s.mu.Unlock()
 	out := map[string]any{
 		"slot":             s.slotName,
+		"role":             s.roleLocked(),
+		"failover":         s.slotInfo.Failover || s.slot.Failover,
 		"plugin":           s.slotInfo.Plugin,
 		"streaming":        s.streaming,
 		"kafka_reachable":  s.kafkaOK,
@@ -105,6 +114,9 @@ func (s *state) status() map[string]any {
 		"confirmed_lsn":    s.confirmed.String(),
 		"slot_server_view": s.slot,
 		"last_error":       s.lastErr,
+	}
+	if s.holder != "" && !s.streaming {
+		out["slot_holder"] = s.holder
 	}
 	if !s.lastErrAt.IsZero() {
 		out["last_error_at"] = s.lastErrAt.UTC().Format(time.RFC3339)
