@@ -116,3 +116,18 @@ func (f *fixture) startStandby(extra ...string) *relay {
 	r.waitRole(f.t, "standby", 20*time.Second)
 	return r
 }
+
+// statusDoc reads /status.
+func (r *relay) statusDoc(t *testing.T) map[string]any {
+	t.Helper()
+	resp, err := http.Get("http://" + r.http + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var st map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
