@@ -59,8 +59,11 @@ type Info struct {
 	// Synced: this copy was synchronized from a primary (on a standby, or
 	// on a promoted one). Temporary slots are never synced for good.
 	Failover, Synced, Temporary bool
-	// ServerVersion is server_version_num (set by Prepare only).
+	// ServerVersion is server_version_num; SystemID and Timeline come from
+	// IDENTIFY_SYSTEM (set by Prepare only).
 	ServerVersion int
+	SystemID      string
+	Timeline      int32
 	// SessionPID is the backend PID of the connection Prepare ran on: the
 	// walsender's PID once it streams (set by Prepare only).
 	SessionPID int
@@ -87,6 +90,11 @@ type Config struct {
 	TakeOver int
 	// Failover is --slot-failover: auto (""), true or false.
 	Failover string
+	// Progress, if set, is checked against the server before streaming: a
+	// missing slot outboxd confirmed before, another cluster, or a server
+	// behind what was published is a gap (gap.go). AcceptGap lets it pass.
+	Progress  ProgressSource
+	AcceptGap bool
 	// StaleAfter: an outboxd walsender (application_name outboxd) whose
 	// client has not replied for this long is dead (outboxd replies every
 	// few seconds), e.g. left by a killed process; it is terminated. 0 never.
@@ -122,6 +130,13 @@ func Prepare(ctx context.Context, conn *pgconn.PgConn, cfg Config) (info Info, c
 	if err != nil {
 		return Info{}, false, err
 	}
+	srv, err := identify(ctx, conn)
+	if err != nil {
+		return Info{}, false, err
+	}
+	if err := guard(cfg, found, srv); err != nil {
+		return Info{}, false, err
+	}
 	if !found {
 		if err := createSlot(ctx, conn, cfg.Slot, failover); err != nil {
 			var pgErr *pgconn.PgError
@@ -149,7 +164,7 @@ func Prepare(ctx context.Context, conn *pgconn.PgConn, cfg Config) (info Info, c
 		}
 	}
 	info.SessionPID, _ = strconv.Atoi(db[1])
-	info.ServerVersion = version
+	info.ServerVersion, info.SystemID, info.Timeline = version, srv.systemID, srv.timeline
 	return info, created, checkSlot(ctx, conn, info, db[0], db[1])
 }
 

@@ -41,6 +41,9 @@ type relayConfig struct {
 	// SkipBefore: transactions committed before it are in Kafka already
 	// (exactly-once mode's checkpoint).
 	SkipBefore wal.LSN
+	// Progress and AcceptGap: the gap check of slot.Prepare (progress.go).
+	Progress  slot.ProgressSource
+	AcceptGap bool
 }
 
 // relay moves committed outbox rows from the slot to the sink and confirms
@@ -175,7 +178,7 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 
 	info, created, err := slot.Prepare(ctx, conn, slot.Config{
 		Slot: r.cfg.Slot, Publication: r.cfg.Publication, TakeOver: r.lastPID, StaleAfter: r.cfg.ReplicationTimeout,
-		Failover: r.cfg.SlotFailover,
+		Failover: r.cfg.SlotFailover, Progress: r.cfg.Progress, AcceptGap: r.cfg.AcceptGap,
 	})
 	if err != nil {
 		return false, nil, err

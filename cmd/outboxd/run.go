@@ -56,6 +56,8 @@ type runOptions struct {
 	ExactlyOnce        bool
 	CheckpointTopic    string
 	SlotFailover       string
+	ProgressTopic      string
+	AcceptGap          bool
 }
 
 func (o *runOptions) register(s *optionSet) {
@@ -93,6 +95,8 @@ func (o *runOptions) register(s *optionSet) {
 	o.Kafka.register(s)
 	fs.BoolVar(&o.ExactlyOnce, "exactly-once", false, "transactional producer: whole PostgreSQL transactions per Kafka transaction with a checkpoint; read_committed consumers see each event once")
 	fs.StringVar(&o.CheckpointTopic, "checkpoint-topic", "outboxd.checkpoints", "compacted topic holding the last committed LSN per slot, with --exactly-once")
+	fs.StringVar(&o.ProgressTopic, "progress-topic", "outboxd.progress", "compacted topic holding the last confirmed LSN, system identifier and timeline per slot (at-least-once mode; --exactly-once uses the checkpoint): it outlives the slot, so a lost slot or a server behind it is reported as a gap")
+	fs.BoolVar(&o.AcceptGap, "accept-gap", false, "continue past a reported gap (a missing slot outboxd confirmed before, another cluster, a server behind what was published): set it once after checking, then remove it")
 }
 
 func (o *runOptions) validate() error {
@@ -120,6 +124,9 @@ func (o *runOptions) validate() error {
 	}
 	if o.StatusInterval <= 0 || o.ConfirmInterval <= 0 || o.PollInterval <= 0 {
 		errs = append(errs, errors.New("--status-interval, --confirm-interval and --poll-interval must be positive"))
+	}
+	if err := router.ValidTopic(o.ProgressTopic); err != nil {
+		errs = append(errs, fmt.Errorf("--progress-topic: %w", err))
 	}
 	if err := router.ValidTopic(o.DeadLetterTopic); err != nil {
 		errs = append(errs, fmt.Errorf("--dead-letter-topic: %w", err))
@@ -192,6 +199,13 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 		dsn: o.Postgres, slot: o.Slot, interval: o.PollInterval, heartbeatInterval: o.HeartbeatInterval,
 		maxSlotLag: int64(o.MaxSlotLag), log: log, m: m, st: st, sink: sk,
 	}
+	prog := &progress{log: log, st: st}
+	if o.ExactlyOnce {
+		prog.fromCheckpoint(eosCfg.SkipBefore)
+	} else {
+		prog.store, prog.topic = sk, kafka.Progress{Topic: o.ProgressTopic, Key: o.Slot}
+		prog.start(ctx)
+	}
 	r := &relay{
 		cfg: relayConfig{
 			Postgres: o.Postgres, Slot: o.Slot, Publication: o.Publication, SlotFailover: o.SlotFailover,
@@ -201,6 +215,7 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 			HeartbeatPrefix:    heartbeatPrefix, MaxMessageBytes: int(o.MaxMessageBytes),
 			OnInvalid: o.OnInvalid, DeadLetterTopic: o.DeadLetterTopic, MessagePrefix: o.MessagePrefix,
 			TxnSink: eosCfg.TxnSink, Checkpoints: eosCfg.Checkpoints, SkipBefore: eosCfg.SkipBefore,
+			Progress: prog, AcceptGap: o.AcceptGap,
 		},
 		poison: map[eventPos]string{}, published: map[string]prometheus.Counter{},
 		log: log, router: rt, sink: sk, m: m, state: st, onHeartbeat: mo.onHeartbeat,
@@ -230,6 +245,11 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 	go func() {
 		defer wg.Done()
 		mo.run(mctx)
+	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		prog.run(mctx)
 	}()
 	log.Info("outboxd starting", "version", version, "slot", o.Slot, "publication", o.Publication, "kafka", o.KafkaBrokers.String())
 	if err := r.run(ctx); err != nil {

@@ -1,12 +1,83 @@
 package e2e
 
 import (
+	"context"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/outboxd/outboxd/test/harness"
 )
 
-// testFailoverGap is TestPGFailover on PostgreSQL ≤ 16 (no failover slots).
+// testFailoverGap is TestPGFailover on PostgreSQL ≤ 16, which has no
+// failover slots: the promoted standby lacks the slot. outboxd must not
+// create a new one there (it would silently skip what the old slot had not
+// delivered): it reports the gap and exits, again after a restart (the
+// progress topic outlives the slot), and continues only with --accept-gap.
 func testFailoverGap(t *testing.T, f *fixture, primary *harness.Postgres) {
-	t.Skip("gap detection lands in the next commit")
+	standby := primary.StandbyForTest(t, "standby1")
+	f.dsn = multiHostDSN(f.db, primary, standby)
+	p, _ := f.spawn("--replication-timeout", "5s")
+	if err := p.WaitLog(f.ctx, "msg=streaming"); err != nil {
+		t.Fatalf("outboxd did not stream: %v", err)
+	}
+	w := startFailoverWriter(f.ctx, f.dsn, f.agg)
+	defer w.finish()
+	poll(t, 30*time.Second, "events relayed before the failover", func() bool { return f.topicCount(f.topic()) >= 2000 })
+	if err := primary.Kill(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := standby.Promote(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	const want = `outboxd run: gap: replication slot "`
+	exitsWithGap := func(p *harness.Proc, what string) {
+		t.Helper()
+		wctx, cancel := context.WithTimeout(f.ctx, 60*time.Second)
+		defer cancel()
+		code, err := p.Wait(wctx)
+		if err != nil || code != 1 {
+			t.Fatalf("%s: outboxd exit %d, err %v; want exit 1 with a gap\n%s", what, code, err, tailString(p.Log(), 4000))
+		}
+		if !strings.Contains(p.Log(), want) || !strings.Contains(p.Log(), "does not exist, but outboxd has confirmed it up to LSN") {
+			t.Fatalf("%s: no gap message in the log:\n%s", what, tailString(p.Log(), 4000))
+		}
+	}
+	exitsWithGap(p, "after the failover")
+	w.finish()
+	sconn, err := standby.Connect(f.ctx, f.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sconn.Close(context.Background())
+	var n int
+	if err := sconn.QueryRow(f.ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, f.slot).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("slot on the promoted server: %d (err %v), want none: outboxd must not create it", n, err)
+	}
+	for _, line := range strings.Split(p.Log(), "\n") {
+		if strings.Contains(line, want) {
+			t.Logf("the gap, as outboxd logs it:\n%s", line)
+		}
+	}
+
+	// A restart reads the progress topic: the same refusal.
+	p2, _ := f.spawn()
+	exitsWithGap(p2, "restarted")
+
+	// Accepted: a new slot, and new events flow.
+	p3, _ := f.spawn("--accept-gap")
+	if err := p3.WaitLog(f.ctx, "msg=streaming"); err != nil {
+		t.Fatalf("outboxd --accept-gap did not stream: %v\n%s", err, tailString(p3.Log(), 4000))
+	}
+	if !strings.Contains(p3.Log(), "gap accepted") {
+		t.Errorf("no \"gap accepted\" warning:\n%s", tailString(p3.Log(), 4000))
+	}
+	before := f.topicCount(f.topic())
+	f.conn.Close(context.Background())
+	if f.conn, err = standby.Connect(f.ctx, f.db); err != nil {
+		t.Fatal(err)
+	}
+	end := f.commit(event{900001, "k1", "E", `{"after": "gap"}`}, event{900002, "k2", "E", `{"after": "gap"}`})
+	poll(t, 30*time.Second, "new events after the accepted gap", func() bool { return f.topicCount(f.topic()) >= before+2 })
+	_ = end
 }
