@@ -69,6 +69,7 @@ func (mo *monitor) run(ctx context.Context) {
 	poll := func() {
 		if connected() {
 			mo.pollSlot(ctx, conn)
+			mo.pollStandbys(ctx, conn)
 		}
 		kafkaOK = mo.pollKafka(ctx, kafkaOK)
 		mo.checkLag()

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -31,6 +32,8 @@ type state struct {
 	lastErrAt  time.Time
 	stalled    string // why the relay holds on an event it may not pass
 	holder     string // who holds the slot while this instance stands by (role.go)
+	// unprotected: physical standby slots synchronized_standby_slots lacks (standbys.go).
+	unprotected []string
 }
 
 func (s *state) setErr(err error) {
@@ -114,6 +117,11 @@ func (s *state) status() map[string]any {
 		"confirmed_lsn":    s.confirmed.String(),
 		"slot_server_view": s.slot,
 		"last_error":       s.lastErr,
+	}
+	if len(s.unprotected) > 0 {
+		out["unprotected_standbys"] = s.unprotected
+		out["warning"] = "physical standbys stream through slots that synchronized_standby_slots does not name (" + strings.Join(s.unprotected, ", ") +
+			"): after a promotion Kafka may hold events the new primary never had; add them to synchronized_standby_slots on the primary"
 	}
 	if s.holder != "" && !s.streaming {
 		out["slot_holder"] = s.holder

@@ -113,13 +113,22 @@ func TestPGFailover(t *testing.T) {
 		return
 	}
 	standby := primary.StandbyForTest(t, "standby1")
-	f.exec(`ALTER SYSTEM SET synchronized_standby_slots = 'standby1'`)
-	f.exec(`SELECT pg_reload_conf()`)
 	f.dsn = multiHostDSN(f.db, primary, standby)
-	r := f.startRelay("--replication-timeout", "5s")
+	r := f.startRelay("--replication-timeout", "5s", "--poll-interval", "200ms")
 	if st := r.statusDoc(t); st["failover"] != true {
 		t.Fatalf("/status failover = %v, want true", st["failover"])
 	}
+	// The standby is not in synchronized_standby_slots yet: outboxd warns.
+	poll(t, 10*time.Second, "outboxd_unprotected_standbys 1", func() bool { return r.metric(t, "outboxd_unprotected_standbys") == 1 })
+	if w, _ := r.statusDoc(t)["warning"].(string); !strings.Contains(w, "standby1") {
+		t.Errorf("/status warning %q does not name standby1", w)
+	}
+	if !strings.Contains(r.Log(), "synchronized_standby_slots does not name") {
+		t.Errorf("no warning in the log")
+	}
+	f.exec(`ALTER SYSTEM SET synchronized_standby_slots = 'standby1'`)
+	f.exec(`SELECT pg_reload_conf()`)
+	poll(t, 10*time.Second, "outboxd_unprotected_standbys 0", func() bool { return r.metric(t, "outboxd_unprotected_standbys") == 0 })
 	sconn, err := standby.Connect(f.ctx, f.db)
 	if err != nil {
 		t.Fatal(err)
