@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -144,6 +145,11 @@ func TestPGFailover(t *testing.T) {
 		_, _ = f.conn.Exec(f.ctx, `SELECT pg_log_standby_snapshot()`)
 		return slotSynced(f.ctx, sconn, f.slot)
 	})
+	// outboxd status on the standby shows the synchronized copy.
+	out := mustCLI(t, f.ctx, "status", "--postgres", standby.DSN(f.db), "--slot", f.slot)
+	if !regexp.MustCompile(`(?m)^\* ` + f.slot + `\s.*\syes\s+yes$`).MatchString(out) || !strings.Contains(out, "FAILOVER  SYNCED") {
+		t.Errorf("outboxd status on the standby does not show the slot as failover and synced:\n%s", out)
+	}
 	if err := primary.Kill(f.ctx); err != nil {
 		t.Fatal(err)
 	}
