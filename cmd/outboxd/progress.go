@@ -163,6 +163,20 @@ func (p *progress) load(ctx context.Context, timeout time.Duration) error {
 	return nil
 }
 
+// final writes the record once more after the relay stopped: a short run
+// must leave one too.
+func (p *progress) final() {
+	p.mu.Lock()
+	loaded := p.loaded
+	p.mu.Unlock()
+	if p.store == nil || !loaded {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	p.save(ctx)
+}
+
 // save writes the record when it moved.
 func (p *progress) save(ctx context.Context) {
 	p.mu.Lock()

@@ -252,7 +252,9 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 		prog.run(mctx)
 	}()
 	log.Info("outboxd starting", "version", version, "slot", o.Slot, "publication", o.Publication, "kafka", o.KafkaBrokers.String())
-	if err := r.run(ctx); err != nil {
+	err = r.run(ctx)
+	prog.final()
+	if err != nil {
 		return err
 	}
 	log.Info("outboxd stopped")

@@ -147,7 +147,7 @@ func TestPGFailover(t *testing.T) {
 	})
 	// outboxd status on the standby shows the synchronized copy.
 	out := mustCLI(t, f.ctx, "status", "--postgres", standby.DSN(f.db), "--slot", f.slot)
-	if !regexp.MustCompile(`(?m)^\* ` + f.slot + `\s.*\syes\s+yes$`).MatchString(out) || !strings.Contains(out, "FAILOVER  SYNCED") {
+	if !regexp.MustCompile(`(?m)^\* `+f.slot+`\s.*\syes\s+yes$`).MatchString(out) || !strings.Contains(out, "FAILOVER  SYNCED") {
 		t.Errorf("outboxd status on the standby does not show the slot as failover and synced:\n%s", out)
 	}
 	if err := primary.Kill(f.ctx); err != nil {
