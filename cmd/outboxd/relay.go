@@ -70,6 +70,10 @@ type relay struct {
 	// lastPID is the walsender PID of the previous session, to take the slot
 	// back from it if it outlived its connection.
 	lastPID int
+	// freshProducer: exactly-once mode starts the next session with a new
+	// producer and the checkpoint (resetTransactions) once START_REPLICATION
+	// holds the slot: after a failed session, and after standing by.
+	freshProducer bool
 	// lastLogged de-duplicates a session error repeated on every retry.
 	lastLogged   string
 	lastLoggedAt time.Time
@@ -118,7 +122,8 @@ func (r *relay) run(ctx context.Context) error {
 		case errors.As(err, &busy):
 			// Another instance is active: stand by and take over as soon as
 			// it lets go (role.go), without backing off.
-			if !r.standBy(ctx, busy) {
+			r.standByAndTakeOver(ctx, busy)
+			if ctx.Err() != nil {
 				return nil
 			}
 			continue
@@ -136,14 +141,11 @@ func (r *relay) run(ctx context.Context) error {
 		}
 		if r.cfg.TxnSink != nil {
 			// A failed session may have left the Kafka transaction in an
-			// unknown state: start over with a fresh producer and the
-			// checkpoint as Kafka now has it.
-			if err := r.resetTransactions(ctx, &resume); err != nil {
-				if ctx.Err() != nil {
-					return nil
-				}
-				return err
-			}
+			// unknown state: the next session starts over with a fresh
+			// producer and the checkpoint as Kafka then has it, once it
+			// holds the slot (a fresh producer fences whoever streams
+			// under the same transactional id, see role.go).
+			r.freshProducer = true
 		} else if wm != nil {
 			// The connection is closed; let the session's in-flight events
 			// settle so the next session starts as late as possible.
@@ -197,6 +199,17 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 		return false, nil, err
 	}
 	defer stream.Close()
+	if r.cfg.TxnSink != nil && r.freshProducer {
+		// Only the slot's holder may fence (role.go). Bounded: a slot held
+		// without reading must not hold up a PostgreSQL shutdown for long.
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := r.resetTransactions(rctx, resume)
+		cancel()
+		if err != nil {
+			return false, nil, err
+		}
+		r.freshProducer = false
+	}
 
 	wm = slot.NewWatermark(start)
 	r.state.mu.Lock()

@@ -28,6 +28,18 @@ const (
 // so a standby takes over within standbyPoll plus one connection setup.
 const standbyPoll = 200 * time.Millisecond
 
+// standByAndTakeOver stands by (standBy). In exactly-once mode the session
+// that takes over starts a fresh producer and re-reads the checkpoint: the
+// active may have fenced this instance's, and it moved the checkpoint. That
+// happens only once START_REPLICATION holds the slot, because a fresh
+// producer fences whoever uses the transactional id: a standby that fenced
+// before winning the slot would stop an active that beat it to it.
+func (r *relay) standByAndTakeOver(ctx context.Context, busy *slot.BusyError) {
+	if r.standBy(ctx, busy) && r.cfg.TxnSink != nil {
+		r.freshProducer = true
+	}
+}
+
 // standBy runs while the slot is busy: it marks this instance a standby and
 // returns once the slot is free, or its holder is an outboxd whose client
 // has been silent for --replication-timeout (Prepare then terminates it), or
@@ -52,33 +64,14 @@ func (r *relay) standBy(ctx context.Context, busy *slot.BusyError) bool {
 			return false
 		case <-t.C:
 		}
-		free, err := slotFree(ctx, conn, r.cfg.Slot, r.cfg.ReplicationTimeout)
-		if err != nil || free {
+		holder, err := currentHolder(ctx, conn, r.cfg.Slot, r.cfg.ReplicationTimeout)
+		if free := holder == nil; err != nil || free {
 			if err == nil {
 				r.log.Info("the slot is free; taking over", "slot", r.cfg.Slot)
 			}
 			return ctx.Err() == nil
 		}
 	}
-}
-
-// slotFree reports whether the slot is free to take: inactive, gone, or
-// held by an outboxd walsender whose client has not replied for staleAfter.
-func slotFree(ctx context.Context, conn *pgx.Conn, name string, staleAfter time.Duration) (bool, error) {
-	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	var active, stale bool
-	err := conn.QueryRow(qctx, `SELECT s.active, coalesce(r.application_name = 'outboxd'
-		AND coalesce(r.reply_time, r.backend_start) < now() - make_interval(secs => $2), false)
-		FROM pg_replication_slots s LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid
-		WHERE s.slot_name = $1`, name, staleAfter.Seconds()).Scan(&active, &stale)
-	if err == pgx.ErrNoRows {
-		return true, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("watching slot %q: %w", name, err)
-	}
-	return !active || stale, nil
 }
 
 // setStandby records who holds the slot; nil clears it.
@@ -125,4 +118,47 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// slotBusyAtStart reports whether another process streams from the slot
+// as outboxd starts. In exactly-once mode registering the transactional id
+// would fence it, so such an instance skips that and stands by; the relay
+// starts a fresh producer once it holds the slot (relay.freshProducer).
+// Unknown (PostgreSQL unreachable) counts as free: the relay reports why.
+func slotBusyAtStart(ctx context.Context, dsn, name string, staleAfter time.Duration) bool {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(cctx, dsn)
+	if err != nil {
+		return false
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	busy, err := currentHolder(cctx, conn, name, staleAfter)
+	return err == nil && busy != nil
+}
+
+// currentHolder describes who holds the slot, or nil when it is free to
+// take: inactive, gone, or held by an outboxd walsender whose client has not
+// replied for staleAfter (Prepare terminates it).
+func currentHolder(ctx context.Context, conn *pgx.Conn, name string, staleAfter time.Duration) (*slot.BusyError, error) {
+	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var active, stale bool
+	var pid int32
+	var holder string
+	err := conn.QueryRow(qctx, `SELECT s.active, coalesce(s.active_pid, 0),
+		coalesce(a.application_name, '') || ' from ' || coalesce(host(a.client_addr), 'local socket') || ' since ' || coalesce(a.backend_start::text, '?'),
+		coalesce(r.application_name = 'outboxd' AND coalesce(r.reply_time, r.backend_start) < now() - make_interval(secs => $2), false)
+		FROM pg_replication_slots s LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid LEFT JOIN pg_stat_activity a ON a.pid = s.active_pid
+		WHERE s.slot_name = $1`, name, staleAfter.Seconds()).Scan(&active, &pid, &holder, &stale)
+	if err == pgx.ErrNoRows {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("watching slot %q: %w", name, err)
+	}
+	if !active || stale {
+		return nil, nil
+	}
+	return &slot.BusyError{Slot: name, PID: int(pid), Holder: holder}, nil
 }

@@ -185,42 +185,12 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 		return err
 	}
 	defer sk.Close()
-	var eosCfg relayConfig
-	if o.ExactlyOnce {
-		if eosCfg, err = prepareExactlyOnce(ctx, log, sk, o); err != nil {
-			if ctx.Err() != nil {
-				return nil // stopped while waiting for Kafka
-			}
-			return err
-		}
-	}
-
 	mo := &monitor{
 		dsn: o.Postgres, slot: o.Slot, interval: o.PollInterval, heartbeatInterval: o.HeartbeatInterval,
 		maxSlotLag: int64(o.MaxSlotLag), log: log, m: m, st: st, sink: sk,
 	}
-	prog := &progress{log: log, st: st}
-	if o.ExactlyOnce {
-		prog.fromCheckpoint(eosCfg.SkipBefore)
-	} else {
-		prog.store, prog.topic = sk, kafka.Progress{Topic: o.ProgressTopic, Key: o.Slot}
-		prog.start(ctx)
-	}
-	r := &relay{
-		cfg: relayConfig{
-			Postgres: o.Postgres, Slot: o.Slot, Publication: o.Publication, SlotFailover: o.SlotFailover,
-			MaxInflightEvents: o.MaxInflightEvents, MaxInflightBytes: int64(o.MaxInflightBytes),
-			StatusInterval: o.StatusInterval, ConfirmInterval: o.ConfirmInterval, ShutdownTimeout: o.ShutdownTimeout,
-			ReplicationTimeout: o.ReplicationTimeout,
-			HeartbeatPrefix:    heartbeatPrefix, MaxMessageBytes: int(o.MaxMessageBytes),
-			OnInvalid: o.OnInvalid, DeadLetterTopic: o.DeadLetterTopic, MessagePrefix: o.MessagePrefix,
-			TxnSink: eosCfg.TxnSink, Checkpoints: eosCfg.Checkpoints, SkipBefore: eosCfg.SkipBefore,
-			Progress: prog, AcceptGap: o.AcceptGap,
-		},
-		poison: map[eventPos]string{}, published: map[string]prometheus.Counter{},
-		log: log, router: rt, sink: sk, m: m, state: st, onHeartbeat: mo.onHeartbeat,
-	}
-
+	// HTTP and the monitor run from the start: an exactly-once standby is
+	// ready and reports itself while it waits below.
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	if o.HTTPAddr != "" {
@@ -246,6 +216,45 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 		defer wg.Done()
 		mo.run(mctx)
 	}()
+
+	var eosCfg relayConfig
+	freshProducer := false
+	if o.ExactlyOnce && slotBusyAtStart(ctx, o.Postgres, o.Slot, o.ReplicationTimeout) {
+		// Registering the transactional id now would fence the instance
+		// streaming: stand by, and register it once the slot is ours (role.go).
+		eosCfg = relayConfig{TxnSink: sk, Checkpoints: kafka.Checkpoints{Topic: o.CheckpointTopic, Key: o.Slot}}
+		freshProducer = true
+	} else if o.ExactlyOnce {
+		if eosCfg, err = prepareExactlyOnce(ctx, log, sk, o); err != nil {
+			if ctx.Err() != nil {
+				return nil // stopped while waiting for Kafka
+			}
+			return err
+		}
+	}
+
+	prog := &progress{log: log, st: st}
+	if o.ExactlyOnce {
+		prog.fromCheckpoint(eosCfg.SkipBefore)
+	} else {
+		prog.store, prog.topic = sk, kafka.Progress{Topic: o.ProgressTopic, Key: o.Slot}
+		prog.start(ctx)
+	}
+	r := &relay{
+		cfg: relayConfig{
+			Postgres: o.Postgres, Slot: o.Slot, Publication: o.Publication, SlotFailover: o.SlotFailover,
+			MaxInflightEvents: o.MaxInflightEvents, MaxInflightBytes: int64(o.MaxInflightBytes),
+			StatusInterval: o.StatusInterval, ConfirmInterval: o.ConfirmInterval, ShutdownTimeout: o.ShutdownTimeout,
+			ReplicationTimeout: o.ReplicationTimeout,
+			HeartbeatPrefix:    heartbeatPrefix, MaxMessageBytes: int(o.MaxMessageBytes),
+			OnInvalid: o.OnInvalid, DeadLetterTopic: o.DeadLetterTopic, MessagePrefix: o.MessagePrefix,
+			TxnSink: eosCfg.TxnSink, Checkpoints: eosCfg.Checkpoints, SkipBefore: eosCfg.SkipBefore,
+			Progress: prog, AcceptGap: o.AcceptGap,
+		},
+		poison: map[eventPos]string{}, published: map[string]prometheus.Counter{},
+		log: log, router: rt, sink: sk, m: m, state: st, onHeartbeat: mo.onHeartbeat,
+		freshProducer: freshProducer,
+	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()

@@ -49,9 +49,6 @@ func TestFaultsHA(t *testing.T) {
 		settleBound: 45 * time.Second,
 	}
 	w := newWorld(t, sc, mode(t), seed())
-	if w.mode.name != "at-least-once" {
-		t.Skip("active/standby runs in at-least-once mode: with --exactly-once a second instance fences the first at startup")
-	}
 	w.run()
 }
 
