@@ -7,7 +7,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION)
 PG_CACHE    ?= $(if $(filter 0,$(shell id -u)),/var/cache/outboxd,$(HOME)/.cache/outboxd)
 PG_VERSIONS ?= 16 17 18
 # The e2e core that runs on every PostgreSQL version (the full suite runs on 15).
-E2E_CORE    := TestStartupCheck|TestSlotHeldByAnotherProcess|TestRoutingAndSkippedOperations|TestOrderPerAggregate|TestGracefulShutdownConfirmsEverything|TestBrokerDownHoldsSlot|TestKillDuringStreamLosesNothing|TestPostgresConnectionLoss|TestIdleOutboxDoesNotPinWAL|TestOpsStatus|TestHA|TestPGFailover|TestSlotFailoverOption
+E2E_CORE    := TestStartupCheck|TestSlotHeldByAnotherProcess|TestRoutingAndSkippedOperations|TestOrderPerAggregate|TestGracefulShutdownConfirmsEverything|TestBrokerDownHoldsSlot|TestKillDuringStreamLosesNothing|TestPostgresConnectionLoss|TestIdleOutboxDoesNotPinWAL|TestOpsStatus|TestHA|TestPGFailover|TestSlotFailoverOption|TestGap
 
 .PHONY: all build run test test-pg-versions vet bench soak docker clean
 

@@ -81,3 +81,39 @@ func testFailoverGap(t *testing.T, f *fixture, primary *harness.Postgres) {
 	poll(t, 30*time.Second, "new events after the accepted gap", func() bool { return f.topicCount(f.topic()) >= before+2 })
 	_ = end
 }
+
+// The same slot name on another cluster is a gap: the recorded progress
+// belongs to a different system identifier.
+func TestGapAnotherCluster(t *testing.T) {
+	f := newFixture(t)
+	r := f.startRelay()
+	end := f.commit(event{1, "a", "E", `{}`})
+	f.waitConfirmed(end, 20*time.Second)
+	r.stop(t, f.ctx) // leaves the progress record
+
+	other := harness.PostgresForTest(t)
+	if other.External() {
+		t.Skip("needs a second, harness-started cluster (" + harness.EnvPostgres + " is set)")
+	}
+	dsn, err := other.NewDatabase(f.ctx, f.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sql := range []string{
+		`CREATE TABLE outbox (id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL, aggregateid varchar(255) NOT NULL,
+			type varchar(255) NOT NULL, payload jsonb, created_at timestamptz NOT NULL DEFAULT now())`,
+		`CREATE PUBLICATION outboxd FOR TABLE outbox WITH (publish = 'insert')`,
+	} {
+		if err := other.Exec(f.ctx, f.db, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.dsn = dsn
+	p, _ := f.spawn()
+	ctx, cancel := context.WithTimeout(f.ctx, 30*time.Second)
+	defer cancel()
+	code, err := p.Wait(ctx)
+	if err != nil || code != 1 || !strings.Contains(p.Log(), "outboxd run: gap: this PostgreSQL server is another cluster (system identifier ") {
+		t.Fatalf("exit %d, err %v; want exit 1 naming another cluster\n%s", code, err, p.Log())
+	}
+}

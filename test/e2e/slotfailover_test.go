@@ -62,3 +62,29 @@ func TestSlotFailoverOption(t *testing.T) {
 		t.Error("recreating the dropped slot was not reported as an accepted gap")
 	}
 }
+
+// In exactly-once mode the checkpoint is the progress record: a slot that
+// vanished after outboxd confirmed it is a gap there too.
+func TestGapExactlyOnceCheckpoint(t *testing.T) {
+	f := newFixture(t)
+	args := []string{"--exactly-once", "--checkpoint-topic", "cp." + f.agg}
+	r := f.startRelay(args...)
+	end := f.commit(event{1, "a", "E", `{}`})
+	f.waitConfirmed(end, 20*time.Second)
+	r.stop(t, f.ctx)
+	f.waitSlotInactive(10 * time.Second)
+	f.exec(`SELECT pg_drop_replication_slot($1)`, f.slot)
+
+	p, _ := f.spawn(args...)
+	ctx, cancel := context.WithTimeout(f.ctx, 30*time.Second)
+	defer cancel()
+	code, err := p.Wait(ctx)
+	if err != nil || code != 1 || !strings.Contains(p.Log(), `outboxd run: gap: replication slot "`+f.slot+`" does not exist, but outboxd has confirmed it up to LSN`) {
+		t.Fatalf("exit %d, err %v; want exit 1 with the gap\n%s", code, err, p.Log())
+	}
+	var n int
+	if err := f.conn.QueryRow(f.ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, f.slot).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("slot recreated (%d, %v) despite the gap", n, err)
+	}
+	f.startRelay(append(args, "--accept-gap")...)
+}
