@@ -117,3 +117,80 @@ func TestGapAnotherCluster(t *testing.T) {
 		t.Fatalf("exit %d, err %v; want exit 1 naming another cluster\n%s", code, err, p.Log())
 	}
 }
+
+// A promoted standby that lagged (here: stopped while the primary went on,
+// with synchronized_standby_slots unset) has a synchronized slot, but its
+// WAL ends before what outboxd already published: Kafka holds events the new
+// primary never had. outboxd reports that gap instead of streaming on.
+func TestGapPromotedStandbyBehind(t *testing.T) {
+	if v := sharedVersion(t); v < 170000 {
+		t.Skipf("needs failover slots (PostgreSQL 17+, server %d): on older servers the promoted standby has no slot at all, which TestPGFailover covers", v)
+	}
+	primary := harness.PostgresForTest(t)
+	if primary.External() {
+		t.Skip("needs a harness-started server it may crash (" + harness.EnvPostgres + " is set)")
+	}
+	f := newFixture(t, withPostgres(primary))
+	standby := primary.StandbyForTest(t, "standby1")
+	f.dsn = multiHostDSN(f.db, primary, standby)
+	p, _ := f.spawn("--replication-timeout", "5s")
+	if err := p.WaitLog(f.ctx, "msg=streaming"); err != nil {
+		t.Fatalf("outboxd did not stream: %v", err)
+	}
+	f.waitConfirmed(f.commit(event{1, "a", "E", `{}`}), 20*time.Second)
+	sconn, err := standby.Connect(f.ctx, f.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	poll(t, 30*time.Second, "slot synchronized to the standby", func() bool {
+		_, _ = f.conn.Exec(f.ctx, `SELECT pg_log_standby_snapshot()`)
+		return slotSynced(f.ctx, sconn, f.slot)
+	})
+	sconn.Close(context.Background())
+	if err := standby.Stop(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The primary goes on without it; outboxd publishes and confirms.
+	var evs []event
+	for n := 2; n <= 300; n++ {
+		evs = append(evs, event{n, "a", "E", `{"pad": "` + strings.Repeat("x", 200) + `"}`})
+	}
+	f.waitConfirmed(f.commit(evs...), 20*time.Second)
+	if err := primary.Kill(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := standby.Start(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := standby.Promote(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(f.ctx, 60*time.Second)
+	defer cancel()
+	code, err := p.Wait(ctx)
+	if err != nil || code != 1 || !strings.Contains(p.Log(), "outboxd run: gap: the server's WAL ends at ") {
+		t.Fatalf("exit %d, err %v; want exit 1: the promoted server is behind what was published\n%s", code, err, tailString(p.Log(), 4000))
+	}
+	for _, line := range strings.Split(p.Log(), "\n") {
+		if strings.HasPrefix(line, "outboxd run: gap:") {
+			t.Logf("%s", line)
+		}
+	}
+}
+
+// sharedVersion is the shared server's server_version_num.
+func sharedVersion(t *testing.T) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := sharedPG.Connect(ctx, "postgres")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	v, err := harness.ServerVersionNum(ctx, conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
