@@ -3,8 +3,13 @@
 GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
+# PostgreSQL 16-18 server binaries, fetched by .ci/postgres.sh; 15 is the system's.
+PG_CACHE    ?= $(or $(OUTBOXD_PG_CACHE),$(if $(filter 0,$(shell id -u)),/var/cache/outboxd,$(HOME)/.cache/outboxd))
+PG_VERSIONS ?= 16 17 18
+# The e2e core that runs on every PostgreSQL version (the full suite runs on 15).
+E2E_CORE    := TestStartupCheck|TestSlotHeldByAnotherProcess|TestRoutingAndSkippedOperations|TestOrderPerAggregate|TestGracefulShutdownConfirmsEverything|TestBrokerDownHoldsSlot|TestKillDuringStreamLosesNothing|TestPostgresConnectionLoss|TestIdleOutboxDoesNotPinWAL|TestOpsStatus|TestHA|TestPGFailover|TestSlotFailoverOption|TestGap
 
-.PHONY: all build run test test-short test-docker vet bench soak docker clean
+.PHONY: all build run test test-short test-docker test-pg-versions vet bench soak docker clean
 
 all: build
 
@@ -21,11 +26,20 @@ vet:
 test: vet ## unit, integration, end-to-end, container and alert-rule tests (< 10 min on 2 cores; containers need a Docker engine: bash .ci/docker.sh)
 	$(GO) test -count=1 -timeout 20m ./...
 	OUTBOXD_TEST_BACKEND=docker $(GO) test -count=1 -timeout 10m ./test/e2e/ ./test/harness/
+	$(MAKE) --no-print-directory test-pg-versions
 	bash deploy/check.sh
 
 test-docker: ## container tests only: the image, compose, and test/e2e and test/harness on the docker backend
 	$(GO) test -count=1 -timeout 20m ./test/docker/ ./test/harness/
 	OUTBOXD_TEST_BACKEND=docker $(GO) test -count=1 -timeout 10m ./test/e2e/ ./test/harness/
+
+test-pg-versions: ## the e2e core on PostgreSQL 16, 17 and 18 (binaries from .ci/postgres.sh)
+	@for v in $(PG_VERSIONS); do \
+	  bin=$(PG_CACHE)/pg-$$v/bin; \
+	  test -x $$bin/postgres || { echo "PostgreSQL $$v binaries missing in $$bin: run bash .ci/postgres.sh"; exit 1; }; \
+	  echo "e2e core on PostgreSQL $$v"; \
+	  OUTBOXD_TEST_PG_BIN=$$bin $(GO) test -count=1 -timeout 10m -run '$(E2E_CORE)' ./test/e2e/ || exit 1; \
+	done
 
 bench: ## throughput/latency/resources side by side with baselines (~5 min)
 	$(GO) run ./test/cmd/bench

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"strconv"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -18,11 +19,15 @@ func newHTTPHandler(m *metrics, st *state, withPprof bool) http.Handler {
 		w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if ok, why := st.ready(); !ok {
+		ok, why := st.ready()
+		switch {
+		case !ok:
 			http.Error(w, why, http.StatusServiceUnavailable)
-			return
+		case strings.HasPrefix(why, roleStandby):
+			w.Write([]byte(why + "\n")) // ready to take over
+		default:
+			w.Write([]byte("ok\n"))
 		}
-		w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("/status", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")

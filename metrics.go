@@ -31,6 +31,8 @@ type metrics struct {
 	deadLettered    prometheus.Counter
 	heartbeatErrors prometheus.Counter
 	blocked         prometheus.Gauge
+	// unprotectedStandbys: physical standbys missing from synchronized_standby_slots (standbys.go).
+	unprotectedStandbys prometheus.Gauge
 }
 
 func newMetrics(version string, st *state) *metrics {
@@ -93,6 +95,7 @@ func newMetrics(version string, st *state) *metrics {
 			}
 			return time.Since(s.OldestUnacked).Seconds()
 		})
+	f(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "outboxd_active", Help: "1 while this instance streams from the slot (the active); 0 on a standby. Alert on the maximum over instances."}, st.isActive))
 	m.connected = g("outboxd_replication_connected", "1 while streaming from the slot.")
 	m.replDelay = g("outboxd_replication_delay_seconds", "Time from emitting a heartbeat message to receiving it from the slot.")
 	m.deadLettered = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_events_dead_lettered_total", Help: "Rows published to the dead-letter topic."})
@@ -100,6 +103,7 @@ func newMetrics(version string, st *state) *metrics {
 	m.heartbeatErrors = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_heartbeat_errors_total", Help: "Heartbeat messages that could not be written."})
 	f(m.heartbeatErrors)
 	m.blocked = g("outboxd_blocked", "1 while the relay holds on an event it may not pass (on-invalid = fail, or table.op.invalid.behavior = fatal).")
+	m.unprotectedStandbys = g("outboxd_unprotected_standbys", "Physical standbys streaming through a slot that synchronized_standby_slots does not name (PostgreSQL 17+, failover slot): promoting one may leave events in Kafka that the new primary never had.")
 	bi := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outboxd_build_info", Help: "Build information."}, []string{"version"})
 	bi.WithLabelValues(version).Set(1)
 	f(bi)

@@ -40,6 +40,8 @@ type slotView struct {
 	RetainedBytes  int64  `json:"retained_wal_bytes"`
 	WALStatus      string `json:"wal_status"`
 	SafeWALSize    int64  `json:"safe_wal_size_bytes"`
+	Failover       bool   `json:"failover"` // PostgreSQL 17+: copied to standbys that sync slots
+	Synced         bool   `json:"synced"`   // this copy was synchronized from a primary
 	At             time.Time
 }
 
@@ -67,6 +69,7 @@ func (mo *monitor) run(ctx context.Context) {
 	poll := func() {
 		if connected() {
 			mo.pollSlot(ctx, conn)
+			mo.pollStandbys(ctx, conn)
 		}
 		kafkaOK = mo.pollKafka(ctx, kafkaOK)
 		mo.checkLag()
@@ -103,9 +106,10 @@ func (mo *monitor) pollSlot(ctx context.Context, conn *pgx.Conn) {
 	var lag, retained, safe *int64
 	err := conn.QueryRow(qctx, `SELECT plugin, active, active_pid, confirmed_flush_lsn::text,
 		(pg_current_wal_lsn() - confirmed_flush_lsn)::bigint, (pg_current_wal_lsn() - restart_lsn)::bigint,
-		wal_status, safe_wal_size
-		FROM pg_replication_slots WHERE slot_name = $1`, mo.slot).
-		Scan(&plugin, &v.Active, &pid, &confirmed, &lag, &retained, &walStatus, &safe)
+		wal_status, safe_wal_size,
+		coalesce((to_jsonb(s)->>'failover')::bool, false), coalesce((to_jsonb(s)->>'synced')::bool, false)
+		FROM pg_replication_slots s WHERE slot_name = $1`, mo.slot).
+		Scan(&plugin, &v.Active, &pid, &confirmed, &lag, &retained, &walStatus, &safe, &v.Failover, &v.Synced)
 	switch {
 	case err == pgx.ErrNoRows:
 	case err != nil:

@@ -60,6 +60,14 @@ type Config struct {
 	PollInterval       time.Duration // slot and broker polls (5s)
 	MaxSlotLag         int64         // slot lag above which the relay warns and is not ready (0 disables)
 	Warnings           []string      // insecure settings found at startup, shown on /status
+	SlotFailover       string        // "auto" (default), "true" or "false": create the slot as a failover slot (PostgreSQL 17+)
+
+	// ProgressStore keeps, in at-least-once mode, the record of how far
+	// outboxd has published that outlives the slot, for the gap check
+	// (progress.go; exactly-once mode uses the checkpoint). AcceptGap lets
+	// outboxd continue past a reported gap.
+	ProgressStore ProgressStore
+	AcceptGap     bool
 
 	// Exactly-once mode: a transactional sink whose InitTransactions has
 	// run, and what it held then.
@@ -68,6 +76,11 @@ type Config struct {
 	// SplitAge: a Kafka transaction this old commits even in the middle of
 	// a PostgreSQL transaction (a quarter of the transaction timeout).
 	SplitAge time.Duration
+	// DeferInit: TxnSink's transactional id is not registered yet, because
+	// another instance streamed when this one started (SlotBusy) and
+	// registering would fence it. The relay registers it, and reads the
+	// checkpoint, once it holds the slot.
+	DeferInit bool
 }
 
 // Sink is what the relay needs of the broker.
@@ -164,10 +177,11 @@ func (c *Config) defaults() error {
 
 // Relay is one outboxd: the replication session loop and its monitor.
 type Relay struct {
-	relay   *relay
-	monitor *monitor
-	m       *metrics
-	st      *state
+	relay    *relay
+	monitor  *monitor
+	progress *progress
+	m        *metrics
+	st       *state
 }
 
 // New checks cfg and builds the relay; it contacts nothing.
@@ -184,9 +198,16 @@ func New(cfg Config) (*Relay, error) {
 	r := &relay{
 		cfg: cfg, log: cfg.Logger, router: cfg.Router, sink: cfg.Sink, m: m, state: st,
 		poison: map[eventPos]string{}, published: map[string]prometheus.Counter{},
-		onHeartbeat: mo.onHeartbeat, holdRetry: time.Second,
+		onHeartbeat: mo.onHeartbeat, holdRetry: time.Second, freshProducer: cfg.DeferInit,
 	}
-	return &Relay{relay: r, monitor: mo, m: m, st: st}, nil
+	prog := &progress{log: cfg.Logger, st: st}
+	if cfg.TxnSink != nil {
+		prog.fromCheckpoint(cfg.Done.LSN)
+	} else {
+		prog.store = cfg.ProgressStore
+	}
+	r.progress = prog
+	return &Relay{relay: r, monitor: mo, progress: prog, m: m, st: st}, nil
 }
 
 // Run streams until ctx ends, then drains what is in flight (up to
@@ -195,18 +216,26 @@ func New(cfg Config) (*Relay, error) {
 // configuration cannot fix (a slot or publication problem, bad credentials,
 // another instance fencing this one). It owns two goroutines: its caller's,
 // which runs the replication sessions, and the monitor's, which it stops and
-// waits for before returning.
+// waits for before returning (and, in at-least-once mode, the progress
+// writer's).
 func (r *Relay) Run(ctx context.Context) error {
 	mctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Add(1)
+	r.progress.start(ctx)
+	wg.Add(2)
 	go func() {
 		defer wg.Done()
 		r.monitor.run(mctx)
 	}()
-	defer wg.Wait() // second: the monitor has returned
-	defer stop()    // first: tell it to
-	return r.relay.run(ctx)
+	go func() {
+		defer wg.Done()
+		r.progress.run(mctx)
+	}()
+	err := r.relay.run(ctx)
+	stop()
+	wg.Wait()
+	r.progress.final() // after the last confirmation: a short run leaves a record too
+	return err
 }
 
 // Handler serves /metrics, /healthz, /readyz, /status and, with pprof,

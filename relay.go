@@ -36,6 +36,8 @@ type relay struct {
 	// holds before them (fail). Owned by the relay goroutine; fed from sink
 	// callbacks through the session's errc.
 	poison map[eventPos]string
+	// progress is the gap check's record of how far the slot was published.
+	progress slot.ProgressSource
 	// holdRetry is the first wait before a held event is tried again.
 	holdRetry time.Duration
 	// rejected collects refusals from sink callbacks, which may run after
@@ -47,6 +49,10 @@ type relay struct {
 	// lastPID is the walsender PID of the previous session, to take the slot
 	// back from it if it outlived its connection.
 	lastPID int
+	// freshProducer: exactly-once mode starts the next session with a new
+	// producer and the checkpoint (resetTransactions) once START_REPLICATION
+	// holds the slot: after a failed session, and after standing by.
+	freshProducer bool
 	// lastLogged de-duplicates a session error repeated on every retry.
 	lastLogged   string
 	lastLoggedAt time.Time
@@ -97,7 +103,13 @@ func (r *relay) run(ctx context.Context) error {
 		case errors.As(err, &setupErr), IsConfigError(err), sink.KindOf(err) == sink.Fenced, sink.KindOf(err) == sink.Denied:
 			return err
 		case errors.As(err, &busy):
-			r.logOnce(slog.LevelWarn, "replication slot busy; retrying", err)
+			// Another instance is active: stand by and take over as soon as
+			// it lets go (role.go), without backing off.
+			r.standByAndTakeOver(ctx, busy)
+			if ctx.Err() != nil {
+				return nil
+			}
+			continue
 		case errors.Is(err, wal.ErrStreamEnded):
 			r.log.Warn("PostgreSQL ended the replication stream; reconnecting", "resume_lsn", resume.String())
 		case errors.As(err, &rej):
@@ -114,14 +126,11 @@ func (r *relay) run(ctx context.Context) error {
 		}
 		if r.cfg.TxnSink != nil {
 			// A failed session may have left the Kafka transaction in an
-			// unknown state: start over with a fresh producer and the
-			// checkpoint as Kafka now has it.
-			if err := r.resetTransactions(ctx, &resume); err != nil {
-				if ctx.Err() != nil {
-					return nil
-				}
-				return err
-			}
+			// unknown state: the next session starts over with a fresh
+			// producer and the checkpoint as Kafka then has it, once it
+			// holds the slot (a fresh producer fences whoever streams
+			// under the same transactional id, see role.go).
+			r.freshProducer = true
 		} else if wm != nil {
 			// The connection is closed; let the session's in-flight events
 			// settle so the next session starts as late as possible.
@@ -219,6 +228,7 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 
 	info, created, err := slot.Prepare(ctx, conn, slot.Config{
 		Slot: r.cfg.Slot, Publication: r.cfg.Publication, TakeOver: r.lastPID, StaleAfter: r.cfg.ReplicationTimeout,
+		Failover: r.cfg.SlotFailover, Progress: r.progress, AcceptGap: r.cfg.AcceptGap,
 	})
 	if err != nil {
 		return false, nil, err
@@ -237,11 +247,22 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 		return false, nil, err
 	}
 	defer stream.Close()
+	if r.cfg.TxnSink != nil && r.freshProducer {
+		// Only the slot's holder may fence (role.go). Bounded: a slot held
+		// without reading must not hold up a PostgreSQL shutdown for long.
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := r.resetTransactions(rctx, resume)
+		cancel()
+		if err != nil {
+			return false, nil, err
+		}
+		r.freshProducer = false
+	}
 
 	wm = slot.NewWatermark(start)
 	r.state.startSession(wm, info)
 	r.m.connected.Set(1)
-	r.log.Info("streaming", "slot", info.Name, "publication", r.cfg.Publication, "from_lsn", start.String())
+	r.log.Info("streaming", "slot", info.Name, "publication", r.cfg.Publication, "from_lsn", start.String(), "failover", info.Failover)
 
 	s := &streamer{relay: r, stream: stream, wm: wm, errc: make(chan error, 1), rejected: &r.rejected, lastSent: start, sentAt: time.Now()}
 	if r.cfg.TxnSink != nil {

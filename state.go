@@ -1,7 +1,9 @@
 package outboxd
 
 import (
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -30,6 +32,9 @@ type state struct {
 	lastErrAt  time.Time
 	stalled    string   // why the relay holds on an event it may not pass
 	warnings   []string // insecure settings, set at startup
+	holder     string   // who holds the slot while this instance stands by (role.go)
+	// unprotected: physical standby slots synchronized_standby_slots lacks (standbys.go).
+	unprotected []string
 }
 
 func (s *state) setErr(err error) {
@@ -37,6 +42,9 @@ func (s *state) setErr(err error) {
 		return
 	}
 	s.mu.Lock()
+	if busy := (*slot.BusyError)(nil); !errors.As(err, &busy) {
+		s.holder = "" // not a standby: the session failed for another reason
+	}
 	s.lastErr, s.lastErrAt = Redact(err.Error(), s.dsn), time.Now()
 	s.mu.Unlock()
 }
@@ -48,6 +56,8 @@ func (s *state) ready() (bool, string) {
 	switch {
 	case s.stalled != "":
 		return false, s.stalled
+	case s.roleLocked() == roleStandby && s.kafkaOK:
+		return true, fmt.Sprintf("standby: slot %s is held by %s; taking over when it lets go", s.slotName, s.holder)
 	case !s.streaming:
 		return false, "not streaming from the replication slot" + s.errSuffix()
 	case !s.kafkaOK:
@@ -99,6 +109,8 @@ func (s *state) status() map[string]any {
 	defer s.mu.Unlock()
 	out := map[string]any{
 		"slot":             s.slotName,
+		"role":             s.roleLocked(),
+		"failover":         s.slotInfo.Failover || s.slot.Failover,
 		"plugin":           s.slotInfo.Plugin,
 		"streaming":        s.streaming,
 		"kafka_reachable":  s.kafkaOK,
@@ -109,6 +121,14 @@ func (s *state) status() map[string]any {
 	}
 	if len(s.warnings) > 0 {
 		out["security_warnings"] = s.warnings
+	}
+	if len(s.unprotected) > 0 {
+		out["unprotected_standbys"] = s.unprotected
+		out["warning"] = "physical standbys stream through slots that synchronized_standby_slots does not name (" + strings.Join(s.unprotected, ", ") +
+			"): after a promotion Kafka may hold events the new primary never had; add them to synchronized_standby_slots on the primary"
+	}
+	if s.holder != "" && !s.streaming {
+		out["slot_holder"] = s.holder
 	}
 	if !s.lastErrAt.IsZero() {
 		out["last_error_at"] = s.lastErrAt.UTC().Format(time.RFC3339)

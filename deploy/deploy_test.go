@@ -713,11 +713,11 @@ func TestKubernetes(t *testing.T) {
 	dep, svc, cm, sec, sm, pdb := docs["deployment.yaml"], docs["service.yaml"], docs["configmap.yaml"], docs["secret.example.yaml"], docs["servicemonitor.yaml"], docs["pdb.yaml"]
 
 	spec := get(dep, "spec")
-	if n, _ := get(spec, "replicas").(int); n != 1 {
-		t.Errorf("deployment replicas %v, want 1 (one reader per slot)", get(spec, "replicas"))
+	if n, _ := get(spec, "replicas").(int); n != 2 {
+		t.Errorf("deployment replicas %v, want 2 (an active and a standby)", get(spec, "replicas"))
 	}
-	if s := str(get(spec, "strategy", "type")); s != "Recreate" {
-		t.Errorf("deployment strategy %q, want Recreate (one reader per slot)", s)
+	if s := str(get(spec, "strategy", "type")); s != "RollingUpdate" || str(get(spec, "strategy", "rollingUpdate", "maxUnavailable")) != "0" {
+		t.Errorf("deployment strategy %v, want RollingUpdate with maxUnavailable 0 (a standby is up before the active stops)", get(spec, "strategy"))
 	}
 	podLabels := mapOf(get(spec, "template", "metadata", "labels"))
 	pod := get(spec, "template", "spec")

@@ -59,21 +59,21 @@ func Defaults() Config { return Config{} }
 
 // Supported option names: exactly Debezium's, plus headers.field.
 const (
-	optEventID         = "table.field.event.id"
-	optEventKey        = "table.field.event.key"
-	optEventPayload    = "table.field.event.payload"
-	optEventTimestamp  = "table.field.event.timestamp"
-	optEventType       = "table.field.event.type"
-	optRouteBy         = "route.by.field"
-	optTopicRegex      = "route.topic.regex"
-	optTopicReplace    = "route.topic.replacement"
-	optTombstone       = "route.tombstone.on.empty.payload"
-	optPlacement       = "table.fields.additional.placement"
-	optMissing         = "table.field.additional.missing"
+	optEventID        = "table.field.event.id"
+	optEventKey       = "table.field.event.key"
+	optEventPayload   = "table.field.event.payload"
+	optEventTimestamp = "table.field.event.timestamp"
+	optEventType      = "table.field.event.type"
+	optRouteBy        = "route.by.field"
+	optTopicRegex     = "route.topic.regex"
+	optTopicReplace   = "route.topic.replacement"
+	optTombstone      = "route.tombstone.on.empty.payload"
+	optPlacement      = "table.fields.additional.placement"
+	optMissing        = "table.field.additional.missing"
 	// optMissingLegacy is the boolean Debezium 2.5–3.5 used for the same
 	// thing; 3.6 renamed it without an alias. Accepted, so a 3.5 config
 	// pastes unchanged.
-	optMissingLegacy = "table.fields.additional.error.on.missing"
+	optMissingLegacy   = "table.fields.additional.error.on.missing"
 	optInvalidOp       = "table.op.invalid.behavior"
 	optHeadersField    = "headers.field"
 	defaultTopicRegex  = "(?<routedByValue>.*)"

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd/pgquote"
@@ -57,6 +56,15 @@ type Info struct {
 	ConfirmedFlush wal.LSN
 	RestartLSN     wal.LSN
 	WALStatus      string
+	// Failover: PostgreSQL 17+ copies the slot to standbys that sync slots.
+	// Synced: this copy was synchronized from a primary (on a standby, or
+	// on a promoted one). Temporary slots are never synced for good.
+	Failover, Synced, Temporary bool
+	// ServerVersion is server_version_num; SystemID and Timeline come from
+	// IDENTIFY_SYSTEM (set by Prepare only).
+	ServerVersion int
+	SystemID      string
+	Timeline      int32
 	// SessionPID is the backend PID of the connection Prepare ran on: the
 	// walsender's PID once it streams (set by Prepare only).
 	SessionPID int
@@ -81,6 +89,13 @@ type Config struct {
 	// FIN: a partition, a dead NAT entry), it is terminated rather than waited
 	// for until wal_sender_timeout.
 	TakeOver int
+	// Failover is --slot-failover: auto (""), true or false.
+	Failover string
+	// Progress, if set, is checked against the server before streaming: a
+	// missing slot outboxd confirmed before, another cluster, or a server
+	// behind what was published is a gap (gap.go). AcceptGap lets it pass.
+	Progress  ProgressSource
+	AcceptGap bool
 	// StaleAfter: an outboxd walsender (application_name outboxd) whose
 	// client has not replied for this long is dead (outboxd replies every
 	// few seconds), e.g. left by a killed process; it is terminated. 0 never.
@@ -107,13 +122,27 @@ func Prepare(ctx context.Context, conn *pgconn.PgConn, cfg Config) (info Info, c
 	if err != nil {
 		return Info{}, false, err
 	}
+	version, err := serverVersion(ctx, conn)
+	if err != nil {
+		return Info{}, false, err
+	}
+	failover, err := wantFailover(cfg.Failover, version)
+	if err != nil {
+		return Info{}, false, err
+	}
 	info, found, err := Inspect(ctx, conn, cfg.Slot)
 	if err != nil {
 		return Info{}, false, err
 	}
+	srv, err := identify(ctx, conn)
+	if err != nil {
+		return Info{}, false, err
+	}
+	if err := guard(cfg, found, srv); err != nil {
+		return Info{}, false, err
+	}
 	if !found {
-		if _, err := pglogrepl.CreateReplicationSlot(ctx, conn, cfg.Slot, "pgoutput",
-			pglogrepl.CreateReplicationSlotOptions{SnapshotAction: "NOEXPORT_SNAPSHOT"}); err != nil {
+		if err := createSlot(ctx, conn, cfg.Slot, failover); err != nil {
 			var pgErr *pgconn.PgError
 			if !errors.As(err, &pgErr) || pgErr.Code != "42710" { // duplicate_object: lost a race, inspect again
 				return Info{}, false, fmt.Errorf("create replication slot %q: %w", cfg.Slot, err)
@@ -125,12 +154,21 @@ func Prepare(ctx context.Context, conn *pgconn.PgConn, cfg Config) (info Info, c
 			return Info{}, false, err
 		}
 	}
+	if failover && !info.Failover && !info.Active && info.Type == "logical" {
+		if err := makeFailover(ctx, conn, cfg.Slot); err != nil {
+			return Info{}, false, err
+		}
+		if info, _, err = Inspect(ctx, conn, cfg.Slot); err != nil {
+			return Info{}, false, err
+		}
+	}
 	if info.Active && (cfg.TakeOver != 0 && info.ActivePID == cfg.TakeOver || stale(ctx, conn, info.ActivePID, cfg.StaleAfter)) {
 		if info, err = takeOver(ctx, conn, info); err != nil {
 			return Info{}, false, err
 		}
 	}
 	info.SessionPID, _ = strconv.Atoi(db[1])
+	info.ServerVersion, info.SystemID, info.Timeline = version, srv.systemID, srv.timeline
 	return info, created, checkSlot(ctx, conn, info, db[0], db[1])
 }
 
@@ -228,16 +266,20 @@ func checkSlot(ctx context.Context, conn *pgconn.PgConn, info Info, db, ownPID s
 }
 
 // Inspect reads one slot from pg_replication_slots; found is false if it does
-// not exist. It works on replication and ordinary connections alike.
+// not exist. It works on replication and ordinary connections alike, and on
+// every supported version: columns newer than 15 (failover and synced, 17)
+// are read through to_jsonb so that one query fits all.
 func Inspect(ctx context.Context, conn *pgconn.PgConn, name string) (info Info, found bool, err error) {
 	rows, err := query(ctx, conn, `SELECT slot_name, slot_type, coalesce(plugin,''), coalesce(database,''), active,
-	coalesce(active_pid, 0), coalesce(confirmed_flush_lsn, '0/0'), coalesce(restart_lsn, '0/0'), coalesce(wal_status, '')
-	FROM pg_replication_slots WHERE slot_name = `+quoteLiteral(name))
+	coalesce(active_pid, 0), coalesce(confirmed_flush_lsn, '0/0'), coalesce(restart_lsn, '0/0'), coalesce(wal_status, ''),
+	coalesce((to_jsonb(s)->>'failover')::bool, false), coalesce((to_jsonb(s)->>'synced')::bool, false), temporary
+	FROM pg_replication_slots s WHERE slot_name = `+quoteLiteral(name))
 	if err != nil || len(rows) == 0 {
 		return Info{}, false, err
 	}
 	r := rows[0]
-	info = Info{Name: r[0], Type: r[1], Plugin: r[2], Database: r[3], Active: r[4] == "t", WALStatus: r[8]}
+	info = Info{Name: r[0], Type: r[1], Plugin: r[2], Database: r[3], Active: r[4] == "t", WALStatus: r[8],
+		Failover: r[9] == "t", Synced: r[10] == "t", Temporary: r[11] == "t"}
 	info.ActivePID, _ = strconv.Atoi(r[5])
 	if info.ConfirmedFlush, err = wal.ParseLSN(r[6]); err != nil {
 		return Info{}, false, err

@@ -60,6 +60,9 @@ type runOptions struct {
 	ReservedPrefixes      listValue
 	MaxHeaders            int
 	TransactionTimeout    time.Duration
+	SlotFailover          string
+	ProgressTopic         string
+	AcceptGap             bool
 }
 
 func (o *runOptions) register(s *optionSet) {
@@ -70,6 +73,7 @@ func (o *runOptions) register(s *optionSet) {
 	fs.BoolVar(&o.PostgresAllowInsecure, "postgres-allow-insecure", false, "do not warn about a PostgreSQL connection below sslmode=verify-full")
 	fs.StringVar(&o.Publication, "publication", "outboxd", "publication whose tables are outbox tables")
 	fs.StringVar(&o.Slot, "slot", "outboxd", "logical replication slot (pgoutput); created if missing")
+	s.choice(&o.SlotFailover, "slot-failover", "auto", "make the slot a failover slot that PostgreSQL 17+ copies to standbys (sync_replication_slots) so it survives a promotion: auto (when the server supports it), true (required) or false", "auto", "true", "false")
 	fs.Var(&o.KafkaBrokers, "kafka-brokers", "Kafka bootstrap brokers, comma-separated host:port")
 	fs.StringVar(&o.HTTPAddr, "http-addr", "127.0.0.1:9187", "address for /metrics, /healthz, /readyz and /status, which have no authentication (empty disables; :9187 for every interface, as in the container)")
 	s.choice(&o.LogFormat, "log-format", "text", "log format", "text", "json")
@@ -103,6 +107,8 @@ func (o *runOptions) register(s *optionSet) {
 	o.ReservedPrefixes = listValue{"outboxd.", "__"}
 	fs.Var(&o.ReservedPrefixes, "reserved-topic-prefixes", "comma-separated topic prefixes no event may be routed to (the checkpoint and dead-letter topics always are)")
 	fs.IntVar(&o.MaxHeaders, "max-headers", router.DefaultMaxHeaders, "most headers one record may have; an event with more is invalid (--on-invalid)")
+	fs.StringVar(&o.ProgressTopic, "progress-topic", "outboxd.progress", "compacted topic holding the last confirmed LSN, system identifier and timeline per slot (at-least-once mode; --exactly-once uses the checkpoint): it outlives the slot, so a lost slot or a server behind it is reported as a gap")
+	fs.BoolVar(&o.AcceptGap, "accept-gap", false, "continue past a reported gap (a missing slot outboxd confirmed before, another cluster, a server behind what was published): set it once after checking, then remove it")
 }
 
 func (o *runOptions) validate() error {
@@ -136,6 +142,9 @@ func (o *runOptions) validate() error {
 	}
 	if o.StatusInterval <= 0 || o.ConfirmInterval <= 0 || o.PollInterval <= 0 {
 		errs = append(errs, errors.New("--status-interval, --confirm-interval and --poll-interval must be positive"))
+	}
+	if err := router.ValidTopic(o.ProgressTopic); err != nil {
+		errs = append(errs, fmt.Errorf("--progress-topic: %w", err))
 	}
 	if err := router.ValidTopic(o.DeadLetterTopic); err != nil {
 		errs = append(errs, fmt.Errorf("--dead-letter-topic: %w", err))
@@ -247,9 +256,19 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 		ReplicationTimeout: o.ReplicationTimeout, MaxMessageBytes: int(o.MaxMessageBytes),
 		OnInvalid: o.OnInvalid, DeadLetterTopic: o.DeadLetterTopic, MessagePrefix: o.MessagePrefix,
 		HeartbeatInterval: o.HeartbeatInterval, PollInterval: o.PollInterval, MaxSlotLag: int64(o.MaxSlotLag),
-		Warnings: warnings,
+		Warnings: warnings, SlotFailover: o.SlotFailover, AcceptGap: o.AcceptGap,
 	}
-	if o.ExactlyOnce {
+	switch {
+	case o.ExactlyOnce && outboxd.SlotBusy(ctx, o.Postgres, o.Slot, o.ReplicationTimeout):
+		// Registering the transactional id now would fence the instance
+		// streaming: stand by, and register it once the slot is ours.
+		key, err := checkpointKey(ctx, o.Postgres, o.Slot)
+		if err != nil {
+			return err
+		}
+		sk.UseCheckpoints(kafka.Checkpoints{Topic: o.CheckpointTopic, Key: key, Check: checkpointCheck(o.Postgres)})
+		cfg.TxnSink, cfg.DeferInit, cfg.SplitAge = sk, true, o.TransactionTimeout/4
+	case o.ExactlyOnce:
 		done, err := prepareExactlyOnce(ctx, log, sk, o)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -258,6 +277,8 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 			return err
 		}
 		cfg.TxnSink, cfg.Done, cfg.SplitAge = sk, done, o.TransactionTimeout/4
+	default:
+		cfg.ProgressStore = progressTopic{sk: sk, p: kafka.Progress{Topic: o.ProgressTopic, Key: o.Slot}}
 	}
 	relay, err := outboxd.New(cfg)
 	if err != nil {
@@ -395,3 +416,21 @@ func newLogger(w interface{ Write([]byte) (int, error) }, format, level string) 
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
 }
+
+// progressTopic is the at-least-once progress record: a compacted Kafka
+// topic keyed by slot (sink/kafka's Progress).
+type progressTopic struct {
+	sk *kafka.Sink
+	p  kafka.Progress
+}
+
+func (t progressTopic) EnsureProgressTopic(ctx context.Context) error {
+	return t.sk.EnsureProgressTopic(ctx, t.p)
+}
+func (t progressTopic) LoadProgress(ctx context.Context) ([]byte, error) {
+	return t.sk.LoadProgress(ctx, t.p)
+}
+func (t progressTopic) WriteProgress(ctx context.Context, v []byte) error {
+	return t.sk.WriteProgress(ctx, t.p, v)
+}
+func (t progressTopic) String() string { return "topic " + t.p.Topic + ", key " + t.p.Key }

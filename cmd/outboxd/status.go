@@ -54,6 +54,8 @@ type statusSlot struct {
 	RetainedBytes   *int64  `json:"retained_wal_bytes"`
 	WALStatus       string  `json:"wal_status"`
 	SafeWALSize     *int64  `json:"safe_wal_size_bytes"`
+	Failover        bool    `json:"failover"` // PostgreSQL 17+
+	Synced          bool    `json:"synced"`   // PostgreSQL 17+: synchronized from the primary
 	Selected        bool    `json:"selected"` // the --slot
 }
 
@@ -125,7 +127,8 @@ func readStatus(ctx context.Context, conn *pgx.Conn, o statusOptions) (*statusRe
 		s.active, s.active_pid::bigint, coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''),
 		s.confirmed_flush_lsn::text, s.restart_lsn::text,
 		($1::pg_lsn - s.confirmed_flush_lsn)::bigint, ($1::pg_lsn - s.restart_lsn)::bigint,
-		coalesce(s.wal_status, ''), s.safe_wal_size
+		coalesce(s.wal_status, ''), s.safe_wal_size,
+		coalesce((to_jsonb(s)->>'failover')::bool, false), coalesce((to_jsonb(s)->>'synced')::bool, false)
 		FROM pg_replication_slots s LEFT JOIN pg_stat_activity a ON a.pid = s.active_pid
 		ORDER BY s.slot_name`, r.CurrentWALLSN)
 	if err != nil {
@@ -134,7 +137,7 @@ func readStatus(ctx context.Context, conn *pgx.Conn, o statusOptions) (*statusRe
 	for rows.Next() {
 		var s statusSlot
 		if err := rows.Scan(&s.Name, &s.Type, &s.Plugin, &s.Database, &s.Active, &s.ActivePID, &s.ApplicationName, &s.ClientAddr,
-			&s.ConfirmedFlush, &s.RestartLSN, &s.LagBytes, &s.RetainedBytes, &s.WALStatus, &s.SafeWALSize); err != nil {
+			&s.ConfirmedFlush, &s.RestartLSN, &s.LagBytes, &s.RetainedBytes, &s.WALStatus, &s.SafeWALSize, &s.Failover, &s.Synced); err != nil {
 			rows.Close()
 			return nil, err
 		}
@@ -184,14 +187,23 @@ func writeStatus(w io.Writer, r *statusReport) {
 		fmt.Fprintf(w, "no replication slots in database %s\n", r.Database)
 	} else {
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "  SLOT\tPLUGIN\tACTIVE\tHOLDER\tCONFIRMED FLUSH\tLAG\tRETAINED WAL\tWAL STATUS\tSAFE WAL SIZE")
+		// FAILOVER always (no on PostgreSQL ≤ 16), SYNCED where it matters: on a standby.
+		head := "  SLOT\tPLUGIN\tACTIVE\tHOLDER\tCONFIRMED FLUSH\tLAG\tRETAINED WAL\tWAL STATUS\tSAFE WAL SIZE\tFAILOVER"
+		if r.InRecovery {
+			head += "\tSYNCED"
+		}
+		fmt.Fprintln(tw, head)
 		for _, s := range r.Slots {
 			mark := " "
 			if s.Selected {
 				mark = "*"
 			}
-			fmt.Fprintf(tw, "%s %s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", mark, s.Name, orDash(s.Plugin), yesNo(s.Active), holder(s),
-				lsnOrDash(s.ConfirmedFlush), bytesOrDash(s.LagBytes), bytesOrDash(s.RetainedBytes), orDash(s.WALStatus), safeWALSize(s))
+			fmt.Fprintf(tw, "%s %s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s", mark, s.Name, orDash(s.Plugin), yesNo(s.Active), holder(s),
+				lsnOrDash(s.ConfirmedFlush), bytesOrDash(s.LagBytes), bytesOrDash(s.RetainedBytes), orDash(s.WALStatus), safeWALSize(s), yesNo(s.Failover))
+			if r.InRecovery {
+				fmt.Fprintf(tw, "\t%s", yesNo(s.Synced))
+			}
+			fmt.Fprintln(tw)
 		}
 		tw.Flush()
 	}

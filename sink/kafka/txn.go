@@ -53,6 +53,11 @@ func (s *Sink) InitTransactions(ctx context.Context, cp Checkpoints) error {
 	return nil
 }
 
+// UseCheckpoints records where the checkpoints live without registering
+// the transactional id (InitTransactions does both): for an instance that
+// stands by, whose Reset registers it once it holds the slot.
+func (s *Sink) UseCheckpoints(cp Checkpoints) { s.cp = cp }
+
 // Reset replaces the producer with a new one under the same transactional
 // id, after a transaction could not be committed or aborted cleanly (Kafka
 // unreachable, say): the new producer id fences the old one, and the

@@ -47,15 +47,19 @@ type fixtureOpt func(*fixtureCfg)
 type fixtureCfg struct {
 	publish string // the publication's publish list
 	kafka   *harness.Kafka
+	pg      *harness.Postgres
 }
 
 func withPublish(ops string) fixtureOpt { return func(c *fixtureCfg) { c.publish = ops } }
 
 func withKafka(k *harness.Kafka) fixtureOpt { return func(c *fixtureCfg) { c.kafka = k } }
 
+// withPostgres puts the fixture on its own server (one the test may kill).
+func withPostgres(p *harness.Postgres) fixtureOpt { return func(c *fixtureCfg) { c.pg = p } }
+
 func newFixture(t *testing.T, opts ...fixtureOpt) *fixture {
 	t.Helper()
-	cfg := fixtureCfg{publish: "insert", kafka: sharedKafka}
+	cfg := fixtureCfg{publish: "insert", kafka: sharedKafka, pg: sharedPG}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -65,7 +69,7 @@ func newFixture(t *testing.T, opts ...fixtureOpt) *fixture {
 	if len(name) > 40 {
 		name = name[:40]
 	}
-	f := &fixture{t: t, ctx: ctx, pg: sharedPG, kafka: cfg.kafka, db: "db_" + name, slot: "s_" + name, agg: "T" + name, logs: t.TempDir()}
+	f := &fixture{t: t, ctx: ctx, pg: cfg.pg, kafka: cfg.kafka, db: "db_" + name, slot: "s_" + name, agg: "T" + name, logs: t.TempDir()}
 	var err error
 	if f.dsn, err = f.pg.NewDatabase(ctx, f.db); err != nil {
 		t.Fatal(err)

@@ -237,7 +237,7 @@ func TestOpsStatus(t *testing.T) {
 	out := mustCLI(t, f.ctx, "status", "--postgres", f.dsn, "--slot", f.slot)
 	t.Logf("outboxd status (slot idle, events waiting):\n%s", out)
 	row := regexp.MustCompile(`(?m)^\* ` + f.slot + `\s+pgoutput\s+no\s+-\s+[0-9A-F]+/[0-9A-F]+\s+(` + humanSize + `)\s+` + humanSize +
-		`\s+(reserved|extended)\s+(unlimited|` + humanSize + `)$`)
+		`\s+(reserved|extended)\s+(unlimited|` + humanSize + `)\s+no$`) // FAILOVER: not a failover slot
 	m := row.FindStringSubmatch(out)
 	if m == nil {
 		t.Fatalf("no row for slot %s (idle, pgoutput, lag, retained, reserved) in:\n%s", f.slot, out)

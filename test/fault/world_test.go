@@ -69,6 +69,8 @@ type scenario struct {
 	settleBound time.Duration
 	// relayArgs are extra outboxd arguments (before the mode's).
 	relayArgs []string
+	// standby runs a second outboxd on the slot (ha_test.go).
+	standby bool
 }
 
 const (
@@ -109,6 +111,8 @@ type world struct {
 
 	relayMu         sync.Mutex
 	relay           *harness.Proc
+	standby         *harness.Proc            // with scenario.standby (ha_test.go)
+	httpAddr        map[*harness.Proc]string // each outboxd's --http-addr
 	relayStarts     int
 	unexpectedExits []string
 
@@ -125,7 +129,7 @@ type world struct {
 func newWorld(t *testing.T, sc scenario, mode deliveryMode, seed uint64) *world {
 	t.Helper()
 	w := &world{t: t, sc: sc, mode: mode, seed: seed, rng: rand.New(rand.NewPCG(seed, 0x5eed)),
-		faultsDone: map[faultKind]int{}, started: time.Now()}
+		faultsDone: map[faultKind]int{}, started: time.Now(), httpAddr: map[*harness.Proc]string{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	w.ctx = ctx
@@ -190,10 +194,13 @@ func newWorld(t *testing.T, sc scenario, mode deliveryMode, seed uint64) *world 
 	w.load = newLoad(sc.load, w.dsn, seed)
 	t.Cleanup(func() {
 		w.relayMu.Lock()
-		r := w.relay
+		r, sb := w.relay, w.standby
 		w.relayMu.Unlock()
 		if r != nil {
 			_ = r.Kill()
+		}
+		if sb != nil {
+			_ = sb.Kill()
 		}
 		if t.Failed() {
 			path := filepath.Join(w.logDir, "outboxd.log")
@@ -269,22 +276,39 @@ func (w *world) createTopics(ctx context.Context) {
 	}
 }
 
-// startRelay starts outboxd and waits until it streams.
-func (w *world) startRelay() error {
+// spawnRelay starts an outboxd process.
+func (w *world) spawnRelay() (*harness.Proc, error) {
+	port, err := harness.FreePort()
+	if err != nil {
+		return nil, err
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	args := append([]string{"run",
 		"--postgres", w.relayDSN, "--slot", slotName, "--publication", publication,
 		"--kafka-brokers", w.kafkaProxy.Addr(),
-		"--http-addr=", "--confirm-interval", "20ms", "--status-interval", "1s",
+		"--http-addr", addr, "--confirm-interval", "20ms", "--status-interval", "1s",
 		"--shutdown-timeout", relayShutdownTimeout.String(), "--log-level", "info",
 	}, w.sc.relayArgs...)
 	args = append(args, w.mode.outboxdArgs...)
 	p, err := harness.StartProc(w.ctx, "outboxd", w.bin, args, nil, w.logDir)
 	if err != nil {
+		return nil, err
+	}
+	w.relayMu.Lock()
+	w.httpAddr[p] = addr
+	w.relayStarts++
+	w.relayMu.Unlock()
+	return p, nil
+}
+
+// startRelay starts outboxd and waits until it streams.
+func (w *world) startRelay() error {
+	p, err := w.spawnRelay()
+	if err != nil {
 		return err
 	}
 	w.relayMu.Lock()
 	w.relay = p
-	w.relayStarts++
 	w.relayMu.Unlock()
 	ctx, cancel := context.WithTimeout(w.ctx, 90*time.Second)
 	defer cancel()
@@ -478,6 +502,8 @@ func (w *world) inject(kind faultKind) error {
 		// Let the load write on, so that settling needs the relay to
 		// notice the dead connection and deliver through a new one.
 		sleepCtx(w.ctx, 2*time.Second)
+	case faultHAKill, faultHAStop:
+		detail, err = w.injectHA(kind)
 	default:
 		err = fmt.Errorf("unknown fault %q", kind)
 	}
@@ -645,6 +671,11 @@ func (w *world) run() *runResult {
 	if err := w.startRelay(); err != nil {
 		t.Fatal(err)
 	}
+	if w.sc.standby {
+		if err := w.startStandby(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	loadStart := time.Now()
 	w.load.start(w.ctx)
 	w.logf("load started (%d writers), %d faults over %v", w.sc.load.writers, len(w.sc.faults), w.sc.spread)
@@ -709,6 +740,7 @@ func (w *world) run() *runResult {
 		w.errs = append(w.errs, "final stop: "+err.Error())
 		res.exitCode = -1
 	}
+	w.stopStandby()
 
 	rctx, rcancel := context.WithTimeout(w.ctx, 2*time.Minute)
 	recs, _, err := readTopics(rctx, w.kafkaOpts(), w.topics, partitions, w.mode)

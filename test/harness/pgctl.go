@@ -28,7 +28,7 @@ func (p *Postgres) Start(ctx context.Context) error {
 }
 
 func (p *Postgres) start(ctx context.Context) error {
-	cmd := p.user.command(ctx, p.root, "pg_ctl", "start", "-w", "-t", "120", "-D", p.dataDir, "-l", p.LogFile())
+	cmd := p.user.command(ctx, p.root, pgBinary("pg_ctl"), "start", "-w", "-t", "120", "-D", p.dataDir, "-l", p.LogFile())
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("pg_ctl start: %w\n%s\nlog tail:\n%s", err, out, p.logTail(4096))
 	}
@@ -53,7 +53,7 @@ func (p *Postgres) stop(ctx context.Context, mode string) error {
 	if !p.isRunning(ctx) {
 		return nil
 	}
-	cmd := p.user.command(ctx, p.root, "pg_ctl", "stop", "-w", "-t", "120", "-D", p.dataDir, "-m", mode)
+	cmd := p.user.command(ctx, p.root, pgBinary("pg_ctl"), "stop", "-w", "-t", "120", "-D", p.dataDir, "-m", mode)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("pg_ctl stop -m %s: %w\n%s", mode, err, out)
 	}
@@ -67,7 +67,7 @@ func (p *Postgres) isRunning(ctx context.Context) bool {
 	if p.dataDir == "" {
 		return false
 	}
-	cmd := p.user.command(context.WithoutCancel(ctx), p.root, "pg_ctl", "status", "-D", p.dataDir)
+	cmd := p.user.command(context.WithoutCancel(ctx), p.root, pgBinary("pg_ctl"), "status", "-D", p.dataDir)
 	return cmd.Run() == nil
 }
 

@@ -110,7 +110,7 @@ func (p *Postgres) initAndStart(ctx context.Context, o pgOptions) error {
 		return err
 	}
 	p.reaper = r
-	initdb := p.user.command(ctx, p.root, "initdb", "-D", p.dataDir, "-U", "postgres",
+	initdb := p.user.command(ctx, p.root, pgBinary("initdb"), "-D", p.dataDir, "-U", "postgres",
 		"--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync")
 	if out, err := initdb.CombinedOutput(); err != nil {
 		return fmt.Errorf("initdb: %w\n%s", err, out)

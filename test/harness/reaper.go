@@ -11,7 +11,7 @@ import (
 // its temp dir. stdin is a pipe only the test process holds, so EOF means
 // the test process is gone: this cleans up after a test binary that was
 // killed or timed out without running its cleanups.
-const reaperScript = `read _; pg_ctl stop -D "$1" -m immediate >/dev/null 2>&1; rm -rf "$2"`
+const reaperScript = `read _; "$3" stop -D "$1" -m immediate >/dev/null 2>&1; rm -rf "$2"`
 
 // reaper is the watchdog child of a harness-started server.
 type reaper struct {
@@ -20,7 +20,7 @@ type reaper struct {
 }
 
 func startReaper(u pgUser, dataDir, root string) (*reaper, error) {
-	cmd := u.command(context.Background(), root, "/bin/sh", "-c", reaperScript, "outboxd-pg-reaper", dataDir, root)
+	cmd := u.command(context.Background(), root, "/bin/sh", "-c", reaperScript, "outboxd-pg-reaper", dataDir, root, pgBinary("pg_ctl"))
 	cmd.SysProcAttr.Setpgid = true // survive a Ctrl-C aimed at the test process
 	stdin, err := cmd.StdinPipe()
 	if err != nil {

@@ -1,0 +1,164 @@
+package outboxd
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/slot"
+)
+
+// Several outboxd instances may run on one slot: PostgreSQL lets one of
+// them stream (the active) and refuses the others, which stand by. A
+// standby is healthy and ready, watches the slot on an ordinary connection
+// and takes it over as soon as the active lets go. No lease or lock is
+// needed: the slot is the lock, and PostgreSQL releases it the moment the
+// active's walsender exits.
+
+const (
+	roleActive   = "active"   // streaming from the slot
+	roleStandby  = "standby"  // another process holds the slot
+	roleInactive = "inactive" // neither: starting, reconnecting, or stopped on an error
+)
+
+// standbyPoll is how often a standby looks at the slot. The walsender of an
+// active that exits or whose connection closes releases the slot at once,
+// so a standby takes over within standbyPoll plus one connection setup.
+const standbyPoll = 200 * time.Millisecond
+
+// standByAndTakeOver stands by (standBy). In exactly-once mode the session
+// that takes over starts a fresh producer and re-reads the checkpoint: the
+// active may have fenced this instance's, and it moved the checkpoint. That
+// happens only once START_REPLICATION holds the slot, because a fresh
+// producer fences whoever uses the transactional id: a standby that fenced
+// before winning the slot would stop an active that beat it to it.
+func (r *relay) standByAndTakeOver(ctx context.Context, busy *slot.BusyError) {
+	if r.standBy(ctx, busy) && r.cfg.TxnSink != nil {
+		r.freshProducer = true
+	}
+}
+
+// standBy runs while the slot is busy: it marks this instance a standby and
+// returns once the slot is free, or its holder is an outboxd whose client
+// has been silent for --replication-timeout (Prepare then terminates it), or
+// the slot cannot be watched (the relay's next session then reports why).
+// It returns false when ctx ends.
+func (r *relay) standBy(ctx context.Context, busy *slot.BusyError) bool {
+	r.state.setStandby(busy)
+	r.log.Info("standing by: another process streams from the slot; taking over when it lets go",
+		"slot", busy.Slot, "holder_pid", busy.PID, "reason", busy.Error())
+	conn, err := pgx.Connect(ctx, r.cfg.Postgres)
+	if err != nil {
+		// The next session reports the cause; do not spin meanwhile.
+		r.state.setStandby(nil)
+		return sleepCtx(ctx, 5*standbyPoll)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	t := time.NewTicker(standbyPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+		}
+		holder, err := currentHolder(ctx, conn, r.cfg.Slot, r.cfg.ReplicationTimeout)
+		if free := holder == nil; err != nil || free {
+			if err == nil {
+				r.log.Info("the slot is free; taking over", "slot", r.cfg.Slot)
+			}
+			return ctx.Err() == nil
+		}
+	}
+}
+
+// setStandby records who holds the slot; nil clears it.
+func (s *state) setStandby(busy *slot.BusyError) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.holder = ""
+	if busy != nil {
+		s.holder = fmt.Sprintf("PID %d", busy.PID)
+		if busy.Holder != "" {
+			s.holder += " (" + busy.Holder + ")"
+		}
+	}
+}
+
+// roleLocked derives the role; s.mu is held.
+func (s *state) roleLocked() string {
+	switch {
+	case s.streaming:
+		return roleActive
+	case s.holder != "":
+		return roleStandby
+	}
+	return roleInactive
+}
+
+// isActive is the outboxd_active metric: 1 while this instance streams.
+func (s *state) isActive() float64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.roleLocked() == roleActive {
+		return 1
+	}
+	return 0
+}
+
+// sleepCtx waits d; false if ctx ended first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// SlotBusy reports whether another process streams from the slot as
+// outboxd starts. In exactly-once mode registering the transactional id
+// would fence it, so such an instance skips that and stands by; the relay
+// starts a fresh producer once it holds the slot (Config.DeferInit).
+// Unknown (PostgreSQL unreachable) counts as free: the relay reports why.
+func SlotBusy(ctx context.Context, dsn, name string, staleAfter time.Duration) bool {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(cctx, dsn)
+	if err != nil {
+		return false
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	busy, err := currentHolder(cctx, conn, name, staleAfter)
+	return err == nil && busy != nil
+}
+
+// currentHolder describes who holds the slot, or nil when it is free to
+// take: inactive, gone, or held by an outboxd walsender whose client has not
+// replied for staleAfter (Prepare terminates it).
+func currentHolder(ctx context.Context, conn *pgx.Conn, name string, staleAfter time.Duration) (*slot.BusyError, error) {
+	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var active, stale bool
+	var pid int32
+	var holder string
+	err := conn.QueryRow(qctx, `SELECT s.active, coalesce(s.active_pid, 0),
+		coalesce(a.application_name, '') || ' from ' || coalesce(host(a.client_addr), 'local socket') || ' since ' || coalesce(a.backend_start::text, '?'),
+		coalesce(r.application_name = 'outboxd' AND coalesce(r.reply_time, r.backend_start) < now() - make_interval(secs => $2), false)
+		FROM pg_replication_slots s LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid LEFT JOIN pg_stat_activity a ON a.pid = s.active_pid
+		WHERE s.slot_name = $1`, name, staleAfter.Seconds()).Scan(&active, &pid, &holder, &stale)
+	if err == pgx.ErrNoRows {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("watching slot %q: %w", name, err)
+	}
+	if !active || stale {
+		return nil, nil
+	}
+	return &slot.BusyError{Slot: name, PID: int(pid), Holder: holder}, nil
+}

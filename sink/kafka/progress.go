@@ -1,0 +1,86 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Progress is at-least-once mode's record of how far outboxd has confirmed
+// each slot, on a compacted one-partition topic keyed by slot. It outlives
+// the slot, which is the point: a slot that vanished (a failover to a
+// standby without it) or a server that forgot WAL outboxd already published
+// is recognised at startup instead of being silently papered over.
+type Progress struct {
+	Topic string
+	Key   string // the slot name
+}
+
+// EnsureProgressTopic creates the compacted progress topic if it is missing.
+func (s *Sink) EnsureProgressTopic(ctx context.Context, p Progress) error {
+	resp, err := kadm.NewClient(s.cl()).CreateTopic(ctx, 1, -1, map[string]*string{"cleanup.policy": ptr("compact")}, p.Topic)
+	if err == nil {
+		err = resp.Err
+	}
+	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+		return fmt.Errorf("kafka: create progress topic %s: %w", p.Topic, err)
+	}
+	return nil
+}
+
+// WriteProgress stores value as the slot's latest progress record.
+func (s *Sink) WriteProgress(ctx context.Context, p Progress, value []byte) error {
+	rec := &kgo.Record{Topic: p.Topic, Key: []byte(p.Key), Value: value}
+	if err := s.cl().ProduceSync(ctx, rec).FirstErr(); err != nil {
+		return fmt.Errorf("kafka: write progress record to %s: %w", p.Topic, err)
+	}
+	return nil
+}
+
+// LoadProgress reads the progress topic to its end and returns the slot's
+// latest record (nil if it has none).
+func (s *Sink) LoadProgress(ctx context.Context, p Progress) ([]byte, error) {
+	ends, err := kadm.NewClient(s.cl()).ListEndOffsets(ctx, p.Topic)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: progress end offsets: %w", err)
+	}
+	want := map[int32]int64{}
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Err == nil && o.Offset > 0 {
+			want[o.Partition] = o.Offset
+		}
+	})
+	if len(want) == 0 {
+		return nil, nil
+	}
+	cl, err := kgo.NewClient(append([]kgo.Opt{
+		kgo.ConsumeTopics(p.Topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchMaxWait(200 * time.Millisecond),
+	}, s.conn...)...)
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	var last []byte
+	for len(want) > 0 {
+		fetches := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("kafka: read progress: %w", err)
+		}
+		fetches.EachRecord(func(r *kgo.Record) {
+			if string(r.Key) == p.Key {
+				last = r.Value
+			}
+			if end, ok := want[r.Partition]; ok && r.Offset >= end-1 {
+				delete(want, r.Partition)
+			}
+		})
+	}
+	return last, nil
+}

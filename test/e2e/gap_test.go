@@ -1,0 +1,196 @@
+package e2e
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outboxd/outboxd/test/harness"
+)
+
+// testFailoverGap is TestPGFailover on PostgreSQL ≤ 16, which has no
+// failover slots: the promoted standby lacks the slot. outboxd must not
+// create a new one there (it would silently skip what the old slot had not
+// delivered): it reports the gap and exits, again after a restart (the
+// progress topic outlives the slot), and continues only with --accept-gap.
+func testFailoverGap(t *testing.T, f *fixture, primary *harness.Postgres) {
+	standby := primary.StandbyForTest(t, "standby1")
+	f.dsn = multiHostDSN(f.db, primary, standby)
+	p, _ := f.spawn("--replication-timeout", "5s")
+	if err := p.WaitLog(f.ctx, "msg=streaming"); err != nil {
+		t.Fatalf("outboxd did not stream: %v", err)
+	}
+	w := startFailoverWriter(f.ctx, f.dsn, f.agg)
+	defer w.finish()
+	poll(t, 30*time.Second, "events relayed before the failover", func() bool { return f.topicCount(f.topic()) >= 2000 })
+	if err := primary.Kill(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := standby.Promote(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	const want = `outboxd run: gap: replication slot "`
+	exitsWithGap := func(p *harness.Proc, what string) {
+		t.Helper()
+		wctx, cancel := context.WithTimeout(f.ctx, 60*time.Second)
+		defer cancel()
+		code, err := p.Wait(wctx)
+		if err != nil || code != 1 {
+			t.Fatalf("%s: outboxd exit %d, err %v; want exit 1 with a gap\n%s", what, code, err, tailString(p.Log(), 4000))
+		}
+		if !strings.Contains(p.Log(), want) || !strings.Contains(p.Log(), "does not exist, but outboxd has confirmed it up to LSN") {
+			t.Fatalf("%s: no gap message in the log:\n%s", what, tailString(p.Log(), 4000))
+		}
+	}
+	exitsWithGap(p, "after the failover")
+	w.finish()
+	sconn, err := standby.Connect(f.ctx, f.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sconn.Close(context.Background())
+	var n int
+	if err := sconn.QueryRow(f.ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, f.slot).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("slot on the promoted server: %d (err %v), want none: outboxd must not create it", n, err)
+	}
+	for _, line := range strings.Split(p.Log(), "\n") {
+		if strings.Contains(line, want) {
+			t.Logf("the gap, as outboxd logs it:\n%s", line)
+		}
+	}
+
+	// A restart reads the progress topic: the same refusal.
+	p2, _ := f.spawn()
+	exitsWithGap(p2, "restarted")
+
+	// Accepted: a new slot, and new events flow.
+	p3, _ := f.spawn("--accept-gap")
+	if err := p3.WaitLog(f.ctx, "msg=streaming"); err != nil {
+		t.Fatalf("outboxd --accept-gap did not stream: %v\n%s", err, tailString(p3.Log(), 4000))
+	}
+	if !strings.Contains(p3.Log(), "gap accepted") {
+		t.Errorf("no \"gap accepted\" warning:\n%s", tailString(p3.Log(), 4000))
+	}
+	before := f.topicCount(f.topic())
+	f.conn.Close(context.Background())
+	if f.conn, err = standby.Connect(f.ctx, f.db); err != nil {
+		t.Fatal(err)
+	}
+	end := f.commit(event{900001, "k1", "E", `{"after": "gap"}`}, event{900002, "k2", "E", `{"after": "gap"}`})
+	poll(t, 30*time.Second, "new events after the accepted gap", func() bool { return f.topicCount(f.topic()) >= before+2 })
+	_ = end
+}
+
+// The same slot name on another cluster is a gap: the recorded progress
+// belongs to a different system identifier.
+func TestGapAnotherCluster(t *testing.T) {
+	f := newFixture(t)
+	r := f.startRelay()
+	end := f.commit(event{1, "a", "E", `{}`})
+	f.waitConfirmed(end, 20*time.Second)
+	r.stop(t, f.ctx) // leaves the progress record
+
+	other := harness.PostgresForTest(t)
+	if other.External() {
+		t.Skip("needs a second, harness-started cluster (" + harness.EnvPostgres + " is set)")
+	}
+	dsn, err := other.NewDatabase(f.ctx, f.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sql := range []string{
+		`CREATE TABLE outbox (id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL, aggregateid varchar(255) NOT NULL,
+			type varchar(255) NOT NULL, payload jsonb, created_at timestamptz NOT NULL DEFAULT now())`,
+		`CREATE PUBLICATION outboxd FOR TABLE outbox WITH (publish = 'insert')`,
+	} {
+		if err := other.Exec(f.ctx, f.db, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.dsn = dsn
+	p, _ := f.spawn()
+	ctx, cancel := context.WithTimeout(f.ctx, 30*time.Second)
+	defer cancel()
+	code, err := p.Wait(ctx)
+	if err != nil || code != 1 || !strings.Contains(p.Log(), "outboxd run: gap: this PostgreSQL server is another cluster (system identifier ") {
+		t.Fatalf("exit %d, err %v; want exit 1 naming another cluster\n%s", code, err, p.Log())
+	}
+}
+
+// A promoted standby that lagged (here: stopped while the primary went on,
+// with synchronized_standby_slots unset) has a synchronized slot, but its
+// WAL ends before what outboxd already published: Kafka holds events the new
+// primary never had. outboxd reports that gap instead of streaming on.
+func TestGapPromotedStandbyBehind(t *testing.T) {
+	if v := sharedVersion(t); v < 170000 {
+		t.Skipf("needs failover slots (PostgreSQL 17+, server %d): on older servers the promoted standby has no slot at all, which TestPGFailover covers", v)
+	}
+	primary := harness.PostgresForTest(t)
+	if primary.External() {
+		t.Skip("needs a harness-started server it may crash (" + harness.EnvPostgres + " is set)")
+	}
+	f := newFixture(t, withPostgres(primary))
+	standby := primary.StandbyForTest(t, "standby1")
+	f.dsn = multiHostDSN(f.db, primary, standby)
+	p, _ := f.spawn("--replication-timeout", "5s")
+	if err := p.WaitLog(f.ctx, "msg=streaming"); err != nil {
+		t.Fatalf("outboxd did not stream: %v", err)
+	}
+	f.waitConfirmed(f.commit(event{1, "a", "E", `{}`}), 20*time.Second)
+	sconn, err := standby.Connect(f.ctx, f.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	poll(t, 30*time.Second, "slot synchronized to the standby", func() bool {
+		_, _ = f.conn.Exec(f.ctx, `SELECT pg_log_standby_snapshot()`)
+		return slotSynced(f.ctx, sconn, f.slot)
+	})
+	sconn.Close(context.Background())
+	if err := standby.Stop(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The primary goes on without it; outboxd publishes and confirms.
+	var evs []event
+	for n := 2; n <= 300; n++ {
+		evs = append(evs, event{n, "a", "E", `{"pad": "` + strings.Repeat("x", 200) + `"}`})
+	}
+	f.waitConfirmed(f.commit(evs...), 20*time.Second)
+	if err := primary.Kill(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := standby.Start(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := standby.Promote(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(f.ctx, 60*time.Second)
+	defer cancel()
+	code, err := p.Wait(ctx)
+	if err != nil || code != 1 || !strings.Contains(p.Log(), "outboxd run: gap: the server's WAL ends at ") {
+		t.Fatalf("exit %d, err %v; want exit 1: the promoted server is behind what was published\n%s", code, err, tailString(p.Log(), 4000))
+	}
+	for _, line := range strings.Split(p.Log(), "\n") {
+		if strings.HasPrefix(line, "outboxd run: gap:") {
+			t.Logf("%s", line)
+		}
+	}
+}
+
+// sharedVersion is the shared server's server_version_num.
+func sharedVersion(t *testing.T) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := sharedPG.Connect(ctx, "postgres")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	v, err := harness.ServerVersionNum(ctx, conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
