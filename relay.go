@@ -38,6 +38,8 @@ type relay struct {
 	poison map[eventPos]string
 	// progress is the gap check's record of how far the slot was published.
 	progress slot.ProgressSource
+	// sessionFn replaces session in tests of run's decisions; nil: session.
+	sessionFn func(ctx context.Context, resume *wal.LSN) (bool, *slot.Watermark, error)
 	// holdRetry is the first wait before a held event is tried again.
 	holdRetry time.Duration
 	// rejected collects refusals from sink callbacks, which may run after
@@ -90,7 +92,7 @@ func (r *relay) run(ctx context.Context) error {
 		if !first {
 			r.m.reconnects.WithLabelValues("postgres").Inc()
 		}
-		streamed, wm, err := r.session(ctx, &resume)
+		streamed, wm, err := r.runSession(ctx, &resume)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -209,6 +211,13 @@ func (r *relay) hold(ctx context.Context, h *holdError) bool {
 		}
 		r.logOnce(slog.LevelWarn, "the held event is still refused", err)
 	}
+}
+
+func (r *relay) runSession(ctx context.Context, resume *wal.LSN) (bool, *slot.Watermark, error) {
+	if r.sessionFn != nil {
+		return r.sessionFn(ctx, resume)
+	}
+	return r.session(ctx, resume)
 }
 
 // session is one replication connection from connect to close. It reports

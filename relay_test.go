@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/slot"
@@ -260,5 +263,68 @@ func TestStreamerExactlyOnceShutdownAndRefusedCommit(t *testing.T) {
 	h.s.eos.abort(context.Background())
 	if h.s.eos.open {
 		t.Fatal("abort left the transaction open")
+	}
+}
+
+// run's decisions on how a session ended: reconnect with backoff after a
+// transient error, resume past what the previous session confirmed, hold
+// before an event (and stream on once Kafka takes it), stop on what a
+// restart cannot fix.
+func TestRunDecidesOnHowASessionEnded(t *testing.T) {
+	h := newHarness(t, 100, nil)
+	r := h.relay
+	r.holdRetry = time.Millisecond
+	r.sink.(*heldSink).probe = func(*router.Record) error { return nil }
+	var resumes []wal.LSN
+	calls := 0
+	r.sessionFn = func(ctx context.Context, resume *wal.LSN) (bool, *slot.Watermark, error) {
+		calls++
+		resumes = append(resumes, *resume)
+		wm := slot.NewWatermark(*resume)
+		switch calls {
+		case 1:
+			wm.Idle(300) // confirmed up to 300 before the connection broke
+			return true, wm, errors.New("read tcp: connection reset by peer")
+		case 2:
+			return true, wm, &holdError{pos: eventPos{commit: 400}, table: "public.outbox", id: "e", cause: errors.New("MESSAGE_TOO_LARGE"), rec: &router.Record{Topic: "t"}}
+		case 3:
+			return true, wm, &rejection{pos: eventPos{commit: 500, n: 2}, table: "public.outbox", id: "f", err: &sink.Error{Kind: sink.Rejected, Err: errors.New("too large")}}
+		}
+		return false, nil, &slot.SetupError{Problem: "publication \"outboxd\" does not exist"}
+	}
+	r.rejected.add(&rejection{pos: eventPos{commit: 500, n: 2}, err: errors.New("too large")})
+	err := r.run(context.Background())
+	var setup *slot.SetupError
+	if !errors.As(err, &setup) || calls != 4 {
+		t.Fatalf("run ended with %v after %d sessions", err, calls)
+	}
+	if resumes[1] != 300 {
+		t.Fatalf("resumed at %s after the first session, want 0/12C (its confirmed position)", resumes[1])
+	}
+	if _, ok := r.poison[eventPos{commit: 500, n: 2}]; !ok {
+		t.Fatal("the refused event was not poisoned for the next session")
+	}
+	if v := testutil.ToFloat64(r.m.reconnects.WithLabelValues("postgres")); v != 3 {
+		t.Fatalf("%v postgres reconnects counted, want 3", v)
+	}
+
+	// Fenced: stop at once.
+	r.sessionFn = func(context.Context, *wal.LSN) (bool, *slot.Watermark, error) {
+		return true, nil, &sink.Error{Kind: sink.Fenced, Err: errors.New("fenced")}
+	}
+	if err := r.run(context.Background()); sink.KindOf(err) != sink.Fenced {
+		t.Fatalf("fenced: %v", err)
+	}
+	// Shutdown: nil.
+	ctx, cancel := context.WithCancel(context.Background())
+	r.sessionFn = func(context.Context, *wal.LSN) (bool, *slot.Watermark, error) {
+		cancel()
+		return true, nil, context.Canceled
+	}
+	if err := r.run(ctx); err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	if !IsConfigError(&pgconn.PgError{Code: "28P01"}) || IsConfigError(errors.New("x")) {
+		t.Fatal("IsConfigError")
 	}
 }
