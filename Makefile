@@ -8,6 +8,10 @@ PG_CACHE    ?= $(or $(OUTBOXD_PG_CACHE),$(if $(filter 0,$(shell id -u)),/var/cac
 PG_VERSIONS ?= 16 17 18
 # The e2e core that runs on every PostgreSQL version (the full suite runs on 15).
 E2E_CORE    := TestStartupCheck|TestSlotHeldByAnotherProcess|TestRoutingAndSkippedOperations|TestOrderPerAggregate|TestGracefulShutdownConfirmsEverything|TestBrokerDownHoldsSlot|TestKillDuringStreamLosesNothing|TestPostgresConnectionLoss|TestIdleOutboxDoesNotPinWAL|TestOpsStatus|TestHA|TestPGFailover|TestSlotFailoverOption|TestGap
+# On the docker backend PostgreSQL runs in a container, and a streaming
+# standby is made from the primary's data directory on this machine: the
+# failover test runs on the local backend (the first line of `test`) only.
+DOCKER_SKIP := TestPGFailover
 
 .PHONY: all build run test test-short test-docker test-pg-versions vet bench soak docker clean
 
@@ -25,13 +29,13 @@ vet:
 
 test: vet ## unit, integration, end-to-end, container and alert-rule tests (< 10 min on 2 cores; containers need a Docker engine: bash .ci/docker.sh)
 	$(GO) test -count=1 -timeout 20m ./...
-	OUTBOXD_TEST_BACKEND=docker $(GO) test -count=1 -timeout 10m ./test/e2e/ ./test/harness/
+	OUTBOXD_TEST_BACKEND=docker $(GO) test -count=1 -timeout 10m -skip '$(DOCKER_SKIP)' ./test/e2e/ ./test/harness/
 	$(MAKE) --no-print-directory test-pg-versions
 	bash deploy/check.sh
 
 test-docker: ## container tests only: the image, compose, and test/e2e and test/harness on the docker backend
 	$(GO) test -count=1 -timeout 20m ./test/docker/ ./test/harness/
-	OUTBOXD_TEST_BACKEND=docker $(GO) test -count=1 -timeout 10m ./test/e2e/ ./test/harness/
+	OUTBOXD_TEST_BACKEND=docker $(GO) test -count=1 -timeout 10m -skip '$(DOCKER_SKIP)' ./test/e2e/ ./test/harness/
 
 test-pg-versions: ## the e2e core on PostgreSQL 16, 17 and 18 (binaries from .ci/postgres.sh)
 	@for v in $(PG_VERSIONS); do \
