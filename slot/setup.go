@@ -240,7 +240,7 @@ func checkSlot(info Info, db, ownPID string) error {
 
 // query runs SQL with the simple protocol (the only one a replication
 // connection speaks) and returns the rows as text.
-func query(ctx context.Context, conn *pgconn.PgConn, sql string) ([][]string, error) {
+func query(ctx context.Context, conn Querier, sql string) ([][]string, error) {
 	results, err := conn.Exec(ctx, sql).ReadAll()
 	if err != nil {
 		return nil, fmt.Errorf("query %q: %w", firstLine(sql), err)
@@ -258,7 +258,7 @@ func query(ctx context.Context, conn *pgconn.PgConn, sql string) ([][]string, er
 	return out, nil
 }
 
-func queryOne(ctx context.Context, conn *pgconn.PgConn, sql string) ([]string, error) {
+func queryOne(ctx context.Context, conn Querier, sql string) ([]string, error) {
 	rows, err := query(ctx, conn, sql)
 	if err != nil {
 		return nil, err
