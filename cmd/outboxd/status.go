@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/pgquote"
 	"github.com/outboxd/outboxd/slot"
 	"github.com/outboxd/outboxd/wal"
 )
@@ -256,7 +257,7 @@ func writeStatus(w io.Writer, r *statusReport) {
 	}
 	tw.Flush()
 	if !p.Insert {
-		fmt.Fprintf(w, "warning: the publication does not publish INSERTs, so no outbox event arrives; fix: ALTER PUBLICATION %s SET (publish = 'insert');\n", sqlQuote(p.Name))
+		fmt.Fprintf(w, "warning: the publication does not publish INSERTs, so no outbox event arrives; fix: ALTER PUBLICATION %s SET (publish = 'insert');\n", pgquote.Ident(p.Name))
 	}
 }
 
