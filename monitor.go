@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxd/outboxd/sink"
+	"github.com/outboxd/outboxd/slot"
 )
 
 // monitor watches what the relay cannot see from the replication stream: the
@@ -29,7 +30,9 @@ type monitor struct {
 	lastLagWarn       time.Time
 }
 
-// slotView is the monitor's latest reading of pg_replication_slots.
+// slotView is the monitor's latest reading of the slot as /status shows
+// it (slot_server_view): zeros where the server has no value, and -1 for an
+// unlimited safe_wal_size.
 type slotView struct {
 	Found          bool   `json:"found"`
 	Plugin         string `json:"plugin"`
@@ -43,6 +46,25 @@ type slotView struct {
 	Failover       bool   `json:"failover"` // PostgreSQL 17+: copied to standbys that sync slots
 	Synced         bool   `json:"synced"`   // this copy was synchronized from a primary
 	At             time.Time
+}
+
+func newSlotView(s slot.Slot, found bool, at time.Time) slotView {
+	v := slotView{Found: found, Plugin: s.Plugin, Active: s.Active, ActivePID: s.ActivePID, WALStatus: s.WALStatus,
+		LagBytes: orZero(s.LagBytes), RetainedBytes: orZero(s.RetainedBytes), SafeWALSize: -1, Failover: s.Failover, Synced: s.Synced, At: at}
+	if s.ConfirmedFlush != 0 {
+		v.ConfirmedFlush = s.ConfirmedFlush.String()
+	}
+	if s.SafeWALSize != nil {
+		v.SafeWALSize = *s.SafeWALSize
+	}
+	return v
+}
+
+func orZero(n *int64) int64 {
+	if n == nil {
+		return 0
+	}
+	return *n
 }
 
 func (mo *monitor) run(ctx context.Context) {
@@ -100,34 +122,12 @@ func (mo *monitor) run(ctx context.Context) {
 func (mo *monitor) pollSlot(ctx context.Context, conn *pgx.Conn) {
 	qctx, cancel := context.WithTimeout(ctx, mo.interval)
 	defer cancel()
-	var v slotView
-	var pid *int32
-	var confirmed, walStatus, plugin *string
-	var lag, retained, safe *int64
-	err := conn.QueryRow(qctx, `SELECT plugin, active, active_pid, confirmed_flush_lsn::text,
-		(pg_current_wal_lsn() - confirmed_flush_lsn)::bigint, (pg_current_wal_lsn() - restart_lsn)::bigint,
-		wal_status, safe_wal_size,
-		coalesce((to_jsonb(s)->>'failover')::bool, false), coalesce((to_jsonb(s)->>'synced')::bool, false)
-		FROM pg_replication_slots s WHERE slot_name = $1`, mo.slot).
-		Scan(&plugin, &v.Active, &pid, &confirmed, &lag, &retained, &walStatus, &safe, &v.Failover, &v.Synced)
-	switch {
-	case err == pgx.ErrNoRows:
-	case err != nil:
+	row, found, err := slot.Get(qctx, conn.PgConn(), mo.slot)
+	if err != nil {
 		mo.log.Debug("monitor: slot poll failed", "err", RedactErr(err, mo.dsn))
 		return
-	default:
-		v.Found = true
 	}
-	v.Plugin, v.ConfirmedFlush, v.WALStatus = deref(plugin), deref(confirmed), deref(walStatus)
-	if pid != nil {
-		v.ActivePID = int(*pid)
-	}
-	v.LagBytes, v.RetainedBytes = derefInt(lag), derefInt(retained)
-	v.SafeWALSize = -1
-	if safe != nil {
-		v.SafeWALSize = *safe
-	}
-	v.At = time.Now()
+	v := newSlotView(row, found, time.Now())
 	mo.m.slotLag.Set(float64(v.LagBytes))
 	mo.m.slotRetained.Set(float64(v.RetainedBytes))
 	mo.m.slotSafeWAL.Set(float64(v.SafeWALSize))
@@ -198,18 +198,4 @@ func (mo *monitor) checkLag() {
 	}
 	mo.lastLagWarn = time.Now()
 	mo.log.Warn("replication slot lag above --max-slot-lag", "lag", HumanBytes(lag), "max", HumanBytes(mo.maxSlotLag), "cause", mo.st.lagCause())
-}
-
-func deref(s *string) string {
-	if s == nil {
-		return ""
-	}
-	return *s
-}
-
-func derefInt(i *int64) int64 {
-	if i == nil {
-		return 0
-	}
-	return *i
 }

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/outboxd/outboxd/slot"
 )
 
 type pingSink struct {
@@ -51,7 +53,15 @@ func TestMonitorKafkaLagAndHeartbeat(t *testing.T) {
 		t.Fatalf("replication delay %v", d)
 	}
 	mo.onHeartbeat([]byte("not a number"), time.Now()) // ignored
-	if deref(nil) != "" || derefInt(nil) != 0 || HumanBytes(1536<<20) != "1.5GiB" || HumanBytes(-2048) != "-2.0KiB" {
+	lag := int64(4096)
+	if v := newSlotView(slot.Slot{Plugin: "pgoutput", ConfirmedFlush: 0x3000100, LagBytes: &lag}, true, time.Time{}); v != (slotView{Found: true,
+		Plugin: "pgoutput", ConfirmedFlush: "0/3000100", LagBytes: 4096, SafeWALSize: -1}) {
+		t.Fatalf("slot view %+v", v)
+	}
+	if v := newSlotView(slot.Slot{}, false, time.Time{}); v.ConfirmedFlush != "" || v.Found {
+		t.Fatalf("missing slot's view %+v", v)
+	}
+	if HumanBytes(1536<<20) != "1.5GiB" || HumanBytes(-2048) != "-2.0KiB" {
 		t.Fatal("helpers")
 	}
 }

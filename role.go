@@ -143,22 +143,12 @@ func SlotBusy(ctx context.Context, dsn, name string, staleAfter time.Duration) b
 func currentHolder(ctx context.Context, conn *pgx.Conn, name string, staleAfter time.Duration) (*slot.BusyError, error) {
 	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	var active, stale bool
-	var pid int32
-	var holder string
-	err := conn.QueryRow(qctx, `SELECT s.active, coalesce(s.active_pid, 0),
-		coalesce(a.application_name, '') || ' from ' || coalesce(host(a.client_addr), 'local socket') || ' since ' || coalesce(a.backend_start::text, '?'),
-		coalesce(r.application_name = 'outboxd' AND coalesce(r.reply_time, r.backend_start) < now() - make_interval(secs => $2), false)
-		FROM pg_replication_slots s LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid LEFT JOIN pg_stat_activity a ON a.pid = s.active_pid
-		WHERE s.slot_name = $1`, name, staleAfter.Seconds()).Scan(&active, &pid, &holder, &stale)
-	if err == pgx.ErrNoRows {
-		return nil, nil
-	}
+	s, found, err := slot.Get(qctx, conn.PgConn(), name)
 	if err != nil {
 		return nil, fmt.Errorf("watching slot %q: %w", name, err)
 	}
-	if !active || stale {
+	if !found || !s.Active || s.Stale(staleAfter) {
 		return nil, nil
 	}
-	return &slot.BusyError{Slot: name, PID: int(pid), Holder: holder}, nil
+	return s.Busy(), nil
 }

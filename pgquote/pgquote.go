@@ -25,6 +25,18 @@ const DollarTag = "$outboxd$"
 // refuse them anyway.
 func Ident(s string) string { return pgx.Identifier{s}.Sanitize() }
 
+var plainIdent = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
+
+// IdentMinimal quotes an identifier unless it is plain lower case, as
+// PostgreSQL's quote_ident does except for key words: for SQL printed
+// without a server to ask (outboxd setup --print).
+func IdentMinimal(s string) string {
+	if plainIdent.MatchString(s) {
+		return s
+	}
+	return Ident(s)
+}
+
 // Literal quotes a string constant as PostgreSQL's quote_literal does:
 // quotes doubled, and when the value holds a backslash, the E'…' form with
 // backslashes doubled. Both forms read back as s with

@@ -42,3 +42,11 @@ func TestValidateName(t *testing.T) {
 		}
 	}
 }
+
+func TestIdentMinimal(t *testing.T) {
+	for in, want := range map[string]string{"outbox": "outbox", "_x1": "_x1", "Outbox": `"Outbox"`, "a$b": `"a$b"`, `we"ird`: `"we""ird"`, "1a": `"1a"`} {
+		if got := IdentMinimal(in); got != want {
+			t.Errorf("IdentMinimal(%q) = %s, want %s", in, got, want)
+		}
+	}
+}

@@ -7,6 +7,8 @@ import (
 	"strconv"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxd/outboxd/pgquote"
 )
 
 // Failover modes of Config.Failover (--slot-failover).
@@ -63,7 +65,7 @@ func createSlot(ctx context.Context, conn *pgconn.PgConn, name string, failover 
 	if failover {
 		opts += ", FAILOVER true"
 	}
-	_, err := conn.Exec(ctx, fmt.Sprintf("CREATE_REPLICATION_SLOT %s LOGICAL pgoutput (%s)", quoteIdent(name), opts)).ReadAll()
+	_, err := conn.Exec(ctx, fmt.Sprintf("CREATE_REPLICATION_SLOT %s LOGICAL pgoutput (%s)", pgquote.Ident(name), opts)).ReadAll()
 	return err
 }
 
@@ -71,7 +73,7 @@ func createSlot(ctx context.Context, conn *pgconn.PgConn, name string, failover 
 // (ALTER_REPLICATION_SLOT, PostgreSQL 17+). A slot another process took in
 // the meantime is left alone: checkSlot reports it busy.
 func makeFailover(ctx context.Context, conn *pgconn.PgConn, name string) error {
-	_, err := conn.Exec(ctx, fmt.Sprintf("ALTER_REPLICATION_SLOT %s (FAILOVER true)", quoteIdent(name))).ReadAll()
+	_, err := conn.Exec(ctx, fmt.Sprintf("ALTER_REPLICATION_SLOT %s (FAILOVER true)", pgquote.Ident(name))).ReadAll()
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "55006" { // object_in_use
 		return nil

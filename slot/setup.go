@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd/pgquote"
-	"github.com/outboxd/outboxd/wal"
 )
 
 // SetupError is a server configuration problem outboxd cannot fix by itself.
@@ -45,28 +44,16 @@ func (e *BusyError) Error() string {
 	return msg + "; another outboxd (or consumer) holds it. Stop it, or if it is stale: SELECT pg_terminate_backend(" + strconv.Itoa(e.PID) + ");"
 }
 
-// Info is a replication slot as pg_replication_slots shows it.
+// Info is the slot Prepare checked, with the session's server facts.
 type Info struct {
-	Name           string
-	Type           string // logical or physical
-	Plugin         string
-	Database       string
-	Active         bool
-	ActivePID      int
-	ConfirmedFlush wal.LSN
-	RestartLSN     wal.LSN
-	WALStatus      string
-	// Failover: PostgreSQL 17+ copies the slot to standbys that sync slots.
-	// Synced: this copy was synchronized from a primary (on a standby, or
-	// on a promoted one). Temporary slots are never synced for good.
-	Failover, Synced, Temporary bool
+	Slot
 	// ServerVersion is server_version_num; SystemID and Timeline come from
-	// IDENTIFY_SYSTEM (set by Prepare only).
+	// IDENTIFY_SYSTEM.
 	ServerVersion int
 	SystemID      string
 	Timeline      int32
 	// SessionPID is the backend PID of the connection Prepare ran on: the
-	// walsender's PID once it streams (set by Prepare only).
+	// walsender's PID once it streams.
 	SessionPID int
 }
 
@@ -130,7 +117,8 @@ func Prepare(ctx context.Context, conn *pgconn.PgConn, cfg Config) (info Info, c
 	if err != nil {
 		return Info{}, false, err
 	}
-	info, found, err := Inspect(ctx, conn, cfg.Slot)
+	row, found, err := Get(ctx, conn, cfg.Slot)
+	info = Info{Slot: row}
 	if err != nil {
 		return Info{}, false, err
 	}
@@ -150,7 +138,7 @@ func Prepare(ctx context.Context, conn *pgconn.PgConn, cfg Config) (info Info, c
 		} else {
 			created = true
 		}
-		if info, _, err = Inspect(ctx, conn, cfg.Slot); err != nil {
+		if info.Slot, _, err = Get(ctx, conn, cfg.Slot); err != nil {
 			return Info{}, false, err
 		}
 	}
@@ -158,34 +146,23 @@ func Prepare(ctx context.Context, conn *pgconn.PgConn, cfg Config) (info Info, c
 		if err := makeFailover(ctx, conn, cfg.Slot); err != nil {
 			return Info{}, false, err
 		}
-		if info, _, err = Inspect(ctx, conn, cfg.Slot); err != nil {
+		if info.Slot, _, err = Get(ctx, conn, cfg.Slot); err != nil {
 			return Info{}, false, err
 		}
 	}
-	if info.Active && (cfg.TakeOver != 0 && info.ActivePID == cfg.TakeOver || stale(ctx, conn, info.ActivePID, cfg.StaleAfter)) {
-		if info, err = takeOver(ctx, conn, info); err != nil {
+	if info.Active && (cfg.TakeOver != 0 && info.ActivePID == cfg.TakeOver || info.Stale(cfg.StaleAfter)) {
+		if info.Slot, err = takeOver(ctx, conn, info.Slot); err != nil {
 			return Info{}, false, err
 		}
 	}
 	info.SessionPID, _ = strconv.Atoi(db[1])
 	info.ServerVersion, info.SystemID, info.Timeline = version, srv.systemID, srv.timeline
-	return info, created, checkSlot(ctx, conn, info, db[0], db[1])
-}
-
-// stale reports whether pid is an outboxd walsender whose client has not
-// replied for longer than after.
-func stale(ctx context.Context, conn *pgconn.PgConn, pid int, after time.Duration) bool {
-	if after <= 0 {
-		return false
-	}
-	rows, err := query(ctx, conn, fmt.Sprintf(`SELECT 1 FROM pg_stat_replication WHERE pid = %d AND application_name = 'outboxd'
-	AND coalesce(reply_time, backend_start) < now() - interval '%d milliseconds'`, pid, after.Milliseconds()))
-	return err == nil && len(rows) == 1
+	return info, created, checkSlot(info, db[0], db[1])
 }
 
 // takeOver terminates our own previous, stale walsender and waits (bounded)
 // until the slot is free.
-func takeOver(ctx context.Context, conn *pgconn.PgConn, info Info) (Info, error) {
+func takeOver(ctx context.Context, conn *pgconn.PgConn, info Slot) (Slot, error) {
 	if _, err := query(ctx, conn, "SELECT pg_terminate_backend("+strconv.Itoa(info.ActivePID)+")"); err != nil {
 		return info, err
 	}
@@ -193,7 +170,7 @@ func takeOver(ctx context.Context, conn *pgconn.PgConn, info Info) (Info, error)
 	for info.Active && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 		var err error
-		if info, _, err = Inspect(ctx, conn, info.Name); err != nil {
+		if info, _, err = Get(ctx, conn, info.Name); err != nil {
 			return info, err
 		}
 	}
@@ -215,7 +192,7 @@ func checkWALLevel(ctx context.Context, conn *pgconn.PgConn) error {
 }
 
 func checkPublication(ctx context.Context, conn *pgconn.PgConn, pub string) error {
-	rows, err := query(ctx, conn, "SELECT puballtables, pubinsert, (SELECT count(*) FROM pg_publication_tables t WHERE t.pubname = p.pubname) FROM pg_publication p WHERE pubname = "+quoteLiteral(pub))
+	rows, err := query(ctx, conn, "SELECT puballtables, pubinsert, (SELECT count(*) FROM pg_publication_tables t WHERE t.pubname = p.pubname) FROM pg_publication p WHERE pubname = "+pgquote.Literal(pub))
 	if err != nil {
 		return err
 	}
@@ -223,27 +200,27 @@ func checkPublication(ctx context.Context, conn *pgconn.PgConn, pub string) erro
 		return &SetupError{
 			Problem: fmt.Sprintf("publication %q does not exist in this database", pub),
 			Fix: fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE public.outbox WITH (publish = 'insert');\n-- or run: outboxd setup --publication %s --table public.outbox",
-				quoteIdent(pub), pub),
+				pgquote.Ident(pub), pub),
 		}
 	}
 	if rows[0][1] != "t" {
 		return &SetupError{
 			Problem: fmt.Sprintf("publication %q does not publish INSERTs, so no outbox event would ever arrive", pub),
-			Fix:     fmt.Sprintf("ALTER PUBLICATION %s SET (publish = 'insert');", quoteIdent(pub)),
+			Fix:     fmt.Sprintf("ALTER PUBLICATION %s SET (publish = 'insert');", pgquote.Ident(pub)),
 		}
 	}
 	if rows[0][0] != "t" && rows[0][2] == "0" {
 		return &SetupError{
 			Problem: fmt.Sprintf("publication %q publishes no table", pub),
-			Fix:     fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE public.outbox;", quoteIdent(pub)),
+			Fix:     fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE public.outbox;", pgquote.Ident(pub)),
 		}
 	}
 	return nil
 }
 
-func checkSlot(ctx context.Context, conn *pgconn.PgConn, info Info, db, ownPID string) error {
+func checkSlot(info Info, db, ownPID string) error {
 	drop := fmt.Sprintf("SELECT pg_drop_replication_slot(%s);\n-- (events committed but not yet relayed through the old slot are then skipped), or pick another --slot",
-		quoteLiteral(info.Name))
+		pgquote.Literal(info.Name))
 	switch {
 	case info.Type != "logical":
 		return &SetupError{Problem: fmt.Sprintf("replication slot %q is a %s slot; outboxd needs a logical pgoutput slot", info.Name, info.Type), Fix: drop}
@@ -251,48 +228,19 @@ func checkSlot(ctx context.Context, conn *pgconn.PgConn, info Info, db, ownPID s
 		return &SetupError{Problem: fmt.Sprintf("replication slot %q uses plugin %q; outboxd needs pgoutput", info.Name, info.Plugin), Fix: drop}
 	case info.Database != db:
 		return &SetupError{Problem: fmt.Sprintf("replication slot %q belongs to database %q, but this connection is to %q", info.Name, info.Database, db),
-			Fix: "connect --postgres to database " + quoteIdent(info.Database) + " or pick another --slot"}
+			Fix: "connect --postgres to database " + pgquote.Ident(info.Database) + " or pick another --slot"}
 	case info.WALStatus == "lost":
 		return &SetupError{Problem: fmt.Sprintf("replication slot %q was invalidated (wal_status = lost): WAL it needed was removed, so events were lost", info.Name),
 			Fix: drop + "\n-- then re-publish the missing events from the outbox table, and raise max_slot_wal_keep_size"}
 	case info.Active && strconv.Itoa(info.ActivePID) != ownPID:
-		busy := &BusyError{Slot: info.Name, PID: info.ActivePID}
-		if row, err := queryOne(ctx, conn, "SELECT coalesce(application_name,'') || ' from ' || coalesce(host(client_addr), 'local socket') || ' since ' || backend_start::text FROM pg_stat_activity WHERE pid = "+strconv.Itoa(info.ActivePID)); err == nil {
-			busy.Holder = row[0]
-		}
-		return busy
+		return info.Busy()
 	}
 	return nil
 }
 
-// Inspect reads one slot from pg_replication_slots; found is false if it does
-// not exist. It works on replication and ordinary connections alike, and on
-// every supported version: columns newer than 15 (failover and synced, 17)
-// are read through to_jsonb so that one query fits all.
-func Inspect(ctx context.Context, conn *pgconn.PgConn, name string) (info Info, found bool, err error) {
-	rows, err := query(ctx, conn, `SELECT slot_name, slot_type, coalesce(plugin,''), coalesce(database,''), active,
-	coalesce(active_pid, 0), coalesce(confirmed_flush_lsn, '0/0'), coalesce(restart_lsn, '0/0'), coalesce(wal_status, ''),
-	coalesce((to_jsonb(s)->>'failover')::bool, false), coalesce((to_jsonb(s)->>'synced')::bool, false), temporary
-	FROM pg_replication_slots s WHERE slot_name = `+quoteLiteral(name))
-	if err != nil || len(rows) == 0 {
-		return Info{}, false, err
-	}
-	r := rows[0]
-	info = Info{Name: r[0], Type: r[1], Plugin: r[2], Database: r[3], Active: r[4] == "t", WALStatus: r[8],
-		Failover: r[9] == "t", Synced: r[10] == "t", Temporary: r[11] == "t"}
-	info.ActivePID, _ = strconv.Atoi(r[5])
-	if info.ConfirmedFlush, err = wal.ParseLSN(r[6]); err != nil {
-		return Info{}, false, err
-	}
-	if info.RestartLSN, err = wal.ParseLSN(r[7]); err != nil {
-		return Info{}, false, err
-	}
-	return info, true, nil
-}
-
 // query runs SQL with the simple protocol (the only one a replication
 // connection speaks) and returns the rows as text.
-func query(ctx context.Context, conn *pgconn.PgConn, sql string) ([][]string, error) {
+func query(ctx context.Context, conn Querier, sql string) ([][]string, error) {
 	results, err := conn.Exec(ctx, sql).ReadAll()
 	if err != nil {
 		return nil, fmt.Errorf("query %q: %w", firstLine(sql), err)
@@ -310,7 +258,7 @@ func query(ctx context.Context, conn *pgconn.PgConn, sql string) ([][]string, er
 	return out, nil
 }
 
-func queryOne(ctx context.Context, conn *pgconn.PgConn, sql string) ([]string, error) {
+func queryOne(ctx context.Context, conn Querier, sql string) ([]string, error) {
 	rows, err := query(ctx, conn, sql)
 	if err != nil {
 		return nil, err
@@ -327,7 +275,3 @@ func firstLine(s string) string {
 	}
 	return s
 }
-
-func quoteIdent(s string) string { return pgquote.Ident(s) }
-
-func quoteLiteral(s string) string { return pgquote.Literal(s) }

@@ -60,12 +60,10 @@ func explainConnectError(cfg *pgconn.Config, err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
 		return fmt.Errorf("role %q may not open a replication connection (%s); grant it with:\n  ALTER ROLE %s WITH REPLICATION;\n%w",
-			cfg.User, pgErr.Message, quoteIdent(cfg.User), err)
+			cfg.User, pgErr.Message, pgquote.Ident(cfg.User), err)
 	}
 	return fmt.Errorf("connect to postgres %s:%d as %q: %w", cfg.Host, cfg.Port, cfg.User, err)
 }
-
-func quoteIdent(s string) string { return pgquote.Ident(s) }
 
 // System is what IDENTIFY_SYSTEM reports.
 type System struct {
@@ -143,7 +141,7 @@ func Start(ctx context.Context, conn *pgconn.PgConn, opts StartOptions) (*Stream
 	if opts.StartLSN > sys.WALEnd {
 		return nil, fmt.Errorf("%w: start position %s is beyond the server's WAL position %s (system %s)", ErrAheadOfServer, opts.StartLSN, sys.WALEnd, sys.ID)
 	}
-	err = pglogrepl.StartReplication(ctx, conn, quoteIdent(opts.Slot), opts.StartLSN,
+	err = pglogrepl.StartReplication(ctx, conn, pgquote.Ident(opts.Slot), opts.StartLSN,
 		pglogrepl.StartReplicationOptions{Mode: pglogrepl.LogicalReplication, PluginArgs: args})
 	if err != nil {
 		return nil, fmt.Errorf("START_REPLICATION on slot %q: %w", opts.Slot, err)

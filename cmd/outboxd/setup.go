@@ -8,7 +8,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"regexp"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -95,7 +94,7 @@ func setupCommand(ctx context.Context, e env, args []string) (err error) {
 	}
 	schema, table, _ := migrations.ParseTable(o.Table)
 	if o.Print {
-		vars := migrations.Vars{Table: sqlIdent(schema) + "." + sqlIdent(table), Schema: sqlIdent(schema), Publication: o.Publication, Role: o.Role}
+		vars := migrations.Vars{Table: pgquote.IdentMinimal(schema) + "." + pgquote.IdentMinimal(table), Schema: pgquote.IdentMinimal(schema), Publication: o.Publication, Role: o.Role}
 		return printSetupSQL(e.stdout, o, vars)
 	}
 
@@ -206,7 +205,7 @@ func (s *setupRun) createPublication() error {
 		s.say("added %s to publication %s", s.vars.Table, s.o.Publication)
 	}
 	// An existing publication keeps its settings; say what is off about them.
-	quoted := sqlQuote(s.o.Publication)
+	quoted := pgquote.Ident(s.o.Publication)
 	if !ins {
 		s.say("warning: publication %s does not publish INSERTs, so no outbox event would arrive; fix: ALTER PUBLICATION %s SET (publish = 'insert');", s.o.Publication, quoted)
 	} else if extra := publishedOps(false, upd, del, trunc); extra != "" {
@@ -224,7 +223,7 @@ func (s *setupRun) createRole() error {
 			return err
 		}
 		s.say("created role %s (LOGIN REPLICATION, SELECT on %s); set its password: ALTER ROLE %s PASSWORD '…';",
-			s.o.Role, s.vars.Table, sqlQuote(s.o.Role))
+			s.o.Role, s.vars.Table, pgquote.Ident(s.o.Role))
 		return nil
 	}
 	if err != nil {
@@ -252,7 +251,7 @@ func (s *setupRun) createRole() error {
 	}
 	if len(missing) > 0 {
 		s.say("warning: role %s lacks %s, so outboxd cannot stream as it; fix: ALTER ROLE %s WITH %s;",
-			s.o.Role, strings.Join(missing, " and "), sqlQuote(s.o.Role), strings.Join(missing, " "))
+			s.o.Role, strings.Join(missing, " and "), pgquote.Ident(s.o.Role), strings.Join(missing, " "))
 	}
 	return nil
 }
@@ -325,7 +324,7 @@ func writeSetupSQL(w io.Writer, o setupOptions, vars migrations.Vars) error {
 			"-- start). Run it on its own, not in a transaction that has written anything.\n"+
 			"SELECT pg_create_logical_replication_slot(%s, 'pgoutput')\n"+
 			"WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = %s);\n",
-			printHeader, sqlLiteral(o.Slot), sqlLiteral(o.Slot))
+			printHeader, pgquote.Literal(o.Slot), pgquote.Literal(o.Slot))
 	}
 	return nil
 }
@@ -359,20 +358,3 @@ func publishedOps(ins, upd, del, trunc bool) string {
 	}
 	return strings.Join(ops, ", ")
 }
-
-var plainIdent = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
-
-// sqlIdent quotes an identifier unless it is plain lower case; it matches
-// PostgreSQL's quote_ident except for key words (which the server-side path
-// handles).
-func sqlIdent(s string) string {
-	if plainIdent.MatchString(s) {
-		return s
-	}
-	return sqlQuote(s)
-}
-
-// sqlQuote always quotes an identifier, as the migrations' ident does.
-func sqlQuote(s string) string { return pgquote.Ident(s) }
-
-func sqlLiteral(s string) string { return pgquote.Literal(s) }

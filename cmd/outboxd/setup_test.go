@@ -75,11 +75,3 @@ func TestSetupPrint(t *testing.T) {
 		t.Errorf("exit %d, --no-slot --headers output:\n%s", code, out)
 	}
 }
-
-func TestSQLIdent(t *testing.T) {
-	for in, want := range map[string]string{"outbox": "outbox", "_x1": "_x1", "Outbox": `"Outbox"`, "a$b": `"a$b"`, `we"ird`: `"we""ird"`, "1a": `"1a"`} {
-		if got := sqlIdent(in); got != want {
-			t.Errorf("sqlIdent(%q) = %s, want %s", in, got, want)
-		}
-	}
-}

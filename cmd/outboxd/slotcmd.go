@@ -1,16 +1,14 @@
 package main
 
 import (
-	"github.com/outboxd/outboxd"
-
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/slot"
 )
 
 const slotUsage = `Usage: outboxd slot <sub-command> [options]
@@ -82,103 +80,21 @@ func slotDropCommand(ctx context.Context, e env, args []string) (err error) {
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 
-	var db string
-	if err := conn.QueryRow(ctx, `SELECT current_database()::text`).Scan(&db); err != nil {
-		return err
+	terminated := func(s slot.Slot) {
+		fmt.Fprintf(e.stdout, "terminated PID %d%s, which held slot %s\n", s.ActivePID, s.Holder.Who(), o.Slot)
 	}
-	st, found, err := readSlotHolder(ctx, conn, o.Slot)
-	if err != nil {
-		return err
-	}
-	if !found {
-		return fmt.Errorf("replication slot %q does not exist", o.Slot)
-	}
-	if st.typ == "logical" && st.database != db {
-		return fmt.Errorf("replication slot %q belongs to database %q, but --postgres connects to %q; a logical slot is dropped from its own database", o.Slot, st.database, db)
-	}
-	if st.active && !o.Force {
-		return fmt.Errorf("replication slot %q is active for PID %d%s; stop that process first, or use --force to terminate it", o.Slot, st.pid, st.who())
-	}
-
-	deadline := time.Now().Add(dropWait)
-	terminated := map[int64]bool{}
-	for {
-		if st.active {
-			// Terminate each holder once; a new PID means a consumer
-			// reconnected (an outboxd retrying), which is terminated too.
-			if !terminated[st.pid] {
-				var ok bool
-				if err := conn.QueryRow(ctx, `SELECT pg_terminate_backend($1::int)`, st.pid).Scan(&ok); err != nil {
-					return fmt.Errorf("terminate PID %d holding slot %q: %w", st.pid, o.Slot, err)
-				}
-				terminated[st.pid] = true
-				if ok {
-					fmt.Fprintf(e.stdout, "terminated PID %d%s, which held slot %s\n", st.pid, st.who(), o.Slot)
-				}
-			}
-		} else {
-			_, err := conn.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, o.Slot)
-			if err == nil {
-				fmt.Fprintf(e.stdout, "dropped slot %s (%s, confirmed_flush_lsn %s)\n", o.Slot, orDash(st.plugin), orDash(st.confirmed))
-				return nil
-			}
-			var pgErr *pgconn.PgError
-			// 55006 object_in_use: a consumer took the slot in between.
-			if !errors.As(err, &pgErr) || pgErr.Code != "55006" {
-				return fmt.Errorf("drop replication slot %q: %w", o.Slot, err)
-			}
-			if !o.Force {
-				return fmt.Errorf("%w; use --force to terminate its holder", err)
-			}
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("replication slot %q is still active for PID %d after %s; whatever holds it keeps reconnecting: stop it, then retry", o.Slot, st.pid, dropWait)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-		if st, found, err = readSlotHolder(ctx, conn, o.Slot); err != nil {
-			return err
-		}
-		if !found {
-			fmt.Fprintf(e.stdout, "slot %s is gone (dropped by someone else meanwhile)\n", o.Slot)
-			return nil
-		}
-	}
-}
-
-// slotHolder is what drop needs to know about a slot.
-type slotHolder struct {
-	typ, plugin, database string
-	confirmed             string
-	active                bool
-	pid                   int64
-	app, addr             string
-}
-
-func (h slotHolder) who() string {
+	s, gone, err := slot.Drop(ctx, conn.PgConn(), o.Slot, slot.DropOptions{Force: o.Force, Wait: dropWait, Terminated: terminated})
 	switch {
-	case h.app != "" && h.addr != "":
-		return " (" + h.app + " from " + h.addr + ")"
-	case h.app != "":
-		return " (" + h.app + ")"
-	case h.addr != "":
-		return " (from " + h.addr + ")"
+	case err != nil:
+		return err
+	case gone:
+		fmt.Fprintf(e.stdout, "slot %s is gone (dropped by someone else meanwhile)\n", o.Slot)
+	default:
+		confirmed := "-"
+		if s.ConfirmedFlush != 0 {
+			confirmed = s.ConfirmedFlush.String()
+		}
+		fmt.Fprintf(e.stdout, "dropped slot %s (%s, confirmed_flush_lsn %s)\n", o.Slot, orDash(s.Plugin), confirmed)
 	}
-	return ""
-}
-
-func readSlotHolder(ctx context.Context, conn *pgx.Conn, name string) (h slotHolder, found bool, err error) {
-	err = conn.QueryRow(ctx, `SELECT s.slot_type, coalesce(s.plugin::text, ''), coalesce(s.database::text, ''),
-		coalesce(s.confirmed_flush_lsn::text, ''), s.active, coalesce(s.active_pid, 0)::bigint,
-		coalesce(a.application_name, ''), coalesce(host(a.client_addr), '')
-		FROM pg_replication_slots s LEFT JOIN pg_stat_activity a ON a.pid = s.active_pid
-		WHERE s.slot_name = $1`, name).
-		Scan(&h.typ, &h.plugin, &h.database, &h.confirmed, &h.active, &h.pid, &h.app, &h.addr)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return slotHolder{}, false, nil
-	}
-	return h, err == nil, err
+	return nil
 }

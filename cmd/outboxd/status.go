@@ -1,8 +1,6 @@
 package main
 
 import (
-	"github.com/outboxd/outboxd"
-
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,6 +13,11 @@ import (
 	"text/tabwriter"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/pgquote"
+	"github.com/outboxd/outboxd/slot"
+	"github.com/outboxd/outboxd/wal"
 )
 
 const statusSummary = `Shows every replication slot of the database (holder, confirmed flush LSN, lag,
@@ -37,26 +40,19 @@ func (o *statusOptions) register(s *optionSet) {
 	fs.BoolVar(&o.JSON, "json", false, "print one JSON object instead of tables")
 }
 
-// statusSlot is one row of pg_replication_slots. LSNs are text as PostgreSQL
-// prints them; byte counts are numbers; null where PostgreSQL has none.
+// statusSlot is a slot as `outboxd status --json` shows it (slot.Slot's
+// JSON), and whether it is the --slot.
 type statusSlot struct {
-	Name            string  `json:"slot_name"`
-	Type            string  `json:"slot_type"`
-	Plugin          string  `json:"plugin"`
-	Database        string  `json:"database"`
-	Active          bool    `json:"active"`
-	ActivePID       *int64  `json:"active_pid"`
-	ApplicationName string  `json:"application_name"`
-	ClientAddr      string  `json:"client_addr"`
-	ConfirmedFlush  *string `json:"confirmed_flush_lsn"`
-	RestartLSN      *string `json:"restart_lsn"`
-	LagBytes        *int64  `json:"lag_bytes"`
-	RetainedBytes   *int64  `json:"retained_wal_bytes"`
-	WALStatus       string  `json:"wal_status"`
-	SafeWALSize     *int64  `json:"safe_wal_size_bytes"`
-	Failover        bool    `json:"failover"` // PostgreSQL 17+
-	Synced          bool    `json:"synced"`   // PostgreSQL 17+: synchronized from the primary
-	Selected        bool    `json:"selected"` // the --slot
+	slot.Slot
+	Selected bool
+}
+
+func (s statusSlot) MarshalJSON() ([]byte, error) {
+	b, err := json.Marshal(s.Slot)
+	if err != nil {
+		return nil, err
+	}
+	return fmt.Appendf(b[:len(b)-1], `,"selected":%t}`, s.Selected), nil
 }
 
 type statusPublication struct {
@@ -123,35 +119,18 @@ func readStatus(ctx context.Context, conn *pgx.Conn, o statusOptions) (*statusRe
 		Scan(&r.Database, &r.ServerVersion, &r.InRecovery, &r.CurrentWALLSN); err != nil {
 		return nil, err
 	}
-	rows, err := conn.Query(ctx, `SELECT s.slot_name::text, s.slot_type, coalesce(s.plugin::text, ''), coalesce(s.database::text, ''),
-		s.active, s.active_pid::bigint, coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''),
-		s.confirmed_flush_lsn::text, s.restart_lsn::text,
-		($1::pg_lsn - s.confirmed_flush_lsn)::bigint, ($1::pg_lsn - s.restart_lsn)::bigint,
-		coalesce(s.wal_status, ''), s.safe_wal_size,
-		coalesce((to_jsonb(s)->>'failover')::bool, false), coalesce((to_jsonb(s)->>'synced')::bool, false)
-		FROM pg_replication_slots s LEFT JOIN pg_stat_activity a ON a.pid = s.active_pid
-		ORDER BY s.slot_name`, r.CurrentWALLSN)
+	slots, err := slot.List(ctx, conn.PgConn())
 	if err != nil {
 		return nil, err
 	}
-	for rows.Next() {
-		var s statusSlot
-		if err := rows.Scan(&s.Name, &s.Type, &s.Plugin, &s.Database, &s.Active, &s.ActivePID, &s.ApplicationName, &s.ClientAddr,
-			&s.ConfirmedFlush, &s.RestartLSN, &s.LagBytes, &s.RetainedBytes, &s.WALStatus, &s.SafeWALSize, &s.Failover, &s.Synced); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		s.Selected = s.Name == o.Slot
+	for _, row := range slots {
+		s := statusSlot{Slot: row, Selected: row.Name == o.Slot}
 		r.SlotFound = r.SlotFound || s.Selected
 		if s.Database == r.Database {
 			r.Slots = append(r.Slots, s)
 		} else {
 			r.OtherSlots = append(r.OtherSlots, s)
 		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, err
 	}
 
 	p := &r.Publication
@@ -165,7 +144,7 @@ func readStatus(ctx context.Context, conn *pgx.Conn, o statusOptions) (*statusRe
 		return nil, err
 	}
 	p.Exists = true
-	rows, err = conn.Query(ctx, `SELECT format('%I.%I', schemaname, tablename) FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1`, o.Publication)
+	rows, err := conn.Query(ctx, `SELECT format('%I.%I', schemaname, tablename) FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1`, o.Publication)
 	if err != nil {
 		return nil, err
 	}
@@ -278,7 +257,7 @@ func writeStatus(w io.Writer, r *statusReport) {
 	}
 	tw.Flush()
 	if !p.Insert {
-		fmt.Fprintf(w, "warning: the publication does not publish INSERTs, so no outbox event arrives; fix: ALTER PUBLICATION %s SET (publish = 'insert');\n", sqlQuote(p.Name))
+		fmt.Fprintf(w, "warning: the publication does not publish INSERTs, so no outbox event arrives; fix: ALTER PUBLICATION %s SET (publish = 'insert');\n", pgquote.Ident(p.Name))
 	}
 }
 
@@ -293,16 +272,16 @@ func slotIn(slots []statusSlot, name string) bool {
 
 // holder says who streams from a slot: PID, application_name, client address.
 func holder(s statusSlot) string {
-	if !s.Active || s.ActivePID == nil {
+	if !s.Active || s.ActivePID == 0 {
 		return "-"
 	}
-	h := "PID " + strconv.FormatInt(*s.ActivePID, 10)
+	h := "PID " + strconv.Itoa(s.ActivePID)
 	var who []string
-	if s.ApplicationName != "" {
-		who = append(who, s.ApplicationName)
+	if s.Holder.Application != "" {
+		who = append(who, s.Holder.Application)
 	}
-	if s.ClientAddr != "" {
-		who = append(who, s.ClientAddr)
+	if s.Holder.Client != "" {
+		who = append(who, s.Holder.Client)
 	}
 	if len(who) > 0 {
 		h += " (" + strings.Join(who, ", ") + ")"
@@ -328,11 +307,11 @@ func bytesOrDash(n *int64) string {
 	return outboxd.HumanBytes(*n)
 }
 
-func lsnOrDash(p *string) string {
-	if p == nil {
+func lsnOrDash(l wal.LSN) string {
+	if l == 0 {
 		return "-"
 	}
-	return *p
+	return l.String()
 }
 
 func orDash(s string) string {
