@@ -355,12 +355,5 @@ func (b *Backoff) Wait(ctx context.Context) bool {
 	} else {
 		b.cur = min(b.cur*2, b.Max)
 	}
-	t := time.NewTimer(b.cur)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
+	return sleepCtx(ctx, b.cur)
 }
