@@ -55,6 +55,35 @@ type runOptions struct {
 	Kafka              kafkaAuth
 	ExactlyOnce        bool
 	CheckpointTopic    string
+	Topics             topicOptions
+}
+
+// topicOptions: how outboxd creates the topics it writes to (sink/kafka/topics.go).
+type topicOptions struct {
+	Create            bool
+	Partitions        int
+	ReplicationFactor int
+	Configs           keyValues
+}
+
+func (t *topicOptions) register(fs *flag.FlagSet) {
+	fs.BoolVar(&t.Create, "create-topics", true, "create a missing topic through the admin API before its first event (like Kafka Connect's topic.creation.default.*); false: hold its events until someone creates it")
+	fs.IntVar(&t.Partitions, "topic-partitions", -1, "partitions of topics outboxd creates (-1: the broker's num.partitions)")
+	fs.IntVar(&t.ReplicationFactor, "topic-replication-factor", -1, "replication factor of topics outboxd creates (-1: the broker's default.replication.factor)")
+	t.Configs = keyValues{}
+	fs.Var(t.Configs, "topic-config", "key=value config of topics outboxd creates, repeatable (e.g. --topic-config min.insync.replicas=2)")
+}
+
+func (t *topicOptions) validate() error {
+	if t.Partitions == 0 || t.Partitions < -1 || t.ReplicationFactor == 0 || t.ReplicationFactor < -1 || t.ReplicationFactor > 32767 {
+		return errors.New("--topic-partitions and --topic-replication-factor must be positive or -1 (the broker's default)")
+	}
+	return nil
+}
+
+func (t *topicOptions) sinkConfig(st *state) kafka.TopicConfig {
+	return kafka.TopicConfig{Create: t.Create, Partitions: int32(t.Partitions), ReplicationFactor: int16(t.ReplicationFactor),
+		Configs: t.Configs, OnHold: st.setTopicHold}
 }
 
 func (o *runOptions) register(s *optionSet) {
@@ -91,6 +120,7 @@ func (o *runOptions) register(s *optionSet) {
 	o.Kafka.register(s)
 	fs.BoolVar(&o.ExactlyOnce, "exactly-once", false, "transactional producer: whole PostgreSQL transactions per Kafka transaction with a checkpoint; read_committed consumers see each event once")
 	fs.StringVar(&o.CheckpointTopic, "checkpoint-topic", "outboxd.checkpoints", "compacted topic holding the last committed LSN per slot, with --exactly-once")
+	o.Topics.register(fs)
 }
 
 func (o *runOptions) validate() error {
@@ -124,6 +154,9 @@ func (o *runOptions) validate() error {
 	}
 	if o.HeartbeatInterval < 0 {
 		errs = append(errs, errors.New("--heartbeat-interval must not be negative"))
+	}
+	if err := o.Topics.validate(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
@@ -171,6 +204,7 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 		MaxBuffered:     o.MaxInflightEvents + 1000,
 		Logger:          log,
 		Opts:            txnOpts(o),
+		Topics:          o.Topics.sinkConfig(st),
 	})
 	if err != nil {
 		return err

@@ -31,6 +31,8 @@ type Config struct {
 	Logger          *slog.Logger
 	// Extra options, e.g. a transactional id; applied last.
 	Opts []kgo.Opt
+	// Topics: how missing topics are created, or held (topics.go).
+	Topics TopicConfig
 }
 
 // Sink is a Kafka producer.
@@ -39,6 +41,7 @@ type Sink struct {
 	opts   []kgo.Opt                  // everything the client was built with
 	manual context.Context            // marks records that carry an explicit partition
 	conn   []kgo.Opt                  // brokers, TLS and SASL: for the checkpoint reader
+	topics *topics                    // missing topics: created, or their records held
 }
 
 // New builds the producer. It does not contact the brokers: a broker that is
@@ -84,14 +87,21 @@ func New(cfg Config) (*Sink, error) {
 		return nil, fmt.Errorf("kafka: %w", err)
 	}
 	s.client.Store(client)
+	s.topics = newTopics(cfg.Topics, cfg.Logger, cfg.Brokers, s.cl)
 	return s, nil
 }
 
 func (s *Sink) cl() *kgo.Client { return s.client.Load() }
 
 // Produce hands rec to the producer; done runs when Kafka has acked it.
+// The first record of a topic waits until the topic exists (topics.go).
 func (s *Sink) Produce(ctx context.Context, rec *router.Record, done func(error)) {
-	s.cl().Produce(ctx, s.Record(rec), func(_ *kgo.Record, err error) { done(err) })
+	kr := s.Record(rec)
+	cb := func(_ *kgo.Record, err error) { done(err) }
+	if s.topics.admit(ctx, kr, cb) {
+		return
+	}
+	s.cl().Produce(ctx, kr, cb)
 }
 
 // Record converts a routed record to a franz-go record.
@@ -113,8 +123,11 @@ func (s *Sink) Record(rec *router.Record) *kgo.Record {
 // Ping checks that a broker answers.
 func (s *Sink) Ping(ctx context.Context) error { return s.cl().Ping(ctx) }
 
-// Close closes the client.
-func (s *Sink) Close() { s.cl().Close() }
+// Close closes the client; records waiting for a topic fail.
+func (s *Sink) Close() {
+	s.topics.close()
+	s.cl().Close()
+}
 
 type manualKey struct{}
 

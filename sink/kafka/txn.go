@@ -62,6 +62,7 @@ func (s *Sink) Reset(ctx context.Context) error {
 		return fmt.Errorf("kafka: %w", err)
 	}
 	s.client.Swap(client).Close()
+	s.topics.failPending(errors.New("kafka: producer reset; the transaction was aborted"))
 	if _, _, err := client.ProducerID(ctx); err != nil {
 		return wrapFenced(fmt.Errorf("kafka: init transactional producer: %w", err))
 	}
@@ -75,6 +76,13 @@ func (s *Sink) Begin() error { return wrapFenced(s.cl().BeginTransaction()) }
 // and commits it. On error the transaction is aborted; nothing of it is
 // visible to read_committed consumers.
 func (s *Sink) Commit(ctx context.Context, cp Checkpoints, lsn string) error {
+	// Records still waiting for their topic belong to this transaction.
+	if err := s.topics.waitFlushed(ctx); err != nil {
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+		s.Abort(actx)
+		return fmt.Errorf("kafka: commit transaction: %w", err)
+	}
 	rec := &kgo.Record{Topic: cp.Topic, Key: []byte(cp.Key), Value: []byte(lsn)}
 	// Not ProduceSync: a record already sent to a stalled broker ignores
 	// ctx, and the caller's deadline must hold.
@@ -104,6 +112,7 @@ func (s *Sink) Commit(ctx context.Context, cp Checkpoints, lsn string) error {
 // Abort drops the open transaction and its buffered records. Should it not
 // complete (Kafka unreachable), the caller resets the producer.
 func (s *Sink) Abort(ctx context.Context) {
+	s.topics.failPending(errors.New("kafka: transaction aborted"))
 	_ = s.cl().AbortBufferedRecords(ctx)
 	_ = s.cl().EndTransaction(ctx, kgo.TryAbort)
 }

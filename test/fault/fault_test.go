@@ -23,6 +23,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/outboxd/outboxd/test/harness"
 )
 
 var (
@@ -86,7 +88,22 @@ func TestFaultsShort(t *testing.T) {
 		catchUp:     90 * time.Second,
 		settleBound: 60 * time.Second,
 	}
-	w := newWorld(t, sc, mode(t), seed())
+	m := mode(t)
+	if kind, err := worldKafkaKind(); err == nil && kind == harness.KindApacheCluster {
+		// On the 3-node Apache cluster: the broker faults a real cluster
+		// has, plus a few outboxd and PostgreSQL ones.
+		sc.name = "short-cluster"
+		sc.faults = []faultKind{
+			faultLeaderKill, faultKill, faultNodeStall, faultControllerKill, faultKafkaCut,
+			faultTwoDown, faultKillUnderLag, faultRollingRestart, faultPGRestart,
+		}
+		if m.transactional {
+			sc.faults = append(sc.faults, faultTxnCoordKill)
+		}
+		sc.relayArgs = nil
+		sc.spread = 40 * time.Second
+	}
+	w := newWorld(t, sc, m, seed())
 	w.run()
 }
 
