@@ -12,6 +12,11 @@ import (
 	"github.com/outboxd/outboxd/test/harness"
 )
 
+// markerGrace bounds how long Apache Kafka may take to make a committed
+// transaction visible to read_committed readers (see monitor.visibilityGrace):
+// the commit markers may wait for a new partition leader after a kill.
+const markerGrace = 10 * time.Second
+
 // clusterFault injects one of the Apache-cluster faults. Each returns when
 // the cluster is whole again (every node up); settling is the caller's.
 func (w *world) clusterFault(kind faultKind) (string, error) {

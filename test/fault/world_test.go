@@ -218,6 +218,9 @@ func newWorld(t *testing.T, sc scenario, mode deliveryMode, seed uint64) *world 
 
 	w.mon = &monitor{pgDSN: w.dsn, slot: slotName, kafkaOpts: w.kafkaOpts(), topics: w.topics,
 		partitions: partitions, committed: mode.readCommitted()}
+	if w.cluster != nil && mode.transactional {
+		w.mon.visibilityGrace = markerGrace
+	}
 	w.load = newLoad(sc.load, w.dsn, seed)
 	t.Cleanup(func() {
 		w.relayMu.Lock()

@@ -43,6 +43,13 @@ type kafkaOptions struct {
 	certFile, keyFile            string
 	partitions                   int
 	advertise                    []string // Apache: per-node advertised client address
+	noAutoCreate                 bool
+}
+
+// WithoutAutoCreate turns off topic auto-creation on kfake, as it is on
+// production brokers and on every Apache Kafka the harness starts.
+func WithoutAutoCreate() KafkaOption {
+	return func(o *kafkaOptions) { o.noAutoCreate = true }
 }
 
 // WithSASL requires SASL authentication (PLAIN, SCRAM-SHA-256 or
@@ -221,6 +228,9 @@ func (k *kfakeKafka) start(ctx context.Context) error {
 		"-port", strconv.Itoa(k.port),
 		"-data-dir", filepath.Join(k.dir, "data"),
 		"-partitions", strconv.Itoa(k.opts.partitions),
+	}
+	if k.opts.noAutoCreate {
+		args = append(args, "-auto-create=false")
 	}
 	if k.opts.saslUser != "" {
 		args = append(args, "-sasl-mechanism", k.opts.saslMech, "-sasl-user", k.opts.saslUser, "-sasl-pass", k.opts.saslPass)
