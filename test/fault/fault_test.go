@@ -124,6 +124,20 @@ func TestSoak(t *testing.T) {
 		faultKafkaCut: 3, faultKafkaStall: 2, faultKafkaDelay: 2, faultKafkaBlackhole: 2,
 		faultPGBlackhole: 2, faultPGRestartBrokerDown: 2,
 	}
+	m := mode(t)
+	if kind, err := worldKafkaKind(); err == nil && kind == harness.KindApacheCluster {
+		// Whole-cluster stops and stalls give way to the faults of single
+		// nodes: leaders, the controller, the coordinator, rolling restarts
+		// and the loss of two of three.
+		for _, k := range []faultKind{faultKillBrokerDown, faultTermBrokerStall, faultBrokerStop, faultBrokerStall, faultBrokerLongStall, faultPGRestartBrokerDown} {
+			delete(plan, k)
+		}
+		plan[faultLeaderKill], plan[faultNodeStall], plan[faultControllerKill] = 5, 4, 3
+		plan[faultRollingRestart], plan[faultTwoDown] = 2, 2
+		if m.transactional {
+			plan[faultTxnCoordKill] = 3
+		}
+	}
 	var faults []faultKind
 	for k, n := range plan {
 		for range n {
@@ -152,6 +166,6 @@ func TestSoak(t *testing.T) {
 		// orphaned walsender until wal_sender_timeout (60s) ends it.
 		settleBound: 2 * time.Minute,
 	}
-	w := newWorld(t, sc, mode(t), s)
+	w := newWorld(t, sc, m, s)
 	w.run()
 }
