@@ -107,6 +107,65 @@ func (a *apacheCluster) ClientOpts() []kgo.Opt {
 
 func (a *apacheCluster) replicas() int16 { return 3 }
 
+// checkProductionSettings verifies what the suite claims about the
+// cluster: three replicas per partition, min.insync.replicas 2, no unclean
+// leader election, no auto-creation, a transaction log at RF 3 / min ISR 2.
+func (a *apacheCluster) checkProductionSettings(ctx context.Context, adm *kadm.Client, topics []string) error {
+	md, err := adm.Metadata(ctx, topics...)
+	if err != nil {
+		return err
+	}
+	if n := len(md.Brokers); n != 3 {
+		return fmt.Errorf("cluster: %d brokers in metadata, want 3", n)
+	}
+	for _, t := range topics {
+		for _, p := range md.Topics[t].Partitions {
+			if len(p.Replicas) != 3 {
+				return fmt.Errorf("cluster: %s/%d has replicas %v, want 3", t, p.Partition, p.Replicas)
+			}
+		}
+	}
+	want := map[string]string{"min.insync.replicas": "2", "unclean.leader.election.enable": "false"}
+	tc, err := adm.DescribeTopicConfigs(ctx, topics...)
+	if err != nil {
+		return err
+	}
+	for _, rc := range tc {
+		if err := hasConfigs(rc, want); err != nil {
+			return fmt.Errorf("cluster: topic %s: %w", rc.Name, err)
+		}
+	}
+	bc, err := adm.DescribeBrokerConfigs(ctx, 1)
+	if err != nil {
+		return err
+	}
+	for _, rc := range bc {
+		if err := hasConfigs(rc, map[string]string{"auto.create.topics.enable": "false",
+			"transaction.state.log.replication.factor": "3", "transaction.state.log.min.isr": "2"}); err != nil {
+			return fmt.Errorf("cluster: broker %s: %w", rc.Name, err)
+		}
+	}
+	return nil
+}
+
+func hasConfigs(rc kadm.ResourceConfig, want map[string]string) error {
+	if rc.Err != nil {
+		return rc.Err
+	}
+	got := map[string]string{}
+	for _, c := range rc.Configs {
+		if c.Value != nil {
+			got[c.Key] = *c.Value
+		}
+	}
+	for k, v := range want {
+		if got[k] != v {
+			return fmt.Errorf("%s = %q, want %q", k, got[k], v)
+		}
+	}
+	return nil
+}
+
 // waitFullISR waits until every partition of topics has all its replicas in
 // sync: the point where a rolling restart may take the next node down.
 func (a *apacheCluster) waitFullISR(ctx context.Context, topics []string) error {

@@ -299,6 +299,11 @@ func (w *world) createTopics(ctx context.Context) {
 	if err != nil {
 		w.t.Fatalf("creating topics: %v", err)
 	}
+	if w.cluster != nil {
+		if err := w.cluster.checkProductionSettings(ctx, kadm.NewClient(cl), w.topics); err != nil {
+			w.t.Fatal(err)
+		}
+	}
 }
 
 // startRelay starts outboxd and waits until it streams.
