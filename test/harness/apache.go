@@ -77,25 +77,21 @@ func WithAdvertisedAddrs(addrs ...string) KafkaOption {
 var jvmFlags = []string{"-Xms128m", "-Xmx512m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto",
 	"-Djava.awt.headless=true", "-XX:-UsePerfData"}
 
-const apacheLog4j = `Configuration:
-  Appenders:
-    Console:
-      name: STDOUT
-      target: SYSTEM_OUT
-      PatternLayout:
-        pattern: "[%d] %p %m (%c)%n"
-  Loggers:
-    Root:
-      level: INFO
-      AppenderRef:
-        - ref: STDOUT
-    Logger:
-      - name: kafka.request.logger
-        level: WARN
-      - name: state.change.logger
-        level: WARN
-      - name: org.apache.kafka.clients
-        level: WARN
+// apacheLog4j is a log4j2 properties file (the properties format needs no
+// extra jars, unlike YAML): INFO to stdout, the chattiest loggers at WARN.
+const apacheLog4j = `status = warn
+appender.out.type = Console
+appender.out.name = STDOUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = info
+rootLogger.appenderRef.out.ref = STDOUT
+logger.req.name = kafka.request.logger
+logger.req.level = warn
+logger.sc.name = state.change.logger
+logger.sc.level = warn
+logger.cl.name = org.apache.kafka.clients
+logger.cl.level = warn
 `
 
 // StartApacheKafka formats and starts an n-node cluster and waits until
@@ -130,7 +126,7 @@ func StartApacheKafka(ctx context.Context, n int, opts ...KafkaOption) (*ApacheK
 	id := make([]byte, 16)
 	_, _ = rand.Read(id)
 	c.clusterID = base64.RawURLEncoding.EncodeToString(id)
-	if err := os.WriteFile(filepath.Join(c.dir, "log4j2.yaml"), []byte(apacheLog4j), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(c.dir, "log4j2.properties"), []byte(apacheLog4j), 0o644); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("apache kafka: %w", err)
 	}
@@ -213,11 +209,6 @@ func (c *ApacheKafka) boot(ctx context.Context, n int) error {
 	}
 	for _, nd := range c.nodes {
 		if err := nd.spawn(ctx); err != nil {
-			return err
-		}
-	}
-	for _, nd := range c.nodes {
-		if err := nd.waitStarted(ctx); err != nil {
 			return err
 		}
 	}
@@ -314,7 +305,7 @@ func (nd *ApacheNode) writeConfig(voters string) error {
 
 func (nd *ApacheNode) java(args ...string) []string {
 	a := append([]string(nil), jvmFlags...)
-	a = append(a, "-Dlog4j2.configurationFile="+filepath.Join(nd.c.dir, "log4j2.yaml"), "-cp", filepath.Join(nd.c.libs, "*"))
+	a = append(a, "-Dlog4j2.configurationFile="+filepath.Join(nd.c.dir, "log4j2.properties"), "-cp", filepath.Join(nd.c.libs, "*"))
 	return append(a, args...)
 }
 
@@ -333,7 +324,8 @@ func (nd *ApacheNode) format(ctx context.Context) error {
 }
 
 // spawn starts the node's JVM without waiting for it: a node of a cluster
-// finishes starting only once a quorum of controllers is up.
+// finishes starting only once a quorum of controllers is up, so readiness
+// is WaitReady's (answered metadata), never a log line.
 func (nd *ApacheNode) spawn(ctx context.Context) error {
 	proc, err := StartProc(ctx, "kafka", "java", nd.java("kafka.Kafka", nd.configPath()), nil, nd.dir)
 	if err != nil {
@@ -344,20 +336,6 @@ func (nd *ApacheNode) spawn(ctx context.Context) error {
 		return fmt.Errorf("apache kafka: %w", err)
 	}
 	nd.proc, nd.paused = proc, false
-	return nil
-}
-
-// waitStarted waits for the node to log that it started.
-func (nd *ApacheNode) waitStarted(ctx context.Context) error {
-	nd.mu.Lock()
-	proc := nd.proc
-	nd.mu.Unlock()
-	if proc == nil {
-		return fmt.Errorf("apache kafka node %d: not running", nd.ID)
-	}
-	if err := proc.WaitLog(ctx, "Kafka Server started"); err != nil {
-		return fmt.Errorf("apache kafka node %d: %w", nd.ID, err)
-	}
 	return nil
 }
 
@@ -496,11 +474,6 @@ func (c *ApacheKafka) Start(ctx context.Context) error {
 			return err
 		}
 	}
-	for _, nd := range c.nodes {
-		if err := nd.waitStarted(ctx); err != nil {
-			return err
-		}
-	}
 	return c.WaitReady(ctx)
 }
 
@@ -627,14 +600,11 @@ func (nd *ApacheNode) start(ctx context.Context) error {
 }
 
 // Start restarts a stopped or killed node (same ports, same data) and waits
-// until it started and every running node is registered. A node that
-// needs others for a quorum waits for them: start those with StartNoWait
-// first.
+// until every running node answers metadata listing all of them. A node
+// that needs others for a quorum waits for them: start those with
+// StartNoWait first.
 func (nd *ApacheNode) Start(ctx context.Context) error {
 	if err := nd.start(ctx); err != nil {
-		return err
-	}
-	if err := nd.waitStarted(ctx); err != nil {
 		return err
 	}
 	return nd.c.WaitReady(ctx)
