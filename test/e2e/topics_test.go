@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 
 	"github.com/outboxd/outboxd/test/harness"
@@ -131,4 +132,52 @@ func (f *fixture) kcatReadCommitted() []string {
 		}
 	}
 	return ids
+}
+
+// A principal without the CREATE ACL: the event is held with the
+// kafka-acls.sh grant in /readyz, and granting CREATE releases it.
+func TestTopicCreationDeniedByACL(t *testing.T) {
+	if kind, _ := harness.KafkaKind(); kind != harness.KindApache && kind != harness.KindApacheCluster {
+		t.Skip("ACLs need Apache Kafka's authorizer: runs in make test's OUTBOXD_TEST_KAFKA_KIND=apache run")
+	}
+	k := harness.KafkaForTest(t, harness.WithSASL("PLAIN", "admin", "admin-secret"), harness.WithACLUser("relay", "relay-secret"))
+	f := newFixture(t, withKafka(k))
+	grant := func(b *kadm.ACLBuilder) {
+		t.Helper()
+		res, err := f.admin().CreateACLs(f.ctx, b)
+		if err == nil {
+			for _, r := range res {
+				if r.Err != nil {
+					err = r.Err
+				}
+			}
+		}
+		if err != nil {
+			t.Fatalf("creating ACLs: %v", err)
+		}
+	}
+	// relay may write to and describe outbox topics, not create them.
+	grant(kadm.NewACLs().Allow("User:relay").Topics("outbox.").ResourcePatternType(kadm.ACLPatternPrefixed).
+		Operations(kadm.OpWrite, kadm.OpDescribe))
+	grant(kadm.NewACLs().Allow("User:relay").Clusters().Operations(kadm.OpIdempotentWrite))
+
+	f.env = []string{"OUTBOXD_KAFKA_SASL_PASSWORD=relay-secret"}
+	r := f.startRelay("--kafka-sasl-mechanism", "PLAIN", "--kafka-sasl-user", "relay")
+	end := f.commit(event{1, "a", "E", `{"acl": true}`})
+	poll(t, 30*time.Second, "/readyz 503 naming the topic and the grant", func() bool {
+		c, body := r.get(t, "/readyz")
+		return c == 503 && strings.Contains(body, `"`+f.topic()+`"`) && strings.Contains(body, "may not create topics") &&
+			strings.Contains(body, "kafka-acls.sh") && strings.Contains(body, "--operation Create")
+	})
+	if s := f.slotState(); s.ConfirmedFlushLSN >= end {
+		t.Fatalf("confirmed_flush_lsn %s passed the held event (ends at %s)", harness.FormatLSN(s.ConfirmedFlushLSN), harness.FormatLSN(end))
+	}
+	grant(kadm.NewACLs().Allow("User:relay").Topics("outbox.").ResourcePatternType(kadm.ACLPatternPrefixed).Operations(kadm.OpCreate))
+	f.waitConfirmed(end, 30*time.Second)
+	if recs := f.records(); len(recs) != 1 || string(recs[0].Value) != `{"acl": true}` {
+		t.Fatalf("records %v, want the held event", recs)
+	}
+	if n := strings.Count(r.Log(), "kafka topic missing"); n != 1 {
+		t.Fatalf("%d 'kafka topic missing' errors in the log, want exactly 1", n)
+	}
 }

@@ -266,10 +266,22 @@ func (nd *ApacheNode) writeConfig(voters string) error {
 		p["sasl.enabled.mechanisms"] = mech
 		prefix := "listener.name.external." + strings.ToLower(mech) + ".sasl.jaas.config"
 		if mech == "PLAIN" {
-			p[prefix] = fmt.Sprintf(`org.apache.kafka.common.security.plain.PlainLoginModule required user_%s="%s";`, c.opts.saslUser, c.opts.saslPass)
+			users := fmt.Sprintf(`user_%s="%s"`, c.opts.saslUser, c.opts.saslPass)
+			if c.opts.aclUser != "" {
+				users += fmt.Sprintf(` user_%s="%s"`, c.opts.aclUser, c.opts.aclPass)
+			}
+			p[prefix] = "org.apache.kafka.common.security.plain.PlainLoginModule required " + users + ";"
 		} else {
 			p[prefix] = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
 		}
+	}
+	if c.opts.aclUser != "" {
+		if c.opts.saslUser == "" {
+			return errors.New("apache kafka: WithACLUser needs WithSASL (the superuser)")
+		}
+		p["authorizer.class.name"] = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+		// Brokers and controllers talk PLAINTEXT among themselves (ANONYMOUS).
+		p["super.users"] = "User:" + c.opts.saslUser + ";User:ANONYMOUS"
 	}
 	if c.opts.certFile != "" {
 		// One PEM file with the key and the certificate chain.
@@ -315,6 +327,9 @@ func (nd *ApacheNode) format(ctx context.Context) error {
 	args := []string{"kafka.tools.StorageTool", "format", "-t", nd.c.clusterID, "-c", nd.configPath()}
 	if o := nd.c.opts; o.saslUser != "" && strings.HasPrefix(strings.ToUpper(o.saslMech), "SCRAM") {
 		args = append(args, "--add-scram", fmt.Sprintf("%s=[name=%s,password=%s]", strings.ToUpper(o.saslMech), o.saslUser, o.saslPass))
+		if o.aclUser != "" {
+			args = append(args, "--add-scram", fmt.Sprintf("%s=[name=%s,password=%s]", strings.ToUpper(o.saslMech), o.aclUser, o.aclPass))
+		}
 	}
 	cmd := exec.CommandContext(ctx, "java", nd.java(args...)...)
 	if out, err := cmd.CombinedOutput(); err != nil {

@@ -44,6 +44,14 @@ type kafkaOptions struct {
 	partitions                   int
 	advertise                    []string // Apache: per-node advertised client address
 	noAutoCreate                 bool
+	aclUser, aclPass             string // Apache: a second SASL user subject to ACLs
+}
+
+// WithACLUser (Apache only, with WithSASL) turns on Kafka's StandardAuthorizer
+// and adds a second SASL user who may do only what ACLs grant; the WithSASL
+// user stays a superuser, and ClientOpts authenticate as it.
+func WithACLUser(user, pass string) KafkaOption {
+	return func(o *kafkaOptions) { o.aclUser, o.aclPass = user, pass }
 }
 
 // WithoutAutoCreate turns off topic auto-creation on kfake, as it is on
