@@ -10,10 +10,16 @@
 // not hold (monitor_test.go explains why that check is sound).
 //
 //	go test ./test/fault/ -run TestFaultsShort -v        # ~1 min, part of make test
-//	make soak                                            # TestSoak, ~10 min
+//	go test ./test/fault/ -run TestFaultsShort -kafka apache-cluster -v  # ~2 min, part of make test
+//	make soak                                            # TestSoak, both brokers, both modes
 //
-// Flags: -soak, -mode (delivery mode, see mode_test.go), -seed, -outboxd-bin,
-// -keep-logs.
+// With -kafka apache-cluster the broker is a 3-node Apache Kafka cluster
+// (kafka_test.go) and the broker faults are those of single nodes
+// (cluster_test.go): partition-leader, controller and coordinator kills, a
+// stalled node, a rolling restart, two of three nodes down.
+//
+// Flags: -soak, -mode (delivery mode, see mode_test.go), -kafka, -seed,
+// -outboxd-bin, -keep-logs.
 package fault
 
 import (
