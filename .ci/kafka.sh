@@ -22,6 +22,10 @@ fi
 mkdir -p "$cache/kafka-$version"
 tmp="$(mktemp -d "$cache/kafka-$version/libs-fetch-XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
-mvn -q -B -f test/kafka/pom.xml dependency:copy-dependencies -Dkafka.version="$version" -DoutputDirectory="$tmp"
+# Quiet on success (mvn -q still prints colour codes); everything on failure.
+if ! out="$(mvn -q -B -f test/kafka/pom.xml dependency:copy-dependencies -Dkafka.version="$version" -DoutputDirectory="$tmp" 2>&1)"; then
+  echo "$out" >&2
+  exit 1
+fi
 rm -rf "$libs"
 mv "$tmp" "$libs"
