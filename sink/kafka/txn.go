@@ -63,10 +63,35 @@ func (s *Sink) Reset(ctx context.Context) error {
 	}
 	s.client.Swap(client).Close()
 	s.topics.failPending(errors.New("kafka: producer reset; the transaction was aborted"))
-	if _, _, err := client.ProducerID(ctx); err != nil {
-		return wrapFenced(fmt.Errorf("kafka: init transactional producer: %w", err))
+	return untilKafkaAnswers(ctx, func() error {
+		_, _, err := client.ProducerID(ctx)
+		return wrapFenced(err)
+	}, "kafka: init transactional producer")
+}
+
+// untilKafkaAnswers retries fn with backoff while it fails for reasons a
+// wait can cure: brokers down or unreachable, no quorum, a coordinator
+// moving. On a real cluster these outlast the client's own request retries
+// (two of three brokers down, say), and giving up would end outboxd.
+// Fencing and authorization errors, and the end of ctx, return at once.
+func untilKafkaAnswers(ctx context.Context, fn func() error, what string) error {
+	wait := 250 * time.Millisecond
+	for {
+		err := fn()
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil || errors.Is(err, ErrFenced) || errors.Is(err, kerr.TransactionalIDAuthorizationFailed) ||
+			errors.Is(err, kerr.ClusterAuthorizationFailed) || errors.Is(err, kerr.TopicAuthorizationFailed) {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s: %w (last error: %v)", what, ctx.Err(), err)
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 5*time.Second)
 	}
-	return nil
 }
 
 // Begin opens a Kafka transaction.
@@ -121,9 +146,17 @@ func (s *Sink) Abort(ctx context.Context) {
 // returns the last LSN committed for cp.Key ("" if none).
 func (s *Sink) LoadCheckpoint(ctx context.Context, cp Checkpoints) (string, error) {
 	adm := kadm.NewClient(s.cl())
-	ends, err := adm.ListEndOffsets(ctx, cp.Topic)
+	var ends kadm.ListedOffsets
+	err := untilKafkaAnswers(ctx, func() error {
+		var err error
+		ends, err = adm.ListEndOffsets(ctx, cp.Topic)
+		if err == nil {
+			err = ends.Error()
+		}
+		return err
+	}, "kafka: checkpoint end offsets")
 	if err != nil {
-		return "", fmt.Errorf("kafka: checkpoint end offsets: %w", err)
+		return "", err
 	}
 	want := map[int32]int64{}
 	ends.Each(func(o kadm.ListedOffset) {
