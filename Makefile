@@ -13,7 +13,7 @@ E2E_CORE    := TestStartupCheck|TestSlotHeldByAnotherProcess|TestRoutingAndSkipp
 # failover test runs on the local backend (the first line of `test`) only.
 DOCKER_SKIP := TestPGFailover
 
-.PHONY: all build run test test-short test-docker test-pg-versions vet bench soak docker clean
+.PHONY: all build run test test-short test-docker test-pg-versions test-apache vet bench soak docker clean
 
 all: build
 
@@ -27,8 +27,9 @@ vet:
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
 
-test: vet ## unit, integration, end-to-end, container and alert-rule tests (< 10 min on 2 cores; containers need a Docker engine: bash .ci/docker.sh)
+test: vet ## unit, integration, end-to-end (kfake, Apache Kafka, containers; PostgreSQL 15-18), fault (kfake, then a 3-node Apache cluster) and alert-rule tests
 	$(GO) test -count=1 -timeout 20m ./...
+	$(MAKE) --no-print-directory test-apache
 	OUTBOXD_TEST_BACKEND=docker $(GO) test -count=1 -timeout 10m -skip '$(DOCKER_SKIP)' ./test/e2e/ ./test/harness/
 	$(MAKE) --no-print-directory test-pg-versions
 	bash deploy/check.sh
@@ -45,12 +46,18 @@ test-pg-versions: ## the e2e core on PostgreSQL 16, 17 and 18 (binaries from .ci
 	  OUTBOXD_TEST_PG_BIN=$$bin $(GO) test -count=1 -timeout 10m -run '$(E2E_CORE)' ./test/e2e/ || exit 1; \
 	done
 
+test-apache: ## only the Apache Kafka runs of make test: e2e on one node, short fault suite on three
+	OUTBOXD_TEST_KAFKA_KIND=apache $(GO) test -count=1 -timeout 20m ./test/e2e/
+	$(GO) test -count=1 -timeout 20m -run TestFaultsShort ./test/fault/ -kafka apache-cluster
+
 bench: ## throughput/latency/resources side by side with baselines (~5 min)
 	$(GO) run ./test/cmd/bench
 
-soak: ## fault-injection soak under load, at-least-once then exactly-once (~20 min)
+soak: ## fault-injection soak under load on kfake and on a 3-node Apache cluster, at-least-once then exactly-once
 	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -mode at-least-once
 	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -mode exactly-once
+	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -mode at-least-once -kafka apache-cluster
+	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -mode exactly-once -kafka apache-cluster
 
 docker: ## container image (needs a Docker engine with BuildKit); DOCKER_BUILD_ARGS="--build-arg BUILDER_IMAGE=..."
 	docker build -f deploy/Dockerfile --build-arg VERSION=$(VERSION) $(DOCKER_BUILD_ARGS) -t outboxd:$(VERSION) .

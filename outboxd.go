@@ -238,6 +238,11 @@ func (r *Relay) Run(ctx context.Context) error {
 	return err
 }
 
+// TopicHeld tells the relay that the sink holds the events of topic (err
+// says why: the topic is missing and may not be created) or, with a nil
+// err, no longer does; /readyz and /status show it.
+func (r *Relay) TopicHeld(topic string, err error) { r.st.setTopicHold(topic, err) }
+
 // Handler serves /metrics, /healthz, /readyz, /status and, with pprof,
 // /debug/pprof. It has no authentication: serve it on loopback or behind
 // the network boundary.

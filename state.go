@@ -35,6 +35,40 @@ type state struct {
 	holder     string   // who holds the slot while this instance stands by (role.go)
 	// unprotected: physical standby slots synchronized_standby_slots lacks (standbys.go).
 	unprotected []string
+	topicHolds  map[string]string // topics whose events the sink holds, and why
+}
+
+// setTopicHold records (err != nil) or clears a topic the sink cannot write
+// to yet; kafka.TopicConfig.OnHold.
+func (s *state) setTopicHold(topic string, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err == nil {
+		delete(s.topicHolds, topic)
+		return
+	}
+	if s.topicHolds == nil {
+		s.topicHolds = map[string]string{}
+	}
+	s.topicHolds[topic] = err.Error()
+	s.lastErr, s.lastErrAt = err.Error(), time.Now()
+}
+
+// topicHoldLocked is one held topic's reason, the first by name.
+func (s *state) topicHoldLocked() string {
+	first := ""
+	for t := range s.topicHolds {
+		if first == "" || t < first {
+			first = t
+		}
+	}
+	if first == "" {
+		return ""
+	}
+	if n := len(s.topicHolds); n > 1 {
+		return fmt.Sprintf("%s (and %d more topics held)", s.topicHolds[first], n-1)
+	}
+	return s.topicHolds[first]
 }
 
 func (s *state) setErr(err error) {
@@ -56,6 +90,8 @@ func (s *state) ready() (bool, string) {
 	switch {
 	case s.stalled != "":
 		return false, s.stalled
+	case len(s.topicHolds) > 0:
+		return false, s.topicHoldLocked()
 	case s.roleLocked() == roleStandby && s.kafkaOK:
 		return true, fmt.Sprintf("standby: slot %s is held by %s; taking over when it lets go", s.slotName, s.holder)
 	case !s.streaming:
@@ -129,6 +165,13 @@ func (s *state) status() map[string]any {
 	}
 	if s.holder != "" && !s.streaming {
 		out["slot_holder"] = s.holder
+	}
+	if len(s.topicHolds) > 0 {
+		held := make(map[string]string, len(s.topicHolds))
+		for t, why := range s.topicHolds {
+			held[t] = why
+		}
+		out["held_topics"] = held
 	}
 	if !s.lastErrAt.IsZero() {
 		out["last_error_at"] = s.lastErrAt.UTC().Format(time.RFC3339)

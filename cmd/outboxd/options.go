@@ -201,3 +201,34 @@ func (o *optionSet) choice(p *string, name, def, usage string, choices ...string
 	shown := slices.DeleteFunc(slices.Clone(choices), func(c string) bool { return c == "" })
 	o.fs.Var(choiceValue{p, choices}, name, usage+" ("+strings.Join(shown, "|")+")")
 }
+
+// keyValues is a repeatable key=value flag (--topic-config a=1 --topic-config
+// b=2); from the environment or the config file, pairs are comma-separated.
+type keyValues map[string]string
+
+func (kv keyValues) String() string {
+	keys := make([]string, 0, len(kv))
+	for k := range kv {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k + "=" + kv[k]
+	}
+	return strings.Join(parts, ",")
+}
+
+func (kv keyValues) Set(s string) error {
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(p, "=")
+		if !ok || strings.TrimSpace(k) == "" {
+			return fmt.Errorf("%q is not key=value", p)
+		}
+		kv[strings.TrimSpace(k)] = strings.TrimSpace(v)
+	}
+	return nil
+}

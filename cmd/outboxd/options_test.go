@@ -99,3 +99,40 @@ func TestByteSize(t *testing.T) {
 		t.Errorf("humanBytes: %s %s", outboxd.HumanBytes(1536<<20), outboxd.HumanBytes(544))
 	}
 }
+
+// --topic-config repeats on the command line, is a list in the file and
+// comma-separated in the environment; the other topic options default to
+// the broker's (-1) and creation is on.
+func TestTopicOptions(t *testing.T) {
+	o, _, err := parseRun(t, []string{"--topic-config", "retention.ms=1000", "--topic-config", "min.insync.replicas=2"}, nil, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := o.Topics.Configs.String(); got != "min.insync.replicas=2,retention.ms=1000" {
+		t.Fatalf("flags: %s", got)
+	}
+	if !o.Topics.Create || o.Topics.Partitions != -1 || o.Topics.ReplicationFactor != -1 {
+		t.Fatalf("defaults: %+v", o.Topics)
+	}
+	o, _, err = parseRun(t, nil, nil, "topic-config: [cleanup.policy=compact, retention.ms=5]\ntopic-partitions: 6\ncreate-topics: false\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := o.Topics.Configs.String(); got != "cleanup.policy=compact,retention.ms=5" || o.Topics.Partitions != 6 || o.Topics.Create {
+		t.Fatalf("file: %s %+v", got, o.Topics)
+	}
+	o, _, err = parseRun(t, nil, map[string]string{"OUTBOXD_TOPIC_CONFIG": "a=1,b=2", "OUTBOXD_TOPIC_REPLICATION_FACTOR": "3"}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := o.Topics.Configs.String(); got != "a=1,b=2" || o.Topics.ReplicationFactor != 3 {
+		t.Fatalf("env: %s %+v", got, o.Topics)
+	}
+	if _, _, err := parseRun(t, []string{"--topic-config", "novalue"}, nil, ""); err == nil || !strings.Contains(err.Error(), "key=value") {
+		t.Fatalf("bad pair: %v", err)
+	}
+	o.Topics.Partitions = 0
+	if err := o.Topics.validate(); err == nil {
+		t.Fatal("--topic-partitions 0 accepted")
+	}
+}

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"sync/atomic"
+
 	"github.com/outboxd/outboxd"
 
 	"context"
@@ -63,6 +65,35 @@ type runOptions struct {
 	SlotFailover          string
 	ProgressTopic         string
 	AcceptGap             bool
+	Topics                topicOptions
+}
+
+// topicOptions: how outboxd creates the topics it writes to (sink/kafka/topics.go).
+type topicOptions struct {
+	Create            bool
+	Partitions        int
+	ReplicationFactor int
+	Configs           keyValues
+}
+
+func (t *topicOptions) register(fs *flag.FlagSet) {
+	fs.BoolVar(&t.Create, "create-topics", true, "create a missing topic through the admin API before its first event (like Kafka Connect's topic.creation.default.*); false: hold its events until someone creates it")
+	fs.IntVar(&t.Partitions, "topic-partitions", -1, "partitions of topics outboxd creates (-1: the broker's num.partitions)")
+	fs.IntVar(&t.ReplicationFactor, "topic-replication-factor", -1, "replication factor of topics outboxd creates (-1: the broker's default.replication.factor)")
+	t.Configs = keyValues{}
+	fs.Var(t.Configs, "topic-config", "key=value config of topics outboxd creates, repeatable (e.g. --topic-config min.insync.replicas=2)")
+}
+
+func (t *topicOptions) validate() error {
+	if t.Partitions == 0 || t.Partitions < -1 || t.ReplicationFactor == 0 || t.ReplicationFactor < -1 || t.ReplicationFactor > 32767 {
+		return errors.New("--topic-partitions and --topic-replication-factor must be positive or -1 (the broker's default)")
+	}
+	return nil
+}
+
+func (t *topicOptions) sinkConfig(onHold func(topic string, err error)) kafka.TopicConfig {
+	return kafka.TopicConfig{Create: t.Create, Partitions: int32(t.Partitions), ReplicationFactor: int16(t.ReplicationFactor),
+		Configs: t.Configs, OnHold: onHold}
 }
 
 func (o *runOptions) register(s *optionSet) {
@@ -109,6 +140,7 @@ func (o *runOptions) register(s *optionSet) {
 	fs.IntVar(&o.MaxHeaders, "max-headers", router.DefaultMaxHeaders, "most headers one record may have; an event with more is invalid (--on-invalid)")
 	fs.StringVar(&o.ProgressTopic, "progress-topic", "outboxd.progress", "compacted topic holding the last confirmed LSN, system identifier and timeline per slot (at-least-once mode; --exactly-once uses the checkpoint): it outlives the slot, so a lost slot or a server behind it is reported as a gap")
 	fs.BoolVar(&o.AcceptGap, "accept-gap", false, "continue past a reported gap (a missing slot outboxd confirmed before, another cluster, a server behind what was published): set it once after checking, then remove it")
+	o.Topics.register(fs)
 }
 
 func (o *runOptions) validate() error {
@@ -161,6 +193,9 @@ func (o *runOptions) validate() error {
 	if o.HeartbeatInterval < 0 {
 		errs = append(errs, errors.New("--heartbeat-interval must not be negative"))
 	}
+	if err := o.Topics.validate(); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 
@@ -207,6 +242,9 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 	if err != nil {
 		return err
 	}
+	// The sink reports topics it must hold before the relay exists (it is
+	// built with the sink): forward once it does.
+	var held heldTopics
 	sk, err := kafka.New(kafka.Config{
 		TLS:             tlsCfg,
 		SASL:            mech,
@@ -217,6 +255,7 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 		MaxBuffered:     o.MaxInflightEvents + 1000,
 		Logger:          log,
 		Transactional:   transactional(o),
+		Topics:          o.Topics.sinkConfig(held.set),
 	})
 	if err != nil {
 		return err
@@ -284,6 +323,7 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 	if err != nil {
 		return err
 	}
+	held.relay.Store(relay)
 	handler.set(relay.Handler(o.Pprof))
 	log.Info("outboxd starting", "version", version, "slot", o.Slot, "publication", o.Publication, "kafka", o.KafkaBrokers.String())
 	if err := relay.Run(ctx); err != nil {
@@ -434,3 +474,13 @@ func (t progressTopic) WriteProgress(ctx context.Context, v []byte) error {
 	return t.sk.WriteProgress(ctx, t.p, v)
 }
 func (t progressTopic) String() string { return "topic " + t.p.Topic + ", key " + t.p.Key }
+
+// heldTopics forwards the sink's topic holds to the relay's /readyz and
+// /status.
+type heldTopics struct{ relay atomic.Pointer[outboxd.Relay] }
+
+func (h *heldTopics) set(topic string, err error) {
+	if r := h.relay.Load(); r != nil {
+		r.TopicHeld(topic, err)
+	}
+}

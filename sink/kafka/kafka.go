@@ -33,6 +33,8 @@ type Config struct {
 	Transactional *Transactional
 	// Extra client options, applied last (tests).
 	Opts []kgo.Opt
+	// Topics: how missing topics are created, or held (topics.go).
+	Topics TopicConfig
 }
 
 // Transactional configures exactly-once mode's producer.
@@ -62,6 +64,7 @@ type Sink struct {
 	// transactional producer still commits the others, so Commit must
 	// refuse to (exactly-once mode).
 	failed atomic.Int64
+	topics *topics // missing topics: created, or their records held
 }
 
 // New builds the producer. It does not contact the brokers: a broker that is
@@ -114,21 +117,28 @@ func New(cfg Config) (*Sink, error) {
 		return nil, fmt.Errorf("kafka: %w", err)
 	}
 	s.client.Store(client)
+	s.topics = newTopics(cfg.Topics, cfg.Logger, cfg.Brokers, s.cl)
 	return s, nil
 }
 
 func (s *Sink) cl() *kgo.Client { return s.client.Load() }
 
 // Produce hands rec to the producer; done runs when Kafka has acked it, or
-// with a sink.Error saying how to handle the failure.
+// with a sink.Error saying how to handle the failure. The first record of a
+// topic waits until the topic exists (topics.go).
 func (s *Sink) Produce(ctx context.Context, rec *router.Record, done func(error)) {
-	s.cl().Produce(ctx, s.Record(rec), func(_ *kgo.Record, err error) {
+	kr := s.Record(rec)
+	cb := func(_ *kgo.Record, err error) {
 		if err != nil {
 			s.failed.Add(1)
 			err = classify(err, s.txn != nil)
 		}
 		done(err)
-	})
+	}
+	if s.topics.admit(ctx, kr, cb) {
+		return
+	}
+	s.cl().Produce(ctx, kr, cb)
 }
 
 // Record converts a routed record to a franz-go record.
@@ -150,8 +160,11 @@ func (s *Sink) Record(rec *router.Record) *kgo.Record {
 // Ping checks that a broker answers.
 func (s *Sink) Ping(ctx context.Context) error { return s.cl().Ping(ctx) }
 
-// Close closes the client.
-func (s *Sink) Close() { s.cl().Close() }
+// Close closes the client; records waiting for a topic fail.
+func (s *Sink) Close() {
+	s.topics.close()
+	s.cl().Close()
+}
 
 type manualKey struct{}
 

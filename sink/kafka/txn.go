@@ -69,10 +69,36 @@ func (s *Sink) Reset(ctx context.Context) error {
 		return fmt.Errorf("kafka: %w", err)
 	}
 	s.client.Swap(client).Close()
-	if _, _, err := client.ProducerID(ctx); err != nil {
-		return classify(fmt.Errorf("kafka: init transactional producer: %w", err), true)
+	s.topics.failPending(errors.New("kafka: producer reset; the transaction was aborted"))
+	return untilKafkaAnswers(ctx, func() error {
+		_, _, err := client.ProducerID(ctx)
+		return classify(err, true)
+	}, "kafka: init transactional producer")
+}
+
+// untilKafkaAnswers retries fn with backoff while it fails for reasons a
+// wait can cure: brokers down or unreachable, no quorum, a coordinator
+// moving. On a real cluster these outlast the client's own request retries
+// (two of three brokers down, say), and giving up would end outboxd.
+// Fencing and authorization errors, and the end of ctx, return at once.
+func untilKafkaAnswers(ctx context.Context, fn func() error, what string) error {
+	wait := 250 * time.Millisecond
+	for {
+		err := fn()
+		if err == nil {
+			return nil
+		}
+		if k := sink.KindOf(err); ctx.Err() != nil || k == sink.Fenced || k == sink.Denied || errors.Is(err, kerr.TransactionalIDAuthorizationFailed) ||
+			errors.Is(err, kerr.ClusterAuthorizationFailed) || errors.Is(err, kerr.TopicAuthorizationFailed) {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s: %w (last error: %v)", what, ctx.Err(), err)
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 5*time.Second)
 	}
-	return nil
 }
 
 // Begin opens a Kafka transaction.
@@ -86,7 +112,11 @@ func (s *Sink) Begin() error {
 // ErrRecordsFailed. On any error the transaction is aborted; nothing of it is
 // visible to read_committed consumers.
 func (s *Sink) Commit(ctx context.Context, at sink.Checkpoint) error {
-	err := s.cl().Flush(ctx)
+	// Records still waiting for their topic belong to this transaction.
+	err := s.topics.waitFlushed(ctx)
+	if err == nil {
+		err = s.cl().Flush(ctx)
+	}
 	if err == nil && s.failed.Load() > 0 {
 		err = &sink.Error{Kind: sink.Rejected, Err: sink.ErrRecordsFailed}
 	}
@@ -122,6 +152,7 @@ func (s *Sink) commit(ctx context.Context, at sink.Checkpoint) error {
 // Abort drops the open transaction and its buffered records. Should it not
 // complete (Kafka unreachable), the caller resets the producer.
 func (s *Sink) Abort(ctx context.Context) {
+	s.topics.failPending(errors.New("kafka: transaction aborted"))
 	_ = s.cl().AbortBufferedRecords(ctx)
 	_ = s.cl().EndTransaction(ctx, kgo.TryAbort)
 }
@@ -143,9 +174,17 @@ func (s *Sink) LoadCheckpoint(ctx context.Context) (sink.Checkpoint, error) {
 
 func (s *Sink) loadCheckpoint(ctx context.Context, cp Checkpoints) (string, error) {
 	adm := kadm.NewClient(s.cl())
-	ends, err := adm.ListEndOffsets(ctx, cp.Topic)
+	var ends kadm.ListedOffsets
+	err := untilKafkaAnswers(ctx, func() error {
+		var err error
+		ends, err = adm.ListEndOffsets(ctx, cp.Topic)
+		if err == nil {
+			err = ends.Error()
+		}
+		return err
+	}, "kafka: checkpoint end offsets")
 	if err != nil {
-		return "", fmt.Errorf("kafka: checkpoint end offsets: %w", err)
+		return "", err
 	}
 	want := map[int32]int64{}
 	ends.Each(func(o kadm.ListedOffset) {

@@ -57,6 +57,15 @@ func TestExactlyOnceSurvivesKill(t *testing.T) {
 	if len(first) != total || dups != 0 {
 		t.Fatalf("read_committed: %d distinct events, %d duplicates; want %d and 0", len(first), dups, total)
 	}
+	// librdkafka as a read_committed consumer sees the same: each event once.
+	ids := f.kcatReadCommitted()
+	seen := map[string]bool{}
+	for _, id := range ids {
+		seen[id] = true
+	}
+	if len(ids) != total || len(seen) != total {
+		t.Fatalf("kcat read_committed: %d records, %d distinct; want %d and %d", len(ids), len(seen), total, total)
+	}
 	got := perKey(t, recs)
 	for k := 0; k < 5; k++ {
 		key := fmt.Sprintf("k%d", k)

@@ -10,10 +10,16 @@
 // not hold (monitor_test.go explains why that check is sound).
 //
 //	go test ./test/fault/ -run TestFaultsShort -v        # ~1 min, part of make test
-//	make soak                                            # TestSoak, ~10 min
+//	go test ./test/fault/ -run TestFaultsShort -kafka apache-cluster -v  # ~2 min, part of make test
+//	make soak                                            # TestSoak, both brokers, both modes
 //
-// Flags: -soak, -mode (delivery mode, see mode_test.go), -seed, -outboxd-bin,
-// -keep-logs.
+// With -kafka apache-cluster the broker is a 3-node Apache Kafka cluster
+// (kafka_test.go) and the broker faults are those of single nodes
+// (cluster_test.go): partition-leader, controller and coordinator kills, a
+// stalled node, a rolling restart, two of three nodes down.
+//
+// Flags: -soak, -mode (delivery mode, see mode_test.go), -kafka, -seed,
+// -outboxd-bin, -keep-logs.
 package fault
 
 import (
@@ -23,6 +29,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/outboxd/outboxd/test/harness"
 )
 
 var (
@@ -86,7 +94,22 @@ func TestFaultsShort(t *testing.T) {
 		catchUp:     90 * time.Second,
 		settleBound: 60 * time.Second,
 	}
-	w := newWorld(t, sc, mode(t), seed())
+	m := mode(t)
+	if kind, err := worldKafkaKind(); err == nil && kind == harness.KindApacheCluster {
+		// On the 3-node Apache cluster: the broker faults a real cluster
+		// has, plus a few outboxd and PostgreSQL ones.
+		sc.name = "short-cluster"
+		sc.faults = []faultKind{
+			faultLeaderKill, faultKill, faultNodeStall, faultControllerKill, faultKafkaCut,
+			faultTwoDown, faultKillUnderLag, faultRollingRestart, faultPGRestart,
+		}
+		if m.transactional {
+			sc.faults = append(sc.faults, faultTxnCoordKill)
+		}
+		sc.relayArgs = nil
+		sc.spread = 40 * time.Second
+	}
+	w := newWorld(t, sc, m, seed())
 	w.run()
 }
 
@@ -106,6 +129,20 @@ func TestSoak(t *testing.T) {
 		faultPGProxyCut: 3, faultPGProxyStall: 2, faultPGProxyDelay: 2,
 		faultKafkaCut: 3, faultKafkaStall: 2, faultKafkaDelay: 2, faultKafkaBlackhole: 2,
 		faultPGBlackhole: 2, faultPGRestartBrokerDown: 2,
+	}
+	m := mode(t)
+	if kind, err := worldKafkaKind(); err == nil && kind == harness.KindApacheCluster {
+		// Whole-cluster stops and stalls give way to the faults of single
+		// nodes: leaders, the controller, the coordinator, rolling restarts
+		// and the loss of two of three.
+		for _, k := range []faultKind{faultKillBrokerDown, faultTermBrokerStall, faultBrokerStop, faultBrokerStall, faultBrokerLongStall, faultPGRestartBrokerDown} {
+			delete(plan, k)
+		}
+		plan[faultLeaderKill], plan[faultNodeStall], plan[faultControllerKill] = 5, 4, 3
+		plan[faultRollingRestart], plan[faultTwoDown] = 2, 2
+		if m.transactional {
+			plan[faultTxnCoordKill] = 3
+		}
 	}
 	var faults []faultKind
 	for k, n := range plan {
@@ -135,6 +172,6 @@ func TestSoak(t *testing.T) {
 		// orphaned walsender until wal_sender_timeout (60s) ends it.
 		settleBound: 2 * time.Minute,
 	}
-	w := newWorld(t, sc, mode(t), s)
+	w := newWorld(t, sc, m, s)
 	w.run()
 }

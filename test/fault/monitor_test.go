@@ -74,6 +74,17 @@ type monitor struct {
 	topics     []string
 	partitions int
 	committed  bool // read_committed: compare with the last stable offset
+	// visibilityGrace: pair C only with end offsets read at least this long
+	// after it. Apache Kafka answers EndTxn once the commit decision is
+	// durable in the transaction log and writes the commit markers to the
+	// data partitions afterwards; only then does the last stable offset
+	// pass the transaction's records. The decision is final (a new
+	// coordinator completes it after a crash), so confirming at EndTxn
+	// loses nothing, but the LSO read right after C may not show it yet.
+	// An aborted transaction never becomes visible, so a C past one is
+	// still caught; the final read_committed read proves every event
+	// became visible. Zero on kfake, which writes markers before it answers.
+	visibilityGrace time.Duration
 
 	clock atomic.Int64
 
@@ -256,7 +267,7 @@ func (m *monitor) pairs() (out []pair, samples, snaps int) {
 	defer m.mu.Unlock()
 	j := 0
 	for _, s := range m.samples {
-		for j < len(m.snaps) && m.snaps[j].tick < s.tick {
+		for j < len(m.snaps) && (m.snaps[j].tick < s.tick || m.snaps[j].at.Before(s.at.Add(m.visibilityGrace))) {
 			j++
 		}
 		if j == len(m.snaps) {

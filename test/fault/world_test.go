@@ -50,6 +50,14 @@ const (
 	// pass): nothing arrives, no close is passed on.
 	faultPGBlackhole    faultKind = "pg-proxy-blackhole"
 	faultKafkaBlackhole faultKind = "kafka-proxy-blackhole"
+
+	// Apache Kafka cluster faults (-kafka apache-cluster, cluster_test.go).
+	faultLeaderKill     faultKind = "leader-kill"          // SIGKILL the leader of a partition outboxd writes to, restart it
+	faultNodeStall      faultKind = "node-stall"           // SIGSTOP one broker (a partition leader), SIGCONT later
+	faultControllerKill faultKind = "controller-kill"      // SIGKILL the active KRaft controller, restart it
+	faultRollingRestart faultKind = "rolling-restart"      // clean restart of each node in turn, waiting for full ISR between
+	faultTwoDown        faultKind = "two-brokers-down"     // two of three nodes down: outboxd must hold, then recover
+	faultTxnCoordKill   faultKind = "txn-coordinator-kill" // exactly-once: SIGKILL the transaction coordinator's node
 )
 
 // pgRestartBound is how long a fast restart of PostgreSQL may take.
@@ -98,16 +106,18 @@ type world struct {
 	seed uint64
 	rng  *rand.Rand
 
-	logDir     string
-	pg         *harness.Postgres
-	dsn        string // direct; the test's own connections
-	relayDSN   string // through pgProxy
-	pgProxy    *Proxy
-	kafkaProxy *Proxy
-	broker     *Broker
-	bin        string
-	topics     []string
-	startLSN   uint64
+	logDir   string
+	pg       *harness.Postgres
+	dsn      string // direct; the test's own connections
+	relayDSN string // through pgProxy
+	pgProxy  *Proxy
+	// kafkaProxies: one per broker, each broker advertising its own.
+	kafkaProxies multiProxy
+	kafka        faultKafka
+	cluster      *apacheCluster // -kafka apache-cluster; nil on kfake
+	bin          string
+	topics       []string
+	startLSN     uint64
 
 	relayMu         sync.Mutex
 	relay           *harness.Proc
@@ -172,25 +182,49 @@ func newWorld(t *testing.T, sc scenario, mode deliveryMode, seed uint64) *world 
 	t.Cleanup(w.pgProxy.Close)
 	w.relayDSN = fmt.Sprintf("postgres://postgres@%s/%s?sslmode=disable", w.pgProxy.Addr(), dbName)
 
-	// Kafka side: the broker advertises kafkaProxy's address (see broker.go).
-	if w.kafkaProxy, err = NewProxy("kafka", ""); err != nil {
+	// Kafka side: every broker advertises its proxy's address (see broker.go).
+	kind, err := worldKafkaKind()
+	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(w.kafkaProxy.Close)
-	if w.broker, err = StartBroker(setupCtx, w.kafkaProxy.Addr(), partitions, w.logDir); err != nil {
-		t.Fatal(err)
+	nBrokers := 1
+	if kind == harness.KindApacheCluster {
+		nBrokers = 3
 	}
-	w.kafkaProxy.SetTarget(w.broker.Addr())
+	for i := range nBrokers {
+		p, err := NewProxy(fmt.Sprintf("kafka%d", i+1), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.kafkaProxies = append(w.kafkaProxies, p)
+	}
+	t.Cleanup(w.kafkaProxies.Close)
+	if kind == harness.KindApacheCluster {
+		if w.cluster, err = startApacheCluster(setupCtx, w.kafkaProxies); err != nil {
+			t.Fatal(err)
+		}
+		w.kafka = w.cluster
+	} else {
+		b, err := StartBroker(setupCtx, w.kafkaProxies[0].Addr(), partitions, w.logDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.kafkaProxies[0].SetTarget(b.Addr())
+		w.kafka = b
+	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("broker log tail (%s):\n%s", w.broker.LogFile(), fileTail(w.broker.LogFile(), 4<<10))
+			t.Log(w.kafka.LogTail())
 		}
-		w.broker.Close()
+		w.kafka.Close()
 	})
 	w.createTopics(setupCtx)
 
 	w.mon = &monitor{pgDSN: w.dsn, slot: slotName, kafkaOpts: w.kafkaOpts(), topics: w.topics,
 		partitions: partitions, committed: mode.readCommitted()}
+	if w.cluster != nil && mode.transactional {
+		w.mon.visibilityGrace = markerGrace
+	}
 	w.load = newLoad(sc.load, w.dsn, seed)
 	t.Cleanup(func() {
 		w.relayMu.Lock()
@@ -255,10 +289,8 @@ func (w *world) setupSchema(ctx context.Context) {
 	w.startLSN = lsn
 }
 
-// kafkaOpts reach the broker directly, never through kafkaProxy.
-func (w *world) kafkaOpts() []kgo.Opt {
-	return []kgo.Opt{kgo.SeedBrokers(w.broker.Addr()), kgo.Dialer(w.broker.DialRedirect())}
-}
+// kafkaOpts reach the brokers directly, never through the proxies.
+func (w *world) kafkaOpts() []kgo.Opt { return w.kafka.ClientOpts() }
 
 func (w *world) createTopics(ctx context.Context) {
 	w.t.Helper()
@@ -267,12 +299,17 @@ func (w *world) createTopics(ctx context.Context) {
 		w.t.Fatal(err)
 	}
 	defer cl.Close()
-	resp, err := kadm.NewClient(cl).CreateTopics(ctx, partitions, 1, nil, w.topics...)
+	resp, err := kadm.NewClient(cl).CreateTopics(ctx, partitions, w.kafka.replicas(), nil, w.topics...)
 	if err == nil {
 		err = resp.Error()
 	}
 	if err != nil {
 		w.t.Fatalf("creating topics: %v", err)
+	}
+	if w.cluster != nil {
+		if err := w.cluster.checkProductionSettings(ctx, kadm.NewClient(cl), w.topics); err != nil {
+			w.t.Fatal(err)
+		}
 	}
 }
 
@@ -285,7 +322,7 @@ func (w *world) spawnRelay() (*harness.Proc, error) {
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	args := append([]string{"run",
 		"--postgres", w.relayDSN, "--slot", slotName, "--publication", publication,
-		"--kafka-brokers", w.kafkaProxy.Addr(),
+		"--kafka-brokers", w.kafkaProxies.Addrs(),
 		"--http-addr", addr, "--confirm-interval", "20ms", "--status-interval", "1s",
 		"--shutdown-timeout", relayShutdownTimeout.String(), "--log-level", "info",
 	}, w.sc.relayArgs...)
@@ -386,7 +423,7 @@ func (w *world) inject(kind faultKind) error {
 		}
 		detail += fmt.Sprintf("restart after %v", pause.Round(time.Millisecond))
 	case faultKillBrokerDown:
-		if err = w.broker.Stop(); err != nil {
+		if err = w.kafka.Stop(); err != nil {
 			break
 		}
 		sleepCtx(w.ctx, w.jitter(200*time.Millisecond, time.Second))
@@ -396,12 +433,12 @@ func (w *world) inject(kind faultKind) error {
 		// outboxd must start streaming while Kafka is unreachable.
 		err = w.startRelay()
 		sleepCtx(w.ctx, w.jitter(500*time.Millisecond, 2*time.Second))
-		if e := w.broker.Start(w.ctx); err == nil {
+		if e := w.kafka.Start(w.ctx); err == nil {
 			err = e
 		}
 	case faultTerm, faultTermBrokerStall:
 		if kind == faultTermBrokerStall {
-			if err = w.broker.Pause(); err != nil {
+			if err = w.kafka.Pause(); err != nil {
 				break
 			}
 			sleepCtx(w.ctx, w.jitter(200*time.Millisecond, time.Second))
@@ -410,7 +447,7 @@ func (w *world) inject(kind faultKind) error {
 		took, err = w.termRelay()
 		detail = fmt.Sprintf("exited after %v", took.Round(time.Millisecond))
 		if kind == faultTermBrokerStall {
-			if e := w.broker.Resume(); err == nil {
+			if e := w.kafka.Resume(); err == nil {
 				err = e
 			}
 		}
@@ -418,15 +455,15 @@ func (w *world) inject(kind faultKind) error {
 			err = e
 		}
 	case faultBrokerStop:
-		if err = w.broker.Stop(); err != nil {
+		if err = w.kafka.Stop(); err != nil {
 			break
 		}
 		down := w.jitter(time.Second, 4*time.Second)
 		sleepCtx(w.ctx, down)
-		err = w.broker.Start(w.ctx)
+		err = w.kafka.Start(w.ctx)
 		detail = fmt.Sprintf("down %v", down.Round(time.Millisecond))
 	case faultBrokerStall, faultBrokerLongStall:
-		if err = w.broker.Pause(); err != nil {
+		if err = w.kafka.Pause(); err != nil {
 			break
 		}
 		d := w.jitter(time.Second, 5*time.Second)
@@ -434,7 +471,7 @@ func (w *world) inject(kind faultKind) error {
 			d = w.jitter(22*time.Second, 30*time.Second) // kgo: 10s produce timeout + 10s overhead
 		}
 		sleepCtx(w.ctx, d)
-		err = w.broker.Resume()
+		err = w.kafka.Resume()
 		detail = fmt.Sprintf("stalled %v", d.Round(time.Millisecond))
 	case faultPGRestart, faultPGCrash:
 		how := "fast"
@@ -447,7 +484,7 @@ func (w *world) inject(kind faultKind) error {
 		cancel()
 		detail = fmt.Sprintf("restart took %v", time.Since(rs).Round(time.Millisecond))
 	case faultPGRestartBrokerDown:
-		if err = w.broker.Stop(); err != nil {
+		if err = w.kafka.Stop(); err != nil {
 			break
 		}
 		sleepCtx(w.ctx, w.jitter(500*time.Millisecond, 1500*time.Millisecond))
@@ -460,7 +497,7 @@ func (w *world) inject(kind faultKind) error {
 		if err != nil {
 			err = fmt.Errorf("PostgreSQL fast restart did not finish within %v while Kafka was down: %w", pgRestartBound, err)
 		}
-		if e := w.broker.Start(w.ctx); err == nil {
+		if e := w.kafka.Start(w.ctx); err == nil {
 			err = e
 		}
 		// Recover: with Kafka back, the shutdown completes; start again.
@@ -497,6 +534,8 @@ func (w *world) inject(kind faultKind) error {
 		sleepCtx(w.ctx, d)
 		p.Pass()
 		detail = fmt.Sprintf("+%v for %v", lat.Round(time.Millisecond), d.Round(time.Millisecond))
+	case faultLeaderKill, faultNodeStall, faultControllerKill, faultRollingRestart, faultTwoDown, faultTxnCoordKill:
+		detail, err = w.clusterFault(kind)
 	case faultPGBlackhole, faultKafkaBlackhole:
 		w.proxyFor(kind).Blackhole()
 		// Let the load write on, so that settling needs the relay to
@@ -562,11 +601,11 @@ func (w *world) settle() (time.Duration, error) {
 	}
 }
 
-func (w *world) proxyFor(kind faultKind) *Proxy {
+func (w *world) proxyFor(kind faultKind) proxyFaults {
 	if strings.HasPrefix(string(kind), "pg-") {
 		return w.pgProxy
 	}
-	return w.kafkaProxy
+	return w.kafkaProxies
 }
 
 func (w *world) killRelay() error {
@@ -690,7 +729,7 @@ func (w *world) run() *runResult {
 		if err := w.inject(f); err != nil {
 			w.errs = append(w.errs, err.Error())
 			w.logf("ERROR %v", err)
-			if w.broker.Exited() || errorsFatal(err) {
+			if w.kafka.Exited() || errorsFatal(err) {
 				break
 			}
 		}
@@ -800,7 +839,7 @@ func (w *world) summary(res *runResult) string {
 	fmt.Fprintf(&b, "  max slot lag    %s (at %s)\n", fmtBytes(res.maxLag), res.maxLagAt.Format("15:04:05.000"))
 	fmt.Fprintf(&b, "  monitor         %s; %d (C, end offsets) pairs checked, %d violations\n", res.monitor, rep.pairs, rep.violations)
 	pga, pgr := w.pgProxy.Stats()
-	ka, kr := w.kafkaProxy.Stats()
+	ka, kr := w.kafkaProxies.Stats()
 	fmt.Fprintf(&b, "  proxies         pg: %d connections, %d refused; kafka: %d connections, %d refused; writer reconnects %d\n", pga, pgr, ka, kr, w.load.reconnects.Load())
 	if len(res.failures) == 0 {
 		fmt.Fprintf(&b, "  verdict         PASS\n")

@@ -20,7 +20,7 @@ const kfakedReady = "kfaked listening on "
 // with the static binary) when EnvBackend is "docker"; ok reports whether
 // it did (or failed trying). There is no Apache Kafka image variant yet:
 // kfaked takes the SASL and TLS settings of KafkaOption as flags.
-func (k *Kafka) startDocker(ctx context.Context) (_ *Kafka, ok bool, err error) {
+func (k *kfakeKafka) startDocker(ctx context.Context) (_ *kfakeKafka, ok bool, err error) {
 	if docker, err := dockerBackend(); !docker || err != nil {
 		return nil, err != nil, err
 	}
@@ -41,8 +41,11 @@ func (k *Kafka) startDocker(ctx context.Context) (_ *Kafka, ok bool, err error) 
 	}
 }
 
-func (k *Kafka) runDocker(ctx context.Context, img string) error {
+func (k *kfakeKafka) runDocker(ctx context.Context, img string) error {
 	args := []string{"-port", strconv.Itoa(k.port), "-data-dir", "/data", "-partitions", strconv.Itoa(k.opts.partitions)}
+	if k.opts.noAutoCreate {
+		args = append(args, "-auto-create=false")
+	}
 	if k.opts.saslUser != "" {
 		args = append(args, "-sasl-mechanism", k.opts.saslMech, "-sasl-user", k.opts.saslUser, "-sasl-pass", k.opts.saslPass)
 	}
@@ -78,7 +81,7 @@ func (k *Kafka) runDocker(ctx context.Context, img string) error {
 }
 
 // dockerStart starts the stopped container again: same port, same /data.
-func (k *Kafka) dockerStart(ctx context.Context) error {
+func (k *kfakeKafka) dockerStart(ctx context.Context) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.ctr.running(ctx) {
@@ -92,7 +95,7 @@ func (k *Kafka) dockerStart(ctx context.Context) error {
 }
 
 // dockerStop is a clean stop: SIGTERM, kfaked persists its state.
-func (k *Kafka) dockerStop() error {
+func (k *kfakeKafka) dockerStop() error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -100,7 +103,7 @@ func (k *Kafka) dockerStop() error {
 	return k.ctr.stop(ctx, time.Minute)
 }
 
-func (k *Kafka) dockerKill() error {
+func (k *kfakeKafka) dockerKill() error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -112,7 +115,7 @@ func (k *Kafka) dockerKill() error {
 }
 
 // dockerPause freezes the container (docker pause); dockerResume thaws it.
-func (k *Kafka) dockerPause(resume bool) error {
+func (k *kfakeKafka) dockerPause(resume bool) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -126,7 +129,7 @@ func (k *Kafka) dockerPause(resume bool) error {
 // dockerLogFile writes the container's output so far to kfaked.log in a
 // temp dir made on first use (so a killed test process leaves none
 // behind), and returns its path.
-func (k *Kafka) dockerLogFile() string {
+func (k *kfakeKafka) dockerLogFile() string {
 	if k.dir == "" {
 		dir, err := os.MkdirTemp("", "outboxd-kafka-")
 		if err != nil {
@@ -139,7 +142,7 @@ func (k *Kafka) dockerLogFile() string {
 	return path
 }
 
-func (k *Kafka) dockerClose() {
+func (k *kfakeKafka) dockerClose() {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.ctr.close()
@@ -150,9 +153,18 @@ func (k *Kafka) dockerClose() {
 
 // ContainerID is the container running the broker ("" unless EnvBackend
 // is docker).
-func (k *Kafka) ContainerID() string {
+func (k *kfakeKafka) ContainerID() string {
 	if k.ctr == nil {
 		return ""
 	}
 	return k.ctr.id()
+}
+
+// ContainerID is the container running the broker ("" unless EnvBackend
+// is docker; the container backend's broker is kfaked).
+func (k *Kafka) ContainerID() string {
+	if kf, ok := k.kafkaBackend.(*kfakeKafka); ok {
+		return kf.ContainerID()
+	}
+	return ""
 }

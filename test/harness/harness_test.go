@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -240,6 +242,10 @@ func mustProduce(ctx context.Context, t *testing.T, k *Kafka, topic, key string,
 		t.Fatal(err)
 	}
 	defer cl.Close()
+	// Apache brokers run with auto.create.topics.enable=false.
+	if _, err := kadm.NewClient(cl).CreateTopic(ctx, -1, -1, nil, topic); err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+		t.Fatalf("creating %s: %v", topic, err)
+	}
 	var recs []*kgo.Record
 	for _, v := range vals {
 		r := &kgo.Record{Topic: topic, Value: []byte(v)}

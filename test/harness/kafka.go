@@ -20,8 +20,20 @@ import (
 )
 
 // EnvKafka names the environment variable holding comma-separated brokers
-// of an existing Kafka cluster to use instead of starting kfaked.
+// of an existing Kafka cluster to use instead of starting one.
 const EnvKafka = "OUTBOXD_TEST_KAFKA"
+
+// EnvKafkaKind picks the broker the harness starts: KindKfake (default),
+// KindApache or KindApacheCluster. EnvKafka, when set, wins.
+const EnvKafkaKind = "OUTBOXD_TEST_KAFKA_KIND"
+
+// Broker kinds (EnvKafkaKind).
+const (
+	KindKfake         = "kfake"          // test/cmd/kfaked: franz-go's kfake in a child process; fast
+	KindApache        = "apache"         // Apache Kafka, one KRaft node (broker+controller)
+	KindApacheCluster = "apache-cluster" // Apache Kafka, three KRaft nodes (3-voter quorum, RF 3, min ISR 2)
+	KindExternal      = "external"       // EnvKafka
+)
 
 // KafkaOption customizes a harness-started broker.
 type KafkaOption func(*kafkaOptions)
@@ -30,6 +42,22 @@ type kafkaOptions struct {
 	saslMech, saslUser, saslPass string
 	certFile, keyFile            string
 	partitions                   int
+	advertise                    []string // Apache: per-node advertised client address
+	noAutoCreate                 bool
+	aclUser, aclPass             string // Apache: a second SASL user subject to ACLs
+}
+
+// WithACLUser (Apache only, with WithSASL) turns on Kafka's StandardAuthorizer
+// and adds a second SASL user who may do only what ACLs grant; the WithSASL
+// user stays a superuser, and ClientOpts authenticate as it.
+func WithACLUser(user, pass string) KafkaOption {
+	return func(o *kafkaOptions) { o.aclUser, o.aclPass = user, pass }
+}
+
+// WithoutAutoCreate turns off topic auto-creation on kfake, as it is on
+// production brokers and on every Apache Kafka the harness starts.
+func WithoutAutoCreate() KafkaOption {
+	return func(o *kafkaOptions) { o.noAutoCreate = true }
 }
 
 // WithSASL requires SASL authentication (PLAIN, SCRAM-SHA-256 or
@@ -43,14 +71,94 @@ func WithTLS(certFile, keyFile string) KafkaOption {
 	return func(o *kafkaOptions) { o.certFile, o.keyFile = certFile, keyFile }
 }
 
-// WithPartitions sets the partition count of auto-created topics (default 3).
+// WithPartitions sets the partition count of auto-created topics (kfake) or
+// the broker's num.partitions (Apache); default 3.
 func WithPartitions(n int) KafkaOption {
 	return func(o *kafkaOptions) { o.partitions = n }
 }
 
-// Kafka is a single fake broker (test/cmd/kfaked) running as a child
-// process with its data in a temp dir, or an external cluster (EnvKafka).
+// kafkaBackend is what every kind of broker offers the tests.
+type kafkaBackend interface {
+	Brokers() []string
+	External() bool
+	LogFile() string
+	ClientOpts() ([]kgo.Opt, error)
+	Start(ctx context.Context) error // restart what was stopped or killed
+	Stop() error                     // clean stop of every broker
+	Kill() error                     // SIGKILL every broker
+	Pause() error                    // SIGSTOP every broker
+	Resume() error
+	Close()
+}
+
+// Kafka is the broker of a test, whatever its kind (see EnvKafkaKind):
+// kfake, Apache Kafka (one node or three) or an external cluster. Stop,
+// Start, Kill, Pause and Resume act on every broker; Apache gives the
+// per-node controls of an Apache cluster.
 type Kafka struct {
+	kafkaBackend
+	kind   string
+	apache *ApacheKafka
+}
+
+// Kind is the broker kind (KindKfake, KindApache, ...).
+func (k *Kafka) Kind() string { return k.kind }
+
+// Apache returns the Apache cluster behind k, nil for other kinds.
+func (k *Kafka) Apache() *ApacheKafka { return k.apache }
+
+// KafkaKind is the kind StartKafka starts, from the environment.
+func KafkaKind() (string, error) {
+	if os.Getenv(EnvKafka) != "" {
+		return KindExternal, nil
+	}
+	switch kind := os.Getenv(EnvKafkaKind); kind {
+	case "", KindKfake:
+		return KindKfake, nil
+	case KindApache, KindApacheCluster:
+		return kind, nil
+	default:
+		return "", fmt.Errorf("%s=%q: want %s, %s or %s", EnvKafkaKind, kind, KindKfake, KindApache, KindApacheCluster)
+	}
+}
+
+// StartKafka starts a broker of the kind the environment picks (see
+// EnvKafkaKind; kfaked is built once per process), or uses the brokers
+// named by OUTBOXD_TEST_KAFKA. Close it when done.
+func StartKafka(ctx context.Context, opts ...KafkaOption) (*Kafka, error) {
+	kind, err := KafkaKind()
+	if err != nil {
+		return nil, err
+	}
+	return StartKafkaKind(ctx, kind, opts...)
+}
+
+// StartKafkaKind starts a broker of the given kind.
+func StartKafkaKind(ctx context.Context, kind string, opts ...KafkaOption) (*Kafka, error) {
+	switch kind {
+	case KindApache, KindApacheCluster:
+		n := 1
+		if kind == KindApacheCluster {
+			n = 3
+		}
+		c, err := StartApacheKafka(ctx, n, opts...)
+		if err != nil {
+			return nil, err
+		}
+		return &Kafka{kafkaBackend: c, kind: kind, apache: c}, nil
+	case KindKfake, KindExternal:
+		k, err := startKfake(ctx, kind == KindExternal, opts...)
+		if err != nil {
+			return nil, err
+		}
+		return &Kafka{kafkaBackend: k, kind: kind}, nil
+	}
+	return nil, fmt.Errorf("unknown kafka kind %q", kind)
+}
+
+// kfakeKafka is a single fake broker (test/cmd/kfaked) running as a child
+// process with its data in a temp dir, or an external cluster (EnvKafka).
+type kfakeKafka struct {
 	mu      sync.Mutex
 	opts    kafkaOptions
 	brokers []string
@@ -64,16 +172,14 @@ type Kafka struct {
 	ctr *testContainer // the broker's container (EnvBackend docker), see dockerkafka.go
 }
 
-// StartKafka starts a broker (building kfaked once per process), or uses
-// the brokers named by OUTBOXD_TEST_KAFKA. Close it when done.
-func StartKafka(ctx context.Context, opts ...KafkaOption) (*Kafka, error) {
-	k := &Kafka{opts: kafkaOptions{partitions: 3}}
+func startKfake(ctx context.Context, extern bool, opts ...KafkaOption) (*kfakeKafka, error) {
+	k := &kfakeKafka{opts: kafkaOptions{partitions: 3}}
 	for _, opt := range opts {
 		opt(&k.opts)
 	}
-	if env := os.Getenv(EnvKafka); env != "" {
+	if extern {
 		k.extern = true
-		for _, b := range strings.Split(env, ",") {
+		for _, b := range strings.Split(os.Getenv(EnvKafka), ",") {
 			if b = strings.TrimSpace(b); b != "" {
 				k.brokers = append(k.brokers, b)
 			}
@@ -118,19 +224,26 @@ func KafkaForTest(t testing.TB, opts ...KafkaOption) *Kafka {
 		t.Fatalf("starting kafka: %v", err)
 	}
 	t.Cleanup(func() {
-		if t.Failed() && !k.extern {
-			t.Logf("kfaked log tail (%s):\n%s", k.LogFile(), fileTail(k.LogFile(), 8<<10))
+		if t.Failed() && !k.External() {
+			if k.apache != nil {
+				k.apache.logTails(t)
+			} else {
+				t.Logf("kfaked log tail (%s):\n%s", k.LogFile(), fileTail(k.LogFile(), 8<<10))
+			}
 		}
 		k.Close()
 	})
 	return k
 }
 
-func (k *Kafka) start(ctx context.Context) error {
+func (k *kfakeKafka) start(ctx context.Context) error {
 	args := []string{
 		"-port", strconv.Itoa(k.port),
 		"-data-dir", filepath.Join(k.dir, "data"),
 		"-partitions", strconv.Itoa(k.opts.partitions),
+	}
+	if k.opts.noAutoCreate {
+		args = append(args, "-auto-create=false")
 	}
 	if k.opts.saslUser != "" {
 		args = append(args, "-sasl-mechanism", k.opts.saslMech, "-sasl-user", k.opts.saslUser, "-sasl-pass", k.opts.saslPass)
@@ -168,13 +281,13 @@ func listenAddr(log string) (string, error) {
 }
 
 // Brokers returns the seed brokers, e.g. ["127.0.0.1:PORT"].
-func (k *Kafka) Brokers() []string { return append([]string(nil), k.brokers...) }
+func (k *kfakeKafka) Brokers() []string { return append([]string(nil), k.brokers...) }
 
 // External reports whether the brokers came from OUTBOXD_TEST_KAFKA.
-func (k *Kafka) External() bool { return k.extern }
+func (k *kfakeKafka) External() bool { return k.extern }
 
 // LogFile is the broker's output ("" for an external cluster).
-func (k *Kafka) LogFile() string {
+func (k *kfakeKafka) LogFile() string {
 	if k.extern {
 		return ""
 	}
@@ -184,13 +297,13 @@ func (k *Kafka) LogFile() string {
 	return filepath.Join(k.dir, "kfaked.log")
 }
 
-func (k *Kafka) errExternal(op string) error {
+func (k *kfakeKafka) errExternal(op string) error {
 	return fmt.Errorf("kafka %s: not supported against an external cluster (%s)", op, EnvKafka)
 }
 
 // Start restarts a stopped or killed broker on the same port with the same
 // data dir; it is a no-op when running.
-func (k *Kafka) Start(ctx context.Context) error {
+func (k *kfakeKafka) Start(ctx context.Context) error {
 	if k.extern {
 		return k.errExternal("start")
 	}
@@ -208,7 +321,7 @@ func (k *Kafka) Start(ctx context.Context) error {
 
 // Stop shuts the broker down cleanly (SIGTERM, kfake persists its state)
 // and waits for it to exit. Stopping a stopped broker is a no-op.
-func (k *Kafka) Stop() error {
+func (k *kfakeKafka) Stop() error {
 	if k.extern {
 		return k.errExternal("stop")
 	}
@@ -227,12 +340,12 @@ func (k *Kafka) Stop() error {
 
 // Pause freezes the broker (SIGSTOP): connections stay open, nothing is
 // answered. Resume undoes it.
-func (k *Kafka) Pause() error { return k.signal(syscall.SIGSTOP, "pause") }
+func (k *kfakeKafka) Pause() error { return k.signal(syscall.SIGSTOP, "pause") }
 
 // Resume continues a paused broker (SIGCONT).
-func (k *Kafka) Resume() error { return k.signal(syscall.SIGCONT, "resume") }
+func (k *kfakeKafka) Resume() error { return k.signal(syscall.SIGCONT, "resume") }
 
-func (k *Kafka) signal(sig syscall.Signal, op string) error {
+func (k *kfakeKafka) signal(sig syscall.Signal, op string) error {
 	if k.extern {
 		return k.errExternal(op)
 	}
@@ -250,7 +363,7 @@ func (k *Kafka) signal(sig syscall.Signal, op string) error {
 // Kill sends SIGKILL to the broker (no clean shutdown) and reaps it.
 // Produced records survive (kfake writes them to its segment files right
 // away); state kfake only saves on a clean stop may not.
-func (k *Kafka) Kill() error {
+func (k *kfakeKafka) Kill() error {
 	if k.extern {
 		return k.errExternal("kill")
 	}
@@ -269,7 +382,7 @@ func (k *Kafka) Kill() error {
 
 // Close stops the broker and removes its temp dir. It is meant for cleanup
 // and never fails; it does nothing for an external cluster.
-func (k *Kafka) Close() {
+func (k *kfakeKafka) Close() {
 	if k.extern {
 		return
 	}
@@ -286,9 +399,11 @@ func (k *Kafka) Close() {
 // ClientOpts returns kgo options to reach the brokers: seed brokers plus
 // the SASL and TLS settings the broker was started with. For TLS the
 // certificate file is trusted as a CA (see SelfSignedCert).
-func (k *Kafka) ClientOpts() ([]kgo.Opt, error) {
-	opts := []kgo.Opt{kgo.SeedBrokers(k.brokers...)}
-	if o := k.opts; o.saslUser != "" {
+func (k *kfakeKafka) ClientOpts() ([]kgo.Opt, error) { return clientOpts(k.brokers, k.opts) }
+
+func clientOpts(brokers []string, o kafkaOptions) ([]kgo.Opt, error) {
+	opts := []kgo.Opt{kgo.SeedBrokers(brokers...)}
+	if o.saslUser != "" {
 		switch strings.ToUpper(o.saslMech) {
 		case "PLAIN":
 			opts = append(opts, kgo.SASL(plain.Auth{User: o.saslUser, Pass: o.saslPass}.AsMechanism()))
@@ -300,14 +415,14 @@ func (k *Kafka) ClientOpts() ([]kgo.Opt, error) {
 			return nil, fmt.Errorf("kafka client: unsupported SASL mechanism %q", o.saslMech)
 		}
 	}
-	if k.opts.certFile != "" {
-		pem, err := os.ReadFile(k.opts.certFile)
+	if o.certFile != "" {
+		pem, err := os.ReadFile(o.certFile)
 		if err != nil {
 			return nil, fmt.Errorf("kafka client: %w", err)
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("kafka client: no certificate in %s", k.opts.certFile)
+			return nil, fmt.Errorf("kafka client: no certificate in %s", o.certFile)
 		}
 		opts = append(opts, kgo.DialTLSConfig(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}))
 	}

@@ -36,6 +36,7 @@ func run() error {
 		dataDir    = flag.String("data-dir", "", "persist state here; reloaded on start (survives a clean stop)")
 		syncWrites = flag.Bool("sync-writes", false, "fsync every produced batch (only matters for OS crashes)")
 		partitions = flag.Int("partitions", 3, "partitions of auto-created topics")
+		autoCreate = flag.Bool("auto-create", true, "create a topic on a metadata request that asks for it (Kafka's auto.create.topics.enable)")
 		saslUser   = flag.String("sasl-user", "", "enable SASL with this superuser")
 		saslPass   = flag.String("sasl-pass", "", "password of -sasl-user")
 		saslMech   = flag.String("sasl-mechanism", "PLAIN", "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512")
@@ -46,11 +47,13 @@ func run() error {
 	flag.Parse()
 
 	opts := []kfake.Opt{
-		kfake.AllowAutoTopicCreation(),
 		kfake.DefaultNumPartitions(*partitions),
 		kfake.WithLogger(kfake.BasicLogger(os.Stderr, parseLevel(*logLevel))),
 	}
 	// Ports(0) means one broker on a random port; kfake always binds 127.0.0.1.
+	if *autoCreate {
+		opts = append(opts, kfake.AllowAutoTopicCreation())
+	}
 	opts = append(opts, kfake.Ports(*port))
 	if *dataDir != "" {
 		opts = append(opts, kfake.DataDir(*dataDir))
