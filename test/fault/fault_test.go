@@ -83,12 +83,12 @@ func TestFaultsShort(t *testing.T) {
 		faults: []faultKind{
 			faultKill, faultBrokerStop, faultKillUnderLag, faultPGRestart, faultWalsenderKill,
 			faultPGProxyCut, faultKill, faultKafkaCut, faultBrokerStall, faultTerm, faultPGProxyStall, faultKafkaDelay,
-			faultPGBlackhole, faultPGRestartBrokerDown,
+			faultPGBlackhole, faultPGRestartBrokerDown, faultBrokerRefused, faultTopicRefuses,
 		},
 		// A silently dead replication connection (pg-proxy-blackhole) is
 		// only noticed after --replication-timeout (default 30s).
 		relayArgs:   []string{"--replication-timeout", "5s"},
-		spread:      44 * time.Second,
+		spread:      50 * time.Second,
 		warmup:      3 * time.Second,
 		cooldown:    2 * time.Second,
 		catchUp:     90 * time.Second,
@@ -101,7 +101,7 @@ func TestFaultsShort(t *testing.T) {
 		sc.name = "short-cluster"
 		sc.faults = []faultKind{
 			faultLeaderKill, faultKill, faultNodeStall, faultControllerKill, faultKafkaCut,
-			faultTwoDown, faultKillUnderLag, faultRollingRestart, faultPGRestart,
+			faultTwoDown, faultKillUnderLag, faultRollingRestart, faultPGRestart, faultTopicRefuses,
 		}
 		if m.transactional {
 			sc.faults = append(sc.faults, faultTxnCoordKill)
@@ -129,13 +129,14 @@ func TestSoak(t *testing.T) {
 		faultPGProxyCut: 3, faultPGProxyStall: 2, faultPGProxyDelay: 2,
 		faultKafkaCut: 3, faultKafkaStall: 2, faultKafkaDelay: 2, faultKafkaBlackhole: 2,
 		faultPGBlackhole: 2, faultPGRestartBrokerDown: 2,
+		faultBrokerRefused: 2, faultTopicRefuses: 2,
 	}
 	m := mode(t)
 	if kind, err := worldKafkaKind(); err == nil && kind == harness.KindApacheCluster {
 		// Whole-cluster stops and stalls give way to the faults of single
 		// nodes: leaders, the controller, the coordinator, rolling restarts
 		// and the loss of two of three.
-		for _, k := range []faultKind{faultKillBrokerDown, faultTermBrokerStall, faultBrokerStop, faultBrokerStall, faultBrokerLongStall, faultPGRestartBrokerDown} {
+		for _, k := range []faultKind{faultKillBrokerDown, faultTermBrokerStall, faultBrokerStop, faultBrokerStall, faultBrokerLongStall, faultPGRestartBrokerDown, faultBrokerRefused} {
 			delete(plan, k)
 		}
 		plan[faultLeaderKill], plan[faultNodeStall], plan[faultControllerKill] = 5, 4, 3

@@ -250,3 +250,31 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 	case <-ctx.Done():
 	}
 }
+
+// writeOne commits one transaction with one event of aggregate type agg
+// whose payload is padded to pad bytes, and records it like the load's own.
+func (l *load) writeOne(ctx context.Context, agg string, pad int) error {
+	t := &txn{id: l.nextTxn.Add(1), writer: -1}
+	e := &event{
+		id:      fmt.Sprintf("00000000-0000-4000-8000-%012d", l.nextEvent.Add(1)),
+		aggType: agg, aggID: strings.ToLower(agg) + "-big", typ: "Created", txn: t,
+	}
+	e.payload = fmt.Sprintf(`{"eid": %q, "txn": %d, "i": 0, "pad": %q}`, e.id, t.id, strings.Repeat("x", pad))
+	t.events = []*event{e}
+	l.mu.Lock()
+	l.txns = append(l.txns, t)
+	l.events[e.id] = e
+	l.mu.Unlock()
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(cctx, l.dsn)
+	if err != nil {
+		t.outcome, t.err = outFailed, err.Error()
+		return err
+	}
+	defer conn.Close(context.Background())
+	if !l.run(ctx, conn, t) || t.outcome != outCommitted {
+		return fmt.Errorf("transaction %d: %s %s", t.id, t.outcome, t.err)
+	}
+	return nil
+}

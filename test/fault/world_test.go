@@ -543,6 +543,8 @@ func (w *world) inject(kind faultKind) error {
 		sleepCtx(w.ctx, 2*time.Second)
 	case faultHAKill, faultHAStop:
 		detail, err = w.injectHA(kind)
+	case faultBrokerRefused, faultTopicRefuses:
+		detail, err = w.injectRefusal(kind)
 	default:
 		err = fmt.Errorf("unknown fault %q", kind)
 	}
