@@ -160,9 +160,13 @@ func TestTopicCreationDeniedByACL(t *testing.T) {
 	grant(kadm.NewACLs().Allow("User:relay").Topics("outbox.").ResourcePatternType(kadm.ACLPatternPrefixed).
 		Operations(kadm.OpWrite, kadm.OpDescribe))
 	grant(kadm.NewACLs().Allow("User:relay").Clusters().Operations(kadm.OpIdempotentWrite))
+	// ... and keep its progress record (--progress-topic), as deploy/README asks.
+	grant(kadm.NewACLs().Allow("User:relay").Topics("outboxd.progress").
+		Operations(kadm.OpCreate, kadm.OpWrite, kadm.OpRead, kadm.OpDescribe))
 
 	f.env = []string{"OUTBOXD_KAFKA_SASL_PASSWORD=relay-secret"}
-	r := f.startRelay("--kafka-sasl-mechanism", "PLAIN", "--kafka-sasl-user", "relay")
+	// PLAIN over loopback without TLS: the test broker has no TLS listener.
+	r := f.startRelay("--kafka-sasl-mechanism", "PLAIN", "--kafka-sasl-user", "relay", "--kafka-sasl-plain-allow-cleartext")
 	end := f.commit(event{1, "a", "E", `{"acl": true}`})
 	poll(t, 30*time.Second, "/readyz 503 naming the topic and the grant", func() bool {
 		c, body := r.get(t, "/readyz")
