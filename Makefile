@@ -27,7 +27,7 @@ vet:
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
 
-test: vet ## unit, integration, end-to-end (kfake, Apache Kafka, containers; PostgreSQL 15-18), fault (kfake, then a 3-node Apache cluster) and alert-rule tests
+test: vet ## unit, integration, end-to-end (kfake, Apache Kafka, containers; PostgreSQL 15-18), fault (kfake, then a 3-node Apache cluster) and alert-rule tests (~13 min on 2 cores)
 	$(GO) test -count=1 -timeout 20m ./...
 	$(MAKE) --no-print-directory test-apache
 	OUTBOXD_TEST_BACKEND=docker $(GO) test -count=1 -timeout 10m -skip '$(DOCKER_SKIP)' ./test/e2e/ ./test/harness/
@@ -53,7 +53,7 @@ test-apache: ## only the Apache Kafka runs of make test: e2e on one node, short 
 bench: ## throughput/latency/resources side by side with baselines (~5 min)
 	$(GO) run ./test/cmd/bench
 
-soak: ## fault-injection soak under load on kfake and on a 3-node Apache cluster, at-least-once then exactly-once
+soak: ## fault-injection soak under load on kfake and on a 3-node Apache cluster, at-least-once then exactly-once (4 runs of ~10 min)
 	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -mode at-least-once
 	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -mode exactly-once
 	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -mode at-least-once -kafka apache-cluster

@@ -116,7 +116,7 @@ func (o *runOptions) register(s *optionSet) {
 	fs.IntVar(&o.MaxInflightEvents, "max-inflight-events", 50000, "events handed to Kafka and not yet acked before reading pauses")
 	o.MaxInflightBytes = 32 << 20
 	fs.Var(&o.MaxInflightBytes, "max-inflight-bytes", "bytes handed to Kafka and not yet acked before reading pauses")
-	fs.DurationVar(&o.KafkaLinger, "kafka-linger", 2*time.Millisecond, "how long a partition waits to fill a batch: a little batching halves CPU per event under load (0: send at once)")
+	fs.DurationVar(&o.KafkaLinger, "kafka-linger", 2*time.Millisecond, "how long a partition waits to fill a batch: make bench measured about 40% less outboxd CPU per event at 2k ev/s with 2ms (0: send at once)")
 	s.choice(&o.Compression, "compression", "none", "producer compression", "none", "gzip", "snappy", "lz4", "zstd")
 	o.MaxMessageBytes = 1000012
 	fs.Var(&o.MaxMessageBytes, "max-message-bytes", "largest record batch the producer sends; larger events are rejected")
