@@ -36,19 +36,11 @@ func (s *Sink) EnsureProgressTopic(ctx context.Context, p Progress) error {
 // WriteProgress stores value as the slot's latest progress record.
 func (s *Sink) WriteProgress(ctx context.Context, p Progress, value []byte) error {
 	rec := &kgo.Record{Topic: p.Topic, Key: []byte(p.Key), Value: value}
-	// Not ProduceSync: a record already sent to a stalled broker ignores
-	// ctx, and a shutdown waits for this writer (--shutdown-timeout).
-	done := make(chan error, 1)
-	s.cl().Produce(ctx, rec, func(_ *kgo.Record, err error) { done <- err })
-	select {
-	case err := <-done:
-		if err != nil {
-			return fmt.Errorf("kafka: write progress record to %s: %w", p.Topic, err)
-		}
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("kafka: write progress record to %s: %w", p.Topic, ctx.Err())
+	// Bounded: a shutdown waits for this writer (--shutdown-timeout).
+	if err := s.produceWithin(ctx, rec); err != nil {
+		return fmt.Errorf("kafka: write progress record to %s: %w", p.Topic, err)
 	}
+	return nil
 }
 
 // LoadProgress reads the progress topic to its end and returns the slot's

@@ -134,19 +134,24 @@ func (s *Sink) Commit(ctx context.Context, at sink.Checkpoint) error {
 
 func (s *Sink) commit(ctx context.Context, at sink.Checkpoint) error {
 	rec := &kgo.Record{Topic: s.cp.Topic, Key: []byte(s.cp.Key), Value: []byte(at.String())}
-	// Not ProduceSync: a record already sent to a stalled broker ignores
-	// ctx, and the caller's deadline must hold.
+	if err := s.produceWithin(ctx, rec); err != nil {
+		return err
+	}
+	return s.cl().EndTransaction(ctx, kgo.TryCommit)
+}
+
+// produceWithin produces rec and waits for its ack, but no longer than ctx:
+// not ProduceSync, which ignores ctx for a record already sent to a stalled
+// broker, while the callers' deadlines (commit, shutdown) must hold.
+func (s *Sink) produceWithin(ctx context.Context, rec *kgo.Record) error {
 	acked := make(chan error, 1)
 	s.cl().Produce(ctx, rec, func(_ *kgo.Record, err error) { acked <- err })
 	select {
 	case err := <-acked:
-		if err != nil {
-			return err
-		}
+		return err
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	return s.cl().EndTransaction(ctx, kgo.TryCommit)
 }
 
 // Abort drops the open transaction and its buffered records. Should it not
