@@ -55,6 +55,7 @@ type Sink struct {
 	opts   []kgo.Opt                  // everything the client was built with
 	manual context.Context            // marks records that carry an explicit partition
 	conn   []kgo.Opt                  // brokers, TLS and SASL: for the checkpoint reader
+	log    *slog.Logger               // may be nil
 
 	maxBatch   int // the producer's batch limit, for Check
 	partitions partitionCache
@@ -117,6 +118,7 @@ func New(cfg Config) (*Sink, error) {
 		return nil, fmt.Errorf("kafka: %w", err)
 	}
 	s.client.Store(client)
+	s.log = cfg.Logger
 	s.topics = newTopics(cfg.Topics, cfg.Logger, cfg.Brokers, s.cl)
 	return s, nil
 }

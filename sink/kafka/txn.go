@@ -200,10 +200,21 @@ func (s *Sink) loadCheckpoint(ctx context.Context, cp Checkpoints) (string, erro
 	if len(want) == 0 {
 		return "", nil
 	}
+	// Every checkpoint of this slot lies below those end offsets: its own
+	// transactions are over (InitTransactions and Reset abort an open one).
+	// read_committed holds a record back until every transaction that began
+	// before it has ended, so on a topic shared by several slots another
+	// slot's open transaction hides this slot's newest checkpoint for as long
+	// as it stays open (at most its transaction timeout). So read until the
+	// record just below the end arrives, however long that takes; never
+	// stop on a quiet spell. Control records are kept for that: a
+	// transaction's last record is its commit or abort marker, so the
+	// record at end-1 always arrives, also after an aborted transaction.
 	opts := append([]kgo.Opt{
 		kgo.ConsumeTopics(cp.Topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.KeepControlRecords(),
 		kgo.FetchMaxWait(200 * time.Millisecond),
 	}, s.conn...)
 	cl, err := kgo.NewClient(opts...)
@@ -211,32 +222,40 @@ func (s *Sink) loadCheckpoint(ctx context.Context, cp Checkpoints) (string, erro
 		return "", err
 	}
 	defer cl.Close()
-	// read_committed skips aborted records and stops at the last stable
-	// offset. A committed transaction ends with its checkpoint record just
-	// before the commit marker (end-2); if the newest transaction was
-	// aborted, that offset never shows, and a quiet second ends the read.
-	last, seen, start := "", false, time.Now()
+	last, start, warned, settled := "", time.Now(), false, 0
 	for len(want) > 0 {
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
 		fetches := cl.PollFetches(pctx)
 		cancel()
 		if err := ctx.Err(); err != nil {
-			return "", fmt.Errorf("kafka: read checkpoint: %w", err)
+			return "", fmt.Errorf("kafka: read checkpoint %s to offset %v: %w", cp.Topic, want, err)
 		}
-		n := 0
+		if fetches.NumRecords() == 0 {
+			// Compaction may have removed the tail's marker (a day after the
+			// producer's last write, on a rolled segment). Once the stable
+			// offset is past the end, everything left below it is decided
+			// and returned at once: two empty polls then mean the end.
+			if stable(ctx, adm, cp.Topic, want) {
+				if settled++; settled >= 2 {
+					break
+				}
+			}
+			continue
+		}
+		settled = 0
 		fetches.EachRecord(func(r *kgo.Record) {
-			n++
-			if string(r.Key) == cp.Key {
+			if !r.Attrs.IsControl() && string(r.Key) == cp.Key {
 				last = string(r.Value)
 			}
-			if end, ok := want[r.Partition]; ok && r.Offset >= end-2 {
+			if end, ok := want[r.Partition]; ok && r.Offset >= end-1 {
 				delete(want, r.Partition)
 			}
 		})
-		if n == 0 && (seen || time.Since(start) > 10*time.Second) {
-			break
+		if len(want) > 0 && !warned && time.Since(start) > 5*time.Second && s.log != nil {
+			warned = true
+			s.log.Warn("waiting to read the checkpoint topic to its end: an open transaction (another slot's, if the topic is shared) holds read_committed back until it ends; a topic per slot (--checkpoint-topic) avoids the wait",
+				"topic", cp.Topic, "until_offsets", fmt.Sprint(want))
 		}
-		seen = seen || n > 0
 	}
 	if last != "" && cp.Check != nil {
 		if err := cp.Check(ctx, last); err != nil {
@@ -244,6 +263,22 @@ func (s *Sink) loadCheckpoint(ctx context.Context, cp Checkpoints) (string, erro
 		}
 	}
 	return last, nil
+}
+
+// stable reports whether the last stable offset of every partition in want
+// has reached the end offset recorded there: no transaction below it is open.
+func stable(ctx context.Context, adm *kadm.Client, topic string, want map[int32]int64) bool {
+	lso, err := adm.ListCommittedOffsets(ctx, topic)
+	if err != nil || lso.Error() != nil {
+		return false
+	}
+	for p, end := range want {
+		o, ok := lso.Lookup(topic, p)
+		if !ok || o.Offset < end {
+			return false
+		}
+	}
+	return true
 }
 
 func ptr(s string) *string { return &s }
