@@ -29,6 +29,7 @@ vet:
 
 test: vet ## unit, integration, end-to-end (kfake, Apache Kafka, containers; PostgreSQL 15-18), fault (kfake, then a 3-node Apache cluster) and alert-rule tests (13-16 min on 2 cores)
 	$(GO) test -count=1 -timeout 20m ./...
+	$(GO) test -count=1 -timeout 10m -run TestFaultsShort ./test/fault/ -mode exactly-once
 	$(MAKE) --no-print-directory test-apache
 	OUTBOXD_TEST_BACKEND=docker $(GO) test -count=1 -timeout 10m -skip '$(DOCKER_SKIP)' ./test/e2e/ ./test/harness/
 	$(MAKE) --no-print-directory test-pg-versions
