@@ -389,7 +389,10 @@ func (w *world) jitter(lo, hi time.Duration) time.Duration {
 }
 
 func (w *world) logf(format string, args ...any) {
-	line := fmt.Sprintf("%7.1fs  ", time.Since(w.started).Seconds()) + fmt.Sprintf(format, args...)
+	// The wall clock too: the invariant monitor reports its findings
+	// (confirmed_flush_lsn moving backwards, say) by wall-clock time.
+	now := time.Now()
+	line := fmt.Sprintf("%7.1fs %s  ", now.Sub(w.started).Seconds(), now.Format("15:04:05.0")) + fmt.Sprintf(format, args...)
 	w.faultLog = append(w.faultLog, line)
 	if testing.Verbose() {
 		fmt.Println("fault:", line)
