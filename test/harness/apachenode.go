@@ -114,6 +114,11 @@ func (nd *ApacheNode) writeConfig(voters string) error {
 		}
 		p["listener.name.external.ssl.keystore.type"] = "PEM"
 		p["listener.name.external.ssl.keystore.location"] = pemPath
+		if c.opts.clientCA != "" { // mutual TLS: a PEM truststore of the client CA
+			p["listener.name.external.ssl.client.auth"] = "required"
+			p["listener.name.external.ssl.truststore.type"] = "PEM"
+			p["listener.name.external.ssl.truststore.location"] = c.opts.clientCA
+		}
 	}
 	keys := make([]string, 0, len(p))
 	for k := range p {
