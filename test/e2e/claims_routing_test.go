@@ -13,7 +13,8 @@ import (
 // Java client gives it (murmur2 of the key bytes, as Debezium's producer
 // does), so aggregates keep their partitions across the cutover. And a
 // non-transactional message with the --message-prefix is ignored (with a
-// warning), not published.
+// warning), not published. The broker stores the records as idempotent
+// writes (a producer id on every batch).
 func TestJSONStringKeyPartitionsAndNonTransactionalMessages(t *testing.T) {
 	const partitions = 6
 	f := newFixture(t)
@@ -48,6 +49,11 @@ func TestJSONStringKeyPartitionsAndNonTransactionalMessages(t *testing.T) {
 			t.Fatalf("key %s on partition %d, Kafka's default partitioner puts it on %d", rec.Key, rec.Partition, want)
 		}
 		used[rec.Partition] = true
+		// Stored as idempotent writes: a non-idempotent producer's batches
+		// carry producer id -1.
+		if rec.ProducerID < 0 {
+			t.Fatalf("record %s stored with producer id %d: not an idempotent producer", id, rec.ProducerID)
+		}
 	}
 	if len(used) < 4 {
 		t.Fatalf("31 keys on %d of %d partitions: the check would not tell partitioners apart", len(used), partitions)
