@@ -50,6 +50,7 @@ func TestSIGTERMWaitsForInflightAcks(t *testing.T) {
 	if k.External() {
 		t.Skip("freezes the broker: needs the embedded one")
 	}
+	t.Logf("broker up")
 	f := newFixture(t, withKafka(k))
 	r := f.startRelay("--shutdown-timeout", "30s")
 	f.waitConfirmed(f.commit(event{1, "a", "E", `{}`}), 20*time.Second)
@@ -81,9 +82,11 @@ func TestSIGTERMWaitsForInflightAcks(t *testing.T) {
 		t.Fatal(err)
 	}
 	resumed = true
+	thawed := time.Now()
 	ctx, cancel := context.WithTimeout(f.ctx, 30*time.Second)
 	defer cancel()
 	code, err := r.Wait(ctx)
+	t.Logf("exited %s after the broker was thawed", time.Since(thawed).Round(time.Millisecond))
 	if err != nil || code != 0 {
 		t.Fatalf("exit %d (%v), want 0\n%s", code, err, tailString(r.Log(), 3000))
 	}
