@@ -19,7 +19,9 @@ import (
 // DSN, both of outboxd's connections (the walsender and the ordinary one of
 // the monitor and heartbeats) are TLS, /status has no security warning, and
 // events flow. The server's certificate comes from a test CA, so a client
-// that did not verify it against sslrootcert could not connect.
+// that did not verify it against sslrootcert could not connect. outboxd
+// logs in with a client certificate (sslcert/sslkey): pg_hba.conf admits
+// its role only by certificate ("cert" authentication).
 func TestPostgresTLSVerifyFull(t *testing.T) {
 	if sharedPG.External() {
 		t.Skip("turns ssl on: needs a throwaway server")
@@ -35,13 +37,31 @@ func TestPostgresTLSVerifyFull(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	enableServerTLS(t, ctx, pg, cert, key)
+	const role = "outboxd_cert"
+	enableServerTLS(t, ctx, pg, cert, key, ca.CertFile, role)
+	cliCert, cliKey, err := ca.Client(role) // cert authentication: CN = role
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	f := newFixture(t, withPostgres(pg))
-	if !strings.Contains(f.dsn, "sslmode=disable") {
+	for _, s := range []string{
+		`CREATE ROLE ` + role + ` WITH LOGIN REPLICATION`,
+		`GRANT SELECT ON public.outbox TO ` + role,
+	} {
+		f.exec(s)
+	}
+	if !strings.Contains(f.dsn, "postgres://postgres@") || !strings.Contains(f.dsn, "sslmode=disable") {
 		t.Fatalf("unexpected DSN %q", f.dsn)
 	}
-	f.dsn = strings.Replace(f.dsn, "sslmode=disable", "sslmode=verify-full&sslrootcert="+ca.CertFile, 1)
+	dsn := strings.Replace(f.dsn, "postgres://postgres@", "postgres://"+role+"@", 1)
+	dsn = strings.Replace(dsn, "sslmode=disable", "sslmode=verify-full&sslrootcert="+ca.CertFile, 1)
+	// Without the client certificate the role is refused.
+	if c, err := pgx.Connect(ctx, dsn); err == nil {
+		c.Close(context.Background())
+		t.Fatal("the role logged in without a client certificate: cert authentication is not in force")
+	}
+	f.dsn = dsn + "&sslcert=" + cliCert + "&sslkey=" + cliKey
 	r := f.startRelay("--heartbeat-interval", "200ms", "--poll-interval", "200ms")
 	end := f.commit(event{1, "tls-1", "E", `{"pg_tls": true}`})
 	f.waitConfirmed(end, 30*time.Second)
@@ -49,8 +69,9 @@ func TestPostgresTLSVerifyFull(t *testing.T) {
 		t.Fatalf("records %v", recs)
 	}
 
-	// Every connection of outboxd to the test's database is encrypted: the
-	// slot's walsender and at least one ordinary backend, none in clear.
+	// Every connection of outboxd (its role) to the test's database is
+	// encrypted: the slot's walsender and at least one ordinary backend, none
+	// in clear.
 	walsender := f.slotState().ActivePID
 	var enc, clear int
 	var walsenderTLS bool
@@ -58,8 +79,8 @@ func TestPostgresTLSVerifyFull(t *testing.T) {
 		err := f.conn.QueryRow(f.ctx, `SELECT count(*) FILTER (WHERE s.ssl AND a.backend_type = 'client backend'),
 			count(*) FILTER (WHERE NOT s.ssl), coalesce(bool_or(s.ssl AND a.pid = $2), false)
 			FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid)
-			WHERE a.datname = $1 AND a.pid <> pg_backend_pid() AND a.backend_type IN ('client backend', 'walsender')`,
-			f.db, walsender).Scan(&enc, &clear, &walsenderTLS)
+			WHERE a.datname = $1 AND a.usename = $3 AND a.backend_type IN ('client backend', 'walsender')`,
+			f.db, walsender, role).Scan(&enc, &clear, &walsenderTLS)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -82,15 +103,17 @@ func TestPostgresTLSVerifyFull(t *testing.T) {
 // enableServerTLS writes the certificate and key into the server's data
 // directory through the server itself (so it works for a container as for a
 // local cluster: the files belong to the server's OS user, the key mode
-// 0600), turns ssl on and waits until new connections can use it.
-func enableServerTLS(t *testing.T, ctx context.Context, pg *harness.Postgres, certFile, keyFile string) {
+// 0600), turns ssl on with caFile verifying client certificates, puts
+// "hostssl all <certRole> 127.0.0.1/32 cert" first in pg_hba.conf, and waits
+// until new connections can use TLS.
+func enableServerTLS(t *testing.T, ctx context.Context, pg *harness.Postgres, certFile, keyFile, caFile, certRole string) {
 	t.Helper()
 	conn, err := pg.Connect(ctx, "postgres")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	for _, f := range [][2]string{{certFile, "outboxd-test-server.crt"}, {keyFile, "outboxd-test-server.key"}} {
+	for _, f := range [][2]string{{certFile, "outboxd-test-server.crt"}, {keyFile, "outboxd-test-server.key"}, {caFile, "outboxd-test-ca.crt"}} {
 		pem, err := os.ReadFile(f[0])
 		if err != nil {
 			t.Fatal(err)
@@ -102,7 +125,16 @@ func enableServerTLS(t *testing.T, ctx context.Context, pg *harness.Postgres, ce
 			t.Fatalf("writing %s into the data directory: %v", f[1], err)
 		}
 	}
+	var hba string
+	if err := conn.QueryRow(ctx, `SHOW hba_file`).Scan(&hba); err != nil {
+		t.Fatal(err)
+	}
+	prepend := fmt.Sprintf(`COPY (SELECT 'hostssl all %s 127.0.0.1/32 cert') TO PROGRAM 'f=%s; { cat; cat "$f"; } > "$f.new" && mv "$f.new" "$f"'`, certRole, hba)
+	if _, err := conn.Exec(ctx, prepend); err != nil {
+		t.Fatalf("pg_hba.conf: %v", err)
+	}
 	for _, s := range []string{
+		`ALTER SYSTEM SET ssl_ca_file = 'outboxd-test-ca.crt'`,
 		`ALTER SYSTEM SET ssl_cert_file = 'outboxd-test-server.crt'`,
 		`ALTER SYSTEM SET ssl_key_file = 'outboxd-test-server.key'`,
 		`ALTER SYSTEM SET ssl = on`,
