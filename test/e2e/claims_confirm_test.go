@@ -44,13 +44,8 @@ func TestConfirmedSoonAfterTheAck(t *testing.T) {
 // in flight (here: the broker is frozen when the signal arrives and thawed
 // 1.5 s later), then confirms the final watermark and exits 0. Nothing is
 // left for a restart: the slot is confirmed past the last commit when the
-// process is gone.
-func TestSIGTERMWaitsForInflightAcks(t *testing.T) {
-	k := harness.KafkaForTest(t)
-	if k.External() {
-		t.Skip("freezes the broker: needs the embedded one")
-	}
-	t.Logf("broker up")
+// process is gone. A subtest of TestFrozenBroker.
+func sigtermWaitsForInflightAcks(t *testing.T, k *harness.Kafka) {
 	f := newFixture(t, withKafka(k))
 	r := f.startRelay("--shutdown-timeout", "30s")
 	f.waitConfirmed(f.commit(event{1, "a", "E", `{}`}), 20*time.Second)

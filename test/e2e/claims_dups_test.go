@@ -12,12 +12,8 @@ import (
 // in-flight window. The broker is frozen so that exactly the window (50)
 // is in flight, outboxd is killed, the broker thawed (it may still append
 // what reached its socket) and outboxd restarted: every one of the 200
-// events arrives, with at most 50 duplicates.
-func TestKillWithBacklogDuplicatesBoundedByWindow(t *testing.T) {
-	k := harness.KafkaForTest(t)
-	if k.External() {
-		t.Skip("freezes the broker: needs the embedded one")
-	}
+// events arrives, with at most 50 duplicates. A subtest of TestFrozenBroker.
+func killWithBacklogDuplicatesBoundedByWindow(t *testing.T, k *harness.Kafka) {
 	const window, total = 50, 200
 	f := newFixture(t, withKafka(k))
 	args := []string{"--max-inflight-events", fmt.Sprint(window)}

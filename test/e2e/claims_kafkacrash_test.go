@@ -9,14 +9,32 @@ import (
 	"github.com/outboxd/outboxd/test/harness"
 )
 
+// TestFrozenBroker runs the claims that freeze (SIGSTOP) or kill the broker
+// on one broker of their own, in turn: one broker start instead of four
+// (an Apache node takes 5 s or more to start). Each subtest has its own
+// database, slot and topic, and leaves the broker running.
+func TestFrozenBroker(t *testing.T) {
+	k := harness.KafkaForTest(t)
+	if k.External() {
+		t.Skip("freezes and kills the broker: needs the embedded one")
+	}
+	for _, tc := range []struct {
+		name string
+		run  func(*testing.T, *harness.Kafka)
+	}{
+		{"SIGTERMWaitsForInflightAcks", sigtermWaitsForInflightAcks},
+		{"StatusUpdatesDuringFullWindow", statusUpdatesDuringFullWindow},
+		{"KillWithBacklogBoundedByWindow", killWithBacklogDuplicatesBoundedByWindow},
+		{"KafkaCrashLosesNothing", kafkaCrashLosesNothing},
+	} {
+		t.Run(tc.name, func(t *testing.T) { tc.run(t, k) })
+	}
+}
+
 // README: a crash of Kafka loses nothing. The broker is SIGKILLed (no clean
 // shutdown) while events stream and restarted; every committed event
 // arrives, in commit order per aggregate.
-func TestKafkaCrashLosesNothing(t *testing.T) {
-	k := harness.KafkaForTest(t)
-	if k.External() {
-		t.Skip("kills the broker: needs the embedded one")
-	}
+func kafkaCrashLosesNothing(t *testing.T, k *harness.Kafka) {
 	f := newFixture(t, withKafka(k))
 	f.startRelay()
 	const total = 2000

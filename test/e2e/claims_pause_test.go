@@ -15,12 +15,8 @@ import (
 // connection. With wal_sender_timeout 1s (set per connection in the DSN)
 // and the broker frozen, the same walsender keeps the slot for 3 s with the
 // window full (outboxd lets go only after 5 s without an ack); thawed, the
-// events are delivered without a reconnection.
-func TestStatusUpdatesDuringFullWindow(t *testing.T) {
-	k := harness.KafkaForTest(t)
-	if k.External() {
-		t.Skip("freezes the broker: needs the embedded one")
-	}
+// events are delivered without a reconnection. A subtest of TestFrozenBroker.
+func statusUpdatesDuringFullWindow(t *testing.T, k *harness.Kafka) {
 	f := newFixture(t, withKafka(k))
 	f.dsn += "&wal_sender_timeout=1s"
 	// The setting reaches a walsender through the DSN.
