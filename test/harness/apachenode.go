@@ -114,6 +114,11 @@ func (nd *ApacheNode) writeConfig(voters string) error {
 		}
 		p["listener.name.external.ssl.keystore.type"] = "PEM"
 		p["listener.name.external.ssl.keystore.location"] = pemPath
+		if c.opts.clientCA != "" { // mutual TLS: a PEM truststore of the client CA
+			p["listener.name.external.ssl.client.auth"] = "required"
+			p["listener.name.external.ssl.truststore.type"] = "PEM"
+			p["listener.name.external.ssl.truststore.location"] = c.opts.clientCA
+		}
 	}
 	keys := make([]string, 0, len(p))
 	for k := range p {
@@ -139,7 +144,8 @@ func (nd *ApacheNode) java(args ...string) []string {
 // format is `kafka-storage.sh format`: it writes meta.properties and the
 // bootstrap metadata, plus the SCRAM credential of a SASL/SCRAM cluster.
 func (nd *ApacheNode) format(ctx context.Context) error {
-	args := []string{"kafka.tools.StorageTool", "format", "-t", nd.c.clusterID, "-c", nd.configPath()}
+	// --cluster-id=ID: a random id may start with "-", which argparse would take for an option.
+	args := []string{"kafka.tools.StorageTool", "format", "--cluster-id=" + nd.c.clusterID, "-c", nd.configPath()}
 	if o := nd.c.opts; o.saslUser != "" && strings.HasPrefix(strings.ToUpper(o.saslMech), "SCRAM") {
 		args = append(args, "--add-scram", fmt.Sprintf("%s=[name=%s,password=%s]", strings.ToUpper(o.saslMech), o.saslUser, o.saslPass))
 		if o.aclUser != "" {

@@ -61,6 +61,14 @@ func (k *kfakeKafka) runDocker(ctx context.Context, img string) error {
 		}
 		args = append(args, "-tls-cert", k.opts.certFile, "-tls-key", k.opts.keyFile)
 	}
+	if k.opts.clientCA != "" {
+		abs, err := filepath.Abs(k.opts.clientCA)
+		if err != nil {
+			return err
+		}
+		binds = append(binds, abs+":"+abs+":ro")
+		args = append(args, "-tls-client-ca", k.opts.clientCA)
+	}
 	ctr, err := runContainer(ctx, "kfaked", testcontainers.ContainerRequest{
 		Image:              img,
 		Cmd:                args,

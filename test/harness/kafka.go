@@ -45,6 +45,23 @@ type kafkaOptions struct {
 	advertise                    []string // Apache: per-node advertised client address
 	noAutoCreate                 bool
 	aclUser, aclPass             string // Apache: a second SASL user subject to ACLs
+	trustCA, serverName          string // harness clients: the CA and name to verify (default certFile, the dialed host)
+	clientCA                     string // the broker requires client certificates signed by it
+	clientCert, clientKey        string // what harness clients present to a clientCA broker
+}
+
+// WithTLSTrust makes harness clients verify the WithTLS certificate against
+// caFile for serverName ("" is the dialed host) instead of trusting the
+// certificate itself: for certificates issued by a TestCA.
+func WithTLSTrust(caFile, serverName string) KafkaOption {
+	return func(o *kafkaOptions) { o.trustCA, o.serverName = caFile, serverName }
+}
+
+// WithClientAuth (with WithTLS) makes the broker require a client
+// certificate signed by caFile (mutual TLS); harness clients present
+// certFile and keyFile.
+func WithClientAuth(caFile, certFile, keyFile string) KafkaOption {
+	return func(o *kafkaOptions) { o.clientCA, o.clientCert, o.clientKey = caFile, certFile, keyFile }
 }
 
 // WithACLUser (Apache only, with WithSASL) turns on Kafka's StandardAuthorizer
@@ -251,6 +268,9 @@ func (k *kfakeKafka) start(ctx context.Context) error {
 	if k.opts.certFile != "" {
 		args = append(args, "-tls-cert", k.opts.certFile, "-tls-key", k.opts.keyFile)
 	}
+	if k.opts.clientCA != "" {
+		args = append(args, "-tls-client-ca", k.opts.clientCA)
+	}
 	proc, err := StartProc(ctx, "kfaked", k.bin, args, nil, k.dir)
 	if err != nil {
 		return err
@@ -416,15 +436,27 @@ func clientOpts(brokers []string, o kafkaOptions) ([]kgo.Opt, error) {
 		}
 	}
 	if o.certFile != "" {
-		pem, err := os.ReadFile(o.certFile)
+		ca := o.certFile
+		if o.trustCA != "" {
+			ca = o.trustCA
+		}
+		pem, err := os.ReadFile(ca)
 		if err != nil {
 			return nil, fmt.Errorf("kafka client: %w", err)
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("kafka client: no certificate in %s", o.certFile)
+			return nil, fmt.Errorf("kafka client: no certificate in %s", ca)
 		}
-		opts = append(opts, kgo.DialTLSConfig(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}))
+		cfg := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12, ServerName: o.serverName}
+		if o.clientCert != "" {
+			cert, err := tls.LoadX509KeyPair(o.clientCert, o.clientKey)
+			if err != nil {
+				return nil, fmt.Errorf("kafka client: %w", err)
+			}
+			cfg.Certificates = []tls.Certificate{cert}
+		}
+		opts = append(opts, kgo.DialTLSConfig(cfg))
 	}
 	return opts, nil
 }

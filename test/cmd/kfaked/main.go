@@ -13,6 +13,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"flag"
 	"fmt"
 	"os"
@@ -42,6 +43,7 @@ func run() error {
 		saslMech   = flag.String("sasl-mechanism", "PLAIN", "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512")
 		tlsCert    = flag.String("tls-cert", "", "server certificate PEM file (enables TLS)")
 		tlsKey     = flag.String("tls-key", "", "server key PEM file")
+		tlsCA      = flag.String("tls-client-ca", "", "require client certificates signed by this CA (PEM file): mutual TLS")
 		logLevel   = flag.String("log-level", "none", "kfake log level on stderr: none, error, warn, info, debug")
 	)
 	flag.Parse()
@@ -75,7 +77,19 @@ func run() error {
 		if err != nil {
 			return fmt.Errorf("loading TLS key pair: %w", err)
 		}
-		opts = append(opts, kfake.TLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}))
+		cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		if *tlsCA != "" {
+			pem, err := os.ReadFile(*tlsCA)
+			if err != nil {
+				return fmt.Errorf("-tls-client-ca: %w", err)
+			}
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(pem) {
+				return fmt.Errorf("-tls-client-ca: no PEM certificate in %s", *tlsCA)
+			}
+			cfg.ClientCAs, cfg.ClientAuth = pool, tls.RequireAndVerifyClientCert
+		}
+		opts = append(opts, kfake.TLS(cfg))
 	}
 
 	// Register for signals before announcing readiness so a signal sent
