@@ -266,7 +266,8 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 	// (a liveness probe must not kill a pod that only waits), and /readyz
 	// says what it waits for.
 	var handler swapHandler
-	handler.set(startingHandler("waiting for Kafka to register the transactional producer and read the checkpoint"))
+	const waitingWhy = "waiting for Kafka to register the transactional producer and read the checkpoint"
+	handler.set(startingHandler(waitingWhy, false))
 	if o.HTTPAddr != "" {
 		ln, err := net.Listen("tcp", o.HTTPAddr)
 		if err != nil {
@@ -308,7 +309,7 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 		sk.UseCheckpoints(kafka.Checkpoints{Topic: o.CheckpointTopic, Key: key, Check: checkpointCheck(o.Postgres)})
 		cfg.TxnSink, cfg.DeferInit, cfg.SplitAge = sk, true, o.TransactionTimeout/4
 	case o.ExactlyOnce:
-		done, err := prepareExactlyOnce(ctx, log, sk, o)
+		done, err := prepareExactlyOnce(ctx, log, sk, o, func() { handler.set(startingHandler(waitingWhy, true)) })
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil // stopped while waiting for Kafka
@@ -356,8 +357,9 @@ func transactional(o runOptions) *kafka.Transactional {
 }
 
 // prepareExactlyOnce fences any previous instance (same transactional id),
-// and reads the checkpoint: where the events already in Kafka end.
-func prepareExactlyOnce(ctx context.Context, log *slog.Logger, sk *kafka.Sink, o runOptions) (sink.Checkpoint, error) {
+// and reads the checkpoint: where the events already in Kafka end. waiting
+// runs once Kafka has failed to answer (/status then says so).
+func prepareExactlyOnce(ctx context.Context, log *slog.Logger, sk *kafka.Sink, o runOptions, waiting func()) (sink.Checkpoint, error) {
 	cp := kafka.Checkpoints{Topic: o.CheckpointTopic, Check: checkpointCheck(o.Postgres)}
 	// Kafka may be down at startup: wait for it like the relay would, but
 	// give up at once on what waiting cannot fix (fenced, unauthorised, a
@@ -384,6 +386,7 @@ func prepareExactlyOnce(ctx context.Context, log *slog.Logger, sk *kafka.Sink, o
 		}
 		if !warned {
 			log.Warn("exactly-once: waiting for Kafka to register the transactional producer and read the checkpoint", "err", err)
+			waiting()
 			warned = true
 		}
 		if !bo.Wait(ctx) {
