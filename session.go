@@ -33,10 +33,17 @@ type pgReplConn struct{ conn *pgconn.PgConn }
 
 func connectPG(ctx context.Context, dsn string) (replConn, error) {
 	conn, err := wal.Connect(ctx, dsn)
+	return opened(conn, err, func(c *pgconn.PgConn) replConn { return pgReplConn{c} })
+}
+
+// opened wraps a new connection in its seam's type; on error the interface
+// stays nil, not a wrapper around a nil connection.
+func opened[C, I any](conn C, err error, wrap func(C) I) (I, error) {
 	if err != nil {
-		return nil, err
+		var none I
+		return none, err
 	}
-	return pgReplConn{conn}, nil
+	return wrap(conn), nil
 }
 
 func (c pgReplConn) Prepare(ctx context.Context, cfg slot.Config) (slot.Info, bool, error) {
@@ -74,10 +81,7 @@ type pgSQLConn struct{ conn *pgx.Conn }
 
 func connectSQL(ctx context.Context, dsn string) (sqlConn, error) {
 	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		return nil, err
-	}
-	return pgSQLConn{conn}, nil
+	return opened(conn, err, func(c *pgx.Conn) sqlConn { return pgSQLConn{c} })
 }
 
 func (c pgSQLConn) Slot(ctx context.Context, name string) (slot.Slot, bool, error) {

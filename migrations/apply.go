@@ -77,6 +77,19 @@ func (a *applier) exec(script string) error {
 	return nil
 }
 
+// ensure runs script unless present is true, and says which happened.
+func (a *applier) ensure(present bool, script, already, done string) error {
+	if present {
+		a.say("%s", already)
+		return nil
+	}
+	if err := a.exec(script); err != nil {
+		return err
+	}
+	a.say("%s", done)
+	return nil
+}
+
 func (a *applier) createTable() error {
 	var kind string
 	err := a.conn.QueryRow(a.ctx, `SELECT c.relkind::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -116,13 +129,9 @@ func (a *applier) createPublication() error {
 		a.o.Publication, a.o.Schema, a.o.Table).Scan(&member); err != nil {
 		return err
 	}
-	if member {
-		a.say("publication %s already includes %s", a.o.Publication, a.vars.Table)
-	} else {
-		if err := a.exec(Publication); err != nil {
-			return err
-		}
-		a.say("added %s to publication %s", a.vars.Table, a.o.Publication)
+	if err := a.ensure(member, Publication, fmt.Sprintf("publication %s already includes %s", a.o.Publication, a.vars.Table),
+		fmt.Sprintf("added %s to publication %s", a.vars.Table, a.o.Publication)); err != nil {
+		return err
 	}
 	// An existing publication keeps its settings; say what is off about them.
 	quoted := pgquote.Ident(a.o.Publication)
@@ -154,13 +163,9 @@ func (a *applier) createRole() error {
 		AND has_database_privilege($1::name, current_database()::text, 'CONNECT')`, a.o.Role, a.vars.Table, a.o.Schema).Scan(&granted); err != nil {
 		return err
 	}
-	if granted {
-		a.say("role %s already exists (SELECT on %s)", a.o.Role, a.vars.Table)
-	} else {
-		if err := a.exec(Role); err != nil {
-			return err
-		}
-		a.say("role %s already exists; granted it SELECT on %s", a.o.Role, a.vars.Table)
+	if err := a.ensure(granted, Role, fmt.Sprintf("role %s already exists (SELECT on %s)", a.o.Role, a.vars.Table),
+		fmt.Sprintf("role %s already exists; granted it SELECT on %s", a.o.Role, a.vars.Table)); err != nil {
+		return err
 	}
 	var missing []string
 	if !login {
