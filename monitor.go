@@ -7,8 +7,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/slot"
 )
@@ -28,6 +26,8 @@ type monitor struct {
 	st                *state
 	sink              sink.Sink
 	lastLagWarn       time.Time
+	// dial opens the monitor's connection; nil: connectSQL. Tests script it.
+	dial func(ctx context.Context, dsn string) (sqlConn, error)
 }
 
 // slotView is the monitor's latest reading of the slot as /status shows
@@ -68,7 +68,11 @@ func orZero(n *int64) int64 {
 }
 
 func (mo *monitor) run(ctx context.Context) {
-	var conn *pgx.Conn
+	dial := mo.dial
+	if dial == nil {
+		dial = connectSQL
+	}
+	var conn sqlConn
 	defer func() {
 		if conn != nil {
 			conn.Close(context.Background())
@@ -79,7 +83,7 @@ func (mo *monitor) run(ctx context.Context) {
 		if conn != nil && !conn.IsClosed() {
 			return true
 		}
-		c, err := pgx.Connect(ctx, mo.dsn)
+		c, err := dial(ctx, mo.dsn)
 		if err != nil {
 			mo.log.Debug("monitor: postgres connect failed", "err", RedactErr(err, mo.dsn))
 			return false
@@ -119,10 +123,10 @@ func (mo *monitor) run(ctx context.Context) {
 	}
 }
 
-func (mo *monitor) pollSlot(ctx context.Context, conn *pgx.Conn) {
+func (mo *monitor) pollSlot(ctx context.Context, conn sqlConn) {
 	qctx, cancel := context.WithTimeout(ctx, mo.interval)
 	defer cancel()
-	row, found, err := slot.Get(qctx, conn.PgConn(), mo.slot)
+	row, found, err := conn.Slot(qctx, mo.slot)
 	if err != nil {
 		mo.log.Debug("monitor: slot poll failed", "err", RedactErr(err, mo.dsn))
 		return
@@ -168,11 +172,11 @@ func (mo *monitor) pollKafka(ctx context.Context, wasOK bool) bool {
 // heartbeat writes a non-transactional logical message: no table, nothing in
 // the publication, and the slot delivers it in WAL order, so the time until it
 // arrives is the replication delay.
-func (mo *monitor) heartbeat(ctx context.Context, conn *pgx.Conn) {
+func (mo *monitor) heartbeat(ctx context.Context, conn sqlConn) {
 	hctx, cancel := context.WithTimeout(ctx, mo.heartbeatInterval)
 	defer cancel()
 	now := strconv.FormatInt(time.Now().UnixNano(), 10)
-	if _, err := conn.Exec(hctx, `SELECT pg_logical_emit_message(false, $1, $2)`, heartbeatPrefix, now); err != nil {
+	if err := conn.EmitHeartbeat(hctx, heartbeatPrefix, now); err != nil {
 		mo.m.heartbeatErrors.Inc()
 		mo.log.Debug("heartbeat failed", "err", RedactErr(err, mo.dsn))
 	}

@@ -10,7 +10,8 @@
 //	err = r.Run(ctx) // until ctx ends
 //
 // One event's path, file by file: relay.go holds the replication connection
-// (one goroutine, one session at a time) and streamer.go reads it, routes each
+// (one goroutine, one session at a time, opened through session.go's seams)
+// and streamer.go reads it, routes each
 // insert with the router and hands the record to the Sink; the Sink's
 // acknowledgement reaches the slot.Watermark, whose contiguous position is the
 // only flush LSN ever sent to PostgreSQL. eos.go is exactly-once mode's

@@ -38,6 +38,11 @@ type relay struct {
 	poison map[eventPos]string
 	// progress is the gap check's record of how far the slot was published.
 	progress slot.ProgressSource
+	// connect opens a session's replication connection; nil: connectPG.
+	// Tests script it.
+	connect func(ctx context.Context, dsn string) (replConn, error)
+	// dial opens a standby's ordinary connection; nil: connectSQL.
+	dial func(ctx context.Context, dsn string) (sqlConn, error)
 	// sessionFn replaces session in tests of run's decisions; nil: session.
 	sessionFn func(ctx context.Context, resume *wal.LSN) (bool, *slot.Watermark, error)
 	// holdRetry is the first wait before a held event is tried again.
@@ -224,7 +229,11 @@ func (r *relay) runSession(ctx context.Context, resume *wal.LSN) (bool, *slot.Wa
 // whether streaming started, and leaves in *resume the LSN the next session
 // may start from (everything before it is acked).
 func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm *slot.Watermark, err error) {
-	conn, err := wal.Connect(ctx, r.cfg.Postgres)
+	connect := r.connect
+	if connect == nil {
+		connect = connectPG
+	}
+	conn, err := connect(ctx, r.cfg.Postgres)
 	if err != nil {
 		return false, nil, err
 	}
@@ -235,7 +244,7 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 		conn.Close(cctx)
 	}()
 
-	info, created, err := slot.Prepare(ctx, conn, slot.Config{
+	info, created, err := conn.Prepare(ctx, slot.Config{
 		Slot: r.cfg.Slot, Publication: r.cfg.Publication, TakeOver: r.lastPID, StaleAfter: r.cfg.ReplicationTimeout,
 		Failover: r.cfg.SlotFailover, Progress: r.progress, AcceptGap: r.cfg.AcceptGap,
 	})
@@ -249,7 +258,7 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 	start := max(info.ConfirmedFlush, *resume)
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := wal.Start(sctx, conn, wal.StartOptions{
+	stream, err := conn.Start(sctx, wal.StartOptions{
 		Slot: r.cfg.Slot, Publications: []string{r.cfg.Publication}, StartLSN: start, Messages: r.cfg.wantMessages(), MaxBodyBytes: r.cfg.maxBodyBytes(),
 	})
 	if err != nil {

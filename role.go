@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/outboxd/outboxd/slot"
 )
 
@@ -49,7 +47,7 @@ func (r *relay) standBy(ctx context.Context, busy *slot.BusyError) bool {
 	r.state.setStandby(busy)
 	r.log.Info("standing by: another process streams from the slot; taking over when it lets go",
 		"slot", busy.Slot, "holder_pid", busy.PID, "reason", busy.Error())
-	conn, err := pgx.Connect(ctx, r.cfg.Postgres)
+	conn, err := r.dialSQL(ctx, r.cfg.Postgres)
 	if err != nil {
 		// The next session reports the cause; do not spin meanwhile.
 		r.state.setStandby(nil)
@@ -128,7 +126,7 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 func SlotBusy(ctx context.Context, dsn, name string, staleAfter time.Duration) bool {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(cctx, dsn)
+	conn, err := connectSQL(cctx, dsn)
 	if err != nil {
 		return false
 	}
@@ -140,10 +138,10 @@ func SlotBusy(ctx context.Context, dsn, name string, staleAfter time.Duration) b
 // currentHolder describes who holds the slot, or nil when it is free to
 // take: inactive, gone, or held by an outboxd walsender whose client has not
 // replied for staleAfter (Prepare terminates it).
-func currentHolder(ctx context.Context, conn *pgx.Conn, name string, staleAfter time.Duration) (*slot.BusyError, error) {
+func currentHolder(ctx context.Context, conn sqlConn, name string, staleAfter time.Duration) (*slot.BusyError, error) {
 	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	s, found, err := slot.Get(qctx, conn.PgConn(), name)
+	s, found, err := conn.Slot(qctx, name)
 	if err != nil {
 		return nil, fmt.Errorf("watching slot %q: %w", name, err)
 	}
@@ -151,4 +149,12 @@ func currentHolder(ctx context.Context, conn *pgx.Conn, name string, staleAfter 
 		return nil, nil
 	}
 	return s.Busy(), nil
+}
+
+// dialSQL opens an ordinary connection through the relay's seam.
+func (r *relay) dialSQL(ctx context.Context, dsn string) (sqlConn, error) {
+	if r.dial != nil {
+		return r.dial(ctx, dsn)
+	}
+	return connectSQL(ctx, dsn)
 }

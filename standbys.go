@@ -4,8 +4,6 @@ import (
 	"context"
 	"slices"
 	"strings"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // pollStandbys looks for physical standbys that could be promoted with a
@@ -16,17 +14,10 @@ import (
 // new primary never had (phantom events). outboxd warns once per change,
 // shows the standbys on /status and counts them in
 // outboxd_unprotected_standbys.
-func (mo *monitor) pollStandbys(ctx context.Context, conn *pgx.Conn) {
+func (mo *monitor) pollStandbys(ctx context.Context, conn sqlConn) {
 	qctx, cancel := context.WithTimeout(ctx, mo.interval)
 	defer cancel()
-	var listed string
-	var slots []string
-	err := conn.QueryRow(qctx, `SELECT coalesce(current_setting('synchronized_standby_slots', true), ''),
-		coalesce(array_agg(s.slot_name::text ORDER BY s.slot_name) FILTER (WHERE s.slot_name IS NOT NULL), '{}')
-		FROM pg_stat_replication r JOIN pg_replication_slots s ON s.active_pid = r.pid AND s.slot_type = 'physical'
-		WHERE current_setting('server_version_num')::int >= 170000
-		  AND (SELECT coalesce((to_jsonb(l)->>'failover')::bool, false) FROM pg_replication_slots l WHERE l.slot_name = $1)`, mo.slot).
-		Scan(&listed, &slots)
+	listed, slots, err := conn.Standbys(qctx, mo.slot)
 	if err != nil {
 		mo.log.Debug("monitor: standby poll failed", "err", err)
 		return

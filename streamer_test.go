@@ -28,6 +28,8 @@ type scriptStream struct {
 	statuses []wal.LSN
 	replies  int
 	received wal.LSN
+	err      error // returned by Next once the queue is empty (fail)
+	closed   bool
 }
 
 func newScriptStream() *scriptStream { return &scriptStream{more: make(chan struct{}, 1)} }
@@ -50,6 +52,10 @@ func (s *scriptStream) Next(ctx context.Context, deadline time.Time) (*wal.Msg, 
 			s.queue = s.queue[1:]
 			s.mu.Unlock()
 			return m, nil
+		}
+		if err := s.err; err != nil {
+			s.mu.Unlock()
+			return nil, err
 		}
 		s.mu.Unlock()
 		t := time.NewTimer(time.Until(deadline))
@@ -76,6 +82,21 @@ func (s *scriptStream) SendStatus(lsn wal.LSN, reply bool) error {
 }
 
 func (s *scriptStream) Received() wal.LSN { return s.received }
+
+// fail makes Next return err once the queued messages are read, as a broken
+// connection would.
+func (s *scriptStream) fail(err error) {
+	s.mu.Lock()
+	s.err = err
+	s.mu.Unlock()
+	s.push()
+}
+
+func (s *scriptStream) Close() {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+}
 
 func (s *scriptStream) sent() []wal.LSN {
 	s.mu.Lock()

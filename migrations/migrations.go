@@ -1,8 +1,9 @@
-// Package migrations holds the SQL outboxd needs on the PostgreSQL side: the
-// outbox table (Debezium's layout, and a variant with headers), the
-// publication (publish = 'insert') and a least-privilege role. The files are
-// templates so that `outboxd setup` can name the table, publication and role;
-// `outboxd setup --print` renders them for psql users.
+// Package migrations holds the SQL outboxd needs on the PostgreSQL side, and
+// applies it: the outbox table (Debezium's layout, and a variant with
+// headers), the publication (publish = 'insert') and a least-privilege role.
+// The files are templates so that `outboxd setup` (Apply) can name the
+// table, publication and role; `outboxd setup --print` renders them for psql
+// users, and the tests create their outbox from them.
 package migrations
 
 import (

@@ -14,26 +14,6 @@ func noEnv(string) string { return "" }
 
 // Item 5: anything below verify-full is reported unless explicitly allowed.
 func TestTransportWarnings(t *testing.T) {
-	for _, tc := range []struct {
-		dsn, env, want string
-	}{
-		{"postgres://u@db/app", "", "prefer"},
-		{"postgres://u@db/app?sslmode=require", "", "require"},
-		{"host=db sslmode=verify-ca user=u", "", "verify-ca"},
-		{"host=db user=u", "verify-full", "verify-full"},
-		{"postgres://u@db/app?sslmode=verify-full&sslrootcert=/ca.pem", "", "verify-full"},
-		{"host=/var/run/postgresql user=u", "", "socket"},
-	} {
-		getenv := func(k string) string {
-			if k == "PGSSLMODE" {
-				return tc.env
-			}
-			return ""
-		}
-		if got := sslMode(tc.dsn, getenv); got != tc.want {
-			t.Errorf("sslMode(%q, PGSSLMODE=%q) = %q, want %q", tc.dsn, tc.env, got, tc.want)
-		}
-	}
 	w := transportWarnings(runOptions{Postgres: "postgres://u@db/app"}, noEnv)
 	if len(w) != 1 || !strings.Contains(w[0], "sslmode is prefer") || !strings.Contains(w[0], "verify-full") {
 		t.Fatalf("warnings %q", w)

@@ -2,15 +2,14 @@ package main
 
 import (
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"os"
 	"strings"
 
 	"github.com/twmb/franz-go/pkg/sasl"
-	"github.com/twmb/franz-go/pkg/sasl/plain"
-	"github.com/twmb/franz-go/pkg/sasl/scram"
+
+	"github.com/outboxd/outboxd/sink/kafka"
 )
 
 // kafkaAuth holds the Kafka TLS and SASL options.
@@ -54,13 +53,9 @@ func (a *kafkaAuth) tlsConfig() (*tls.Config, error) {
 	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: a.TLSServerName}
 	if a.TLSCA != "" {
-		pem, err := os.ReadFile(a.TLSCA)
+		pool, err := kafka.LoadCA(a.TLSCA)
 		if err != nil {
 			return nil, fmt.Errorf("--kafka-tls-ca: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("--kafka-tls-ca: no PEM certificate in %s", a.TLSCA)
 		}
 		cfg.RootCAs = pool
 	}
@@ -99,12 +94,5 @@ func (a *kafkaAuth) mechanism() (sasl.Mechanism, error) {
 	if a.SASLUser == "" || pass == "" {
 		return nil, errors.New("--kafka-sasl-mechanism needs --kafka-sasl-user and a password (OUTBOXD_KAFKA_SASL_PASSWORD or --kafka-sasl-password-file)")
 	}
-	switch a.SASLMechanism {
-	case "PLAIN":
-		return plain.Auth{User: a.SASLUser, Pass: pass}.AsMechanism(), nil
-	case "SCRAM-SHA-256":
-		return scram.Auth{User: a.SASLUser, Pass: pass}.AsSha256Mechanism(), nil
-	default:
-		return scram.Auth{User: a.SASLUser, Pass: pass}.AsSha512Mechanism(), nil
-	}
+	return kafka.SASL(a.SASLMechanism, a.SASLUser, pass)
 }

@@ -19,7 +19,6 @@ import (
 	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/sink/kafka"
 	"github.com/outboxd/outboxd/slot"
-	"github.com/outboxd/outboxd/wal"
 )
 
 const runSummary = `Streams committed outbox INSERTs from a pgoutput replication slot to Kafka and
@@ -223,7 +222,7 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 	for _, w := range warnings {
 		log.Warn("insecure transport: " + w)
 	}
-	if w := checkEmitMessagePublic(ctx, log, o.Postgres, o.MessagePrefix); w != "" {
+	if w := outboxd.CheckEmitMessagePublic(ctx, log, o.Postgres, o.MessagePrefix); w != "" {
 		warnings = append(warnings, w)
 	}
 	defaults, tables, err := router.ConfigFromYAML(set.sections["router"], set.sections["tables"])
@@ -266,7 +265,8 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 	// (a liveness probe must not kill a pod that only waits), and /readyz
 	// says what it waits for.
 	var handler swapHandler
-	handler.set(startingHandler("waiting for Kafka to register the transactional producer and read the checkpoint"))
+	const waitingWhy = "waiting for Kafka to register the transactional producer and read the checkpoint"
+	handler.set(startingHandler(waitingWhy, false))
 	if o.HTTPAddr != "" {
 		ln, err := net.Listen("tcp", o.HTTPAddr)
 		if err != nil {
@@ -301,14 +301,14 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 	case o.ExactlyOnce && outboxd.SlotBusy(ctx, o.Postgres, o.Slot, o.ReplicationTimeout):
 		// Registering the transactional id now would fence the instance
 		// streaming: stand by, and register it once the slot is ours.
-		key, err := checkpointKey(ctx, o.Postgres, o.Slot)
+		key, err := outboxd.CheckpointKey(ctx, o.Postgres, o.Slot)
 		if err != nil {
 			return err
 		}
-		sk.UseCheckpoints(kafka.Checkpoints{Topic: o.CheckpointTopic, Key: key, Check: checkpointCheck(o.Postgres)})
+		sk.UseCheckpoints(kafka.Checkpoints{Topic: o.CheckpointTopic, Key: key, Check: outboxd.CheckpointGuard(o.Postgres)})
 		cfg.TxnSink, cfg.DeferInit, cfg.SplitAge = sk, true, o.TransactionTimeout/4
 	case o.ExactlyOnce:
-		done, err := prepareExactlyOnce(ctx, log, sk, o)
+		done, err := prepareExactlyOnce(ctx, log, sk, o, func() { handler.set(startingHandler(waitingWhy, true)) })
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil // stopped while waiting for Kafka
@@ -317,7 +317,7 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 		}
 		cfg.TxnSink, cfg.Done, cfg.SplitAge = sk, done, o.TransactionTimeout/4
 	default:
-		cfg.ProgressStore = progressTopic{sk: sk, p: kafka.Progress{Topic: o.ProgressTopic, Key: o.Slot}}
+		cfg.ProgressStore = kafka.ProgressStore{Sink: sk, Progress: kafka.Progress{Topic: o.ProgressTopic, Key: o.Slot}}
 	}
 	relay, err := outboxd.New(cfg)
 	if err != nil {
@@ -356,95 +356,22 @@ func transactional(o runOptions) *kafka.Transactional {
 }
 
 // prepareExactlyOnce fences any previous instance (same transactional id),
-// and reads the checkpoint: where the events already in Kafka end.
-func prepareExactlyOnce(ctx context.Context, log *slog.Logger, sk *kafka.Sink, o runOptions) (sink.Checkpoint, error) {
-	cp := kafka.Checkpoints{Topic: o.CheckpointTopic, Check: checkpointCheck(o.Postgres)}
-	// Kafka may be down at startup: wait for it like the relay would, but
-	// give up at once on what waiting cannot fix (fenced, unauthorised, a
-	// checkpoint this server cannot have written).
-	bo := outboxd.Backoff{Min: 500 * time.Millisecond, Max: 15 * time.Second}
-	for warned := false; ; {
-		var err error
-		if cp.Key == "" {
-			cp.Key, err = checkpointKey(ctx, o.Postgres, o.Slot)
-		}
-		if err == nil {
-			err = sk.InitTransactions(ctx, cp)
-		}
-		var done sink.Checkpoint
-		if err == nil {
-			done, err = sk.LoadCheckpoint(ctx)
-		}
-		if err == nil {
-			log.Info("exactly-once mode", "transactional_id", kafka.TransactionalID(o.Slot), "checkpoint_topic", cp.Topic, "checkpoint_lsn", done.String(), "transaction_timeout", o.TransactionTimeout.String())
-			return done, nil
-		}
-		if k := sink.KindOf(err); k == sink.Fenced || k == sink.Denied || errors.Is(err, wal.ErrAheadOfServer) || outboxd.IsConfigError(err) {
+// and reads the checkpoint: where the events already in Kafka end. waiting
+// runs once Kafka has failed to answer (/status then says so).
+func prepareExactlyOnce(ctx context.Context, log *slog.Logger, sk *kafka.Sink, o runOptions, waiting func()) (sink.Checkpoint, error) {
+	cp := kafka.Checkpoints{Topic: o.CheckpointTopic, Check: outboxd.CheckpointGuard(o.Postgres)}
+	key := func(ctx context.Context) (string, error) { return outboxd.CheckpointKey(ctx, o.Postgres, o.Slot) }
+	done, err := outboxd.StartExactlyOnce(ctx, log, key, func(ctx context.Context, key string) (sink.Checkpoint, error) {
+		cp.Key = key
+		if err := sk.InitTransactions(ctx, cp); err != nil {
 			return sink.Checkpoint{}, err
 		}
-		if !warned {
-			log.Warn("exactly-once: waiting for Kafka to register the transactional producer and read the checkpoint", "err", err)
-			warned = true
-		}
-		if !bo.Wait(ctx) {
-			return sink.Checkpoint{}, ctx.Err()
-		}
+		return sk.LoadCheckpoint(ctx)
+	}, waiting)
+	if err == nil {
+		log.Info("exactly-once mode", "transactional_id", kafka.TransactionalID(o.Slot), "checkpoint_topic", cp.Topic, "checkpoint_lsn", done.String(), "transaction_timeout", o.TransactionTimeout.String())
 	}
-}
-
-// checkpointKey names this slot's checkpoint record: the slot qualified by
-// the PostgreSQL system identifier, so that instances of different clusters
-// sharing a checkpoint topic (and slot names) never read each other's.
-func checkpointKey(ctx context.Context, dsn, slotName string) (string, error) {
-	sys, err := identify(ctx, dsn)
-	if err != nil {
-		return "", err
-	}
-	return sys.ID + "/" + slotName, nil
-}
-
-// checkpointCheck refuses a checkpoint beyond the server's WAL position: it
-// would make outboxd skip events that were never published (a forged
-// record, or a server restored from a backup). PostgreSQL being unreachable
-// is no verdict: it waits for it (until ctx ends), as the relay would.
-func checkpointCheck(dsn string) func(ctx context.Context, lsn string) error {
-	return func(ctx context.Context, text string) error {
-		c, err := sink.ParseCheckpoint(text)
-		if err != nil {
-			return fmt.Errorf("checkpoint %q: %w", text, err)
-		}
-		lsn := c.LSN
-		var sys wal.System
-		bo := outboxd.Backoff{Min: 500 * time.Millisecond, Max: 15 * time.Second}
-		for {
-			if sys, err = identify(ctx, dsn); err == nil || outboxd.IsConfigError(err) {
-				break
-			}
-			if !bo.Wait(ctx) {
-				return fmt.Errorf("checking the checkpoint against PostgreSQL: %w", err)
-			}
-		}
-		if err != nil {
-			return err
-		}
-		if lsn > sys.WALEnd {
-			return fmt.Errorf("%w: the exactly-once checkpoint %s is beyond PostgreSQL's WAL position %s (system %s), so this server cannot have written it "+
-				"(a forged record, or a server restored from a backup); outboxd refuses to skip to it. Check who writes the checkpoint topic, "+
-				"then delete the record (produce a tombstone for its key) to resume from the slot", wal.ErrAheadOfServer, lsn, sys.WALEnd, sys.ID)
-		}
-		return nil
-	}
-}
-
-// identify asks the server for its system identifier and WAL position over
-// a short-lived replication connection (outboxd's role always may open one).
-func identify(ctx context.Context, dsn string) (wal.System, error) {
-	conn, err := wal.Connect(ctx, dsn)
-	if err != nil {
-		return wal.System{}, err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	return wal.Identify(ctx, conn)
+	return done, err
 }
 
 func newLogger(w interface{ Write([]byte) (int, error) }, format, level string) *slog.Logger {
@@ -456,24 +383,6 @@ func newLogger(w interface{ Write([]byte) (int, error) }, format, level string) 
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
 }
-
-// progressTopic is the at-least-once progress record: a compacted Kafka
-// topic keyed by slot (sink/kafka's Progress).
-type progressTopic struct {
-	sk *kafka.Sink
-	p  kafka.Progress
-}
-
-func (t progressTopic) EnsureProgressTopic(ctx context.Context) error {
-	return t.sk.EnsureProgressTopic(ctx, t.p)
-}
-func (t progressTopic) LoadProgress(ctx context.Context) ([]byte, error) {
-	return t.sk.LoadProgress(ctx, t.p)
-}
-func (t progressTopic) WriteProgress(ctx context.Context, v []byte) error {
-	return t.sk.WriteProgress(ctx, t.p, v)
-}
-func (t progressTopic) String() string { return "topic " + t.p.Topic + ", key " + t.p.Key }
 
 // heldTopics forwards the sink's topic holds to the relay's /readyz and
 // /status.

@@ -74,7 +74,7 @@ func slotDropCommand(ctx context.Context, e env, args []string) (err error) {
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	conn, err := connectPlain(ctx, o.Postgres, "outboxd slot drop")
+	conn, err := outboxd.ConnectPlain(ctx, o.Postgres, "outboxd slot drop")
 	if err != nil {
 		return err
 	}

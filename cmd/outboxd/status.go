@@ -12,9 +12,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/migrations"
 	"github.com/outboxd/outboxd/pgquote"
 	"github.com/outboxd/outboxd/slot"
 	"github.com/outboxd/outboxd/wal"
@@ -40,44 +39,6 @@ func (o *statusOptions) register(s *optionSet) {
 	fs.BoolVar(&o.JSON, "json", false, "print one JSON object instead of tables")
 }
 
-// statusSlot is a slot as `outboxd status --json` shows it (slot.Slot's
-// JSON), and whether it is the --slot.
-type statusSlot struct {
-	slot.Slot
-	Selected bool
-}
-
-func (s statusSlot) MarshalJSON() ([]byte, error) {
-	b, err := json.Marshal(s.Slot)
-	if err != nil {
-		return nil, err
-	}
-	return fmt.Appendf(b[:len(b)-1], `,"selected":%t}`, s.Selected), nil
-}
-
-type statusPublication struct {
-	Name      string   `json:"name"`
-	Exists    bool     `json:"exists"`
-	AllTables bool     `json:"all_tables"`
-	Insert    bool     `json:"insert"`
-	Update    bool     `json:"update"`
-	Delete    bool     `json:"delete"`
-	Truncate  bool     `json:"truncate"`
-	Tables    []string `json:"tables"`
-}
-
-type statusReport struct {
-	Database      string            `json:"database"`
-	ServerVersion string            `json:"server_version"`
-	InRecovery    bool              `json:"in_recovery"`
-	CurrentWALLSN string            `json:"current_wal_lsn"`
-	Slot          string            `json:"slot"`
-	SlotFound     bool              `json:"slot_found"`
-	Slots         []statusSlot      `json:"slots"`       // of this database
-	OtherSlots    []statusSlot      `json:"other_slots"` // of other databases, and physical slots
-	Publication   statusPublication `json:"publication"`
-}
-
 func statusCommand(ctx context.Context, e env, args []string) (err error) {
 	var o statusOptions
 	defer func() { err = outboxd.RedactErr(err, o.Postgres) }()
@@ -92,12 +53,12 @@ func statusCommand(ctx context.Context, e env, args []string) (err error) {
 	if o.Postgres == "" {
 		return errors.New("--postgres (OUTBOXD_POSTGRES) is required")
 	}
-	conn, err := connectPlain(ctx, o.Postgres, "outboxd status")
+	conn, err := outboxd.ConnectPlain(ctx, o.Postgres, "outboxd status")
 	if err != nil {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	r, err := readStatus(ctx, conn, o)
+	r, err := slot.ReadStatus(ctx, conn, o.Slot, o.Publication)
 	if err != nil {
 		return err
 	}
@@ -110,51 +71,7 @@ func statusCommand(ctx context.Context, e env, args []string) (err error) {
 	return nil
 }
 
-func readStatus(ctx context.Context, conn *pgx.Conn, o statusOptions) (*statusReport, error) {
-	r := &statusReport{Slot: o.Slot, Slots: []statusSlot{}, OtherSlots: []statusSlot{}}
-	// On a standby pg_current_wal_lsn() fails; the replay position is the
-	// standby's "now".
-	if err := conn.QueryRow(ctx, `SELECT current_database()::text, current_setting('server_version'), pg_is_in_recovery(),
-		(CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END)::text`).
-		Scan(&r.Database, &r.ServerVersion, &r.InRecovery, &r.CurrentWALLSN); err != nil {
-		return nil, err
-	}
-	slots, err := slot.List(ctx, conn.PgConn())
-	if err != nil {
-		return nil, err
-	}
-	for _, row := range slots {
-		s := statusSlot{Slot: row, Selected: row.Name == o.Slot}
-		r.SlotFound = r.SlotFound || s.Selected
-		if s.Database == r.Database {
-			r.Slots = append(r.Slots, s)
-		} else {
-			r.OtherSlots = append(r.OtherSlots, s)
-		}
-	}
-
-	p := &r.Publication
-	p.Name, p.Tables = o.Publication, []string{}
-	err = conn.QueryRow(ctx, `SELECT puballtables, pubinsert, pubupdate, pubdelete, pubtruncate FROM pg_publication WHERE pubname = $1`,
-		o.Publication).Scan(&p.AllTables, &p.Insert, &p.Update, &p.Delete, &p.Truncate)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return r, nil
-	case err != nil:
-		return nil, err
-	}
-	p.Exists = true
-	rows, err := conn.Query(ctx, `SELECT format('%I.%I', schemaname, tablename) FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1`, o.Publication)
-	if err != nil {
-		return nil, err
-	}
-	if p.Tables, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
-		return nil, err
-	}
-	return r, nil
-}
-
-func writeStatus(w io.Writer, r *statusReport) {
+func writeStatus(w io.Writer, r *slot.Status) {
 	where := "current WAL"
 	if r.InRecovery {
 		where = "standby, replayed WAL"
@@ -245,7 +162,7 @@ func writeStatus(w io.Writer, r *statusReport) {
 	if p.AllTables {
 		scope = ", FOR ALL TABLES"
 	}
-	fmt.Fprintf(w, "publication %s (publish %s%s)\n", p.Name, orDash(publishedOps(p.Insert, p.Update, p.Delete, p.Truncate)), scope)
+	fmt.Fprintf(w, "publication %s (publish %s%s)\n", p.Name, orDash(migrations.PublishedOps(p.Insert, p.Update, p.Delete, p.Truncate)), scope)
 	if len(p.Tables) == 0 {
 		fmt.Fprintln(w, "  no tables: ALTER PUBLICATION … ADD TABLE public.outbox; (or outboxd setup)")
 		return
@@ -261,7 +178,7 @@ func writeStatus(w io.Writer, r *statusReport) {
 	}
 }
 
-func slotIn(slots []statusSlot, name string) bool {
+func slotIn(slots []slot.Listed, name string) bool {
 	for _, s := range slots {
 		if s.Name == name {
 			return true
@@ -271,7 +188,7 @@ func slotIn(slots []statusSlot, name string) bool {
 }
 
 // holder says who streams from a slot: PID, application_name, client address.
-func holder(s statusSlot) string {
+func holder(s slot.Listed) string {
 	if !s.Active || s.ActivePID == 0 {
 		return "-"
 	}
@@ -289,7 +206,7 @@ func holder(s statusSlot) string {
 	return h
 }
 
-func safeWALSize(s statusSlot) string {
+func safeWALSize(s slot.Listed) string {
 	switch {
 	case s.SafeWALSize != nil:
 		return outboxd.HumanBytes(*s.SafeWALSize)

@@ -12,9 +12,9 @@ import (
 func ptr[T any](v T) *T { return &v }
 
 func TestWriteStatus(t *testing.T) {
-	r := &statusReport{
+	r := &slot.Status{
 		Database: "orders", ServerVersion: "16.4", CurrentWALLSN: "0/3000000", Slot: "outboxd", SlotFound: true,
-		Slots: []statusSlot{
+		Slots: []slot.Listed{
 			{Slot: slot.Slot{Name: "outboxd", Type: "logical", Plugin: "pgoutput", Database: "orders", Active: true, ActivePID: 4242,
 				Holder: slot.Holder{Application: "outboxd", Client: "10.0.0.7"}, ConfirmedFlush: 0x2FFF000, RestartLSN: 0x2000000,
 				LagBytes: ptr(int64(4096)), RetainedBytes: ptr(int64(16 << 20)), WALStatus: "reserved"}, Selected: true},
@@ -22,9 +22,9 @@ func TestWriteStatus(t *testing.T) {
 				RestartLSN: 0x1000000, LagBytes: ptr(int64(32 << 20)), RetainedBytes: ptr(int64(32 << 20)), WALStatus: "extended",
 				SafeWALSize: ptr(int64(1 << 30))}},
 		},
-		OtherSlots: []statusSlot{{Slot: slot.Slot{Name: "replica1", Type: "physical", RetainedBytes: ptr(int64(1 << 20))}},
+		OtherSlots: []slot.Listed{{Slot: slot.Slot{Name: "replica1", Type: "physical", RetainedBytes: ptr(int64(1 << 20))}},
 			{Slot: slot.Slot{Name: "x", Type: "logical", Database: "billing"}}},
-		Publication: statusPublication{Name: "outboxd", Exists: true, Insert: true, Tables: []string{"public.outbox", `sales."Outbox"`}},
+		Publication: slot.PublicationStatus{Name: "outboxd", Exists: true, Insert: true, Tables: []string{"public.outbox", `sales."Outbox"`}},
 	}
 	var b bytes.Buffer
 	writeStatus(&b, r)
@@ -46,7 +46,7 @@ func TestWriteStatus(t *testing.T) {
 		}
 	}
 
-	r = &statusReport{Database: "empty", ServerVersion: "15", CurrentWALLSN: "0/1", Slot: "outboxd", Publication: statusPublication{Name: "outboxd"}}
+	r = &slot.Status{Database: "empty", ServerVersion: "15", CurrentWALLSN: "0/1", Slot: "outboxd", Publication: slot.PublicationStatus{Name: "outboxd"}}
 	b.Reset()
 	writeStatus(&b, r)
 	for _, want := range []string{"no replication slots in database empty", "slot outboxd does not exist", "publication outboxd does not exist"} {
@@ -67,16 +67,16 @@ func TestStatusHelp(t *testing.T) {
 // null where PostgreSQL has no value.
 func TestStatusSlotJSON(t *testing.T) {
 	for _, c := range []struct {
-		s    statusSlot
+		s    slot.Listed
 		want string
 	}{
-		{statusSlot{Slot: slot.Slot{Name: "outboxd", Type: "logical", Plugin: "pgoutput", Database: "orders", Active: true, ActivePID: 4242,
+		{slot.Listed{Slot: slot.Slot{Name: "outboxd", Type: "logical", Plugin: "pgoutput", Database: "orders", Active: true, ActivePID: 4242,
 			Holder: slot.Holder{Application: "outboxd", Client: "10.0.0.7"}, ConfirmedFlush: 0x2FFF000, RestartLSN: 0x2000000,
 			LagBytes: ptr(int64(4096)), RetainedBytes: ptr(int64(-1)), WALStatus: "reserved", SafeWALSize: ptr(int64(0)), Failover: true}, Selected: true},
 			`{"slot_name":"outboxd","slot_type":"logical","plugin":"pgoutput","database":"orders","active":true,"active_pid":4242,` +
 				`"application_name":"outboxd","client_addr":"10.0.0.7","confirmed_flush_lsn":"0/2FFF000","restart_lsn":"0/2000000",` +
 				`"lag_bytes":4096,"retained_wal_bytes":-1,"wal_status":"reserved","safe_wal_size_bytes":0,"failover":true,"synced":false,"selected":true}`},
-		{statusSlot{Slot: slot.Slot{Name: "replica1", Type: "physical"}},
+		{slot.Listed{Slot: slot.Slot{Name: "replica1", Type: "physical"}},
 			`{"slot_name":"replica1","slot_type":"physical","plugin":"","database":"","active":false,"active_pid":null,` +
 				`"application_name":"","client_addr":"","confirmed_flush_lsn":null,"restart_lsn":null,` +
 				`"lag_bytes":null,"retained_wal_bytes":null,"wal_status":"","safe_wal_size_bytes":null,"failover":false,"synced":false,"selected":false}`},

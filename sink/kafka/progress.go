@@ -21,6 +21,26 @@ type Progress struct {
 	Key   string // the slot name
 }
 
+// ProgressStore is one slot's progress record on a sink, as the relay
+// keeps it (outboxd.Config.ProgressStore).
+type ProgressStore struct {
+	Sink *Sink
+	Progress
+}
+
+func (t ProgressStore) EnsureProgressTopic(ctx context.Context) error {
+	return t.Sink.EnsureProgressTopic(ctx, t.Progress)
+}
+func (t ProgressStore) LoadProgress(ctx context.Context) ([]byte, error) {
+	return t.Sink.LoadProgress(ctx, t.Progress)
+}
+func (t ProgressStore) WriteProgress(ctx context.Context, v []byte) error {
+	return t.Sink.WriteProgress(ctx, t.Progress, v)
+}
+
+// String names the record, for logs and errors.
+func (t ProgressStore) String() string { return "topic " + t.Topic + ", key " + t.Key }
+
 // EnsureProgressTopic creates the compacted progress topic if it is missing.
 func (s *Sink) EnsureProgressTopic(ctx context.Context, p Progress) error {
 	resp, err := kadm.NewClient(s.cl()).CreateTopic(ctx, 1, -1, map[string]*string{"cleanup.policy": ptr("compact")}, p.Topic)

@@ -276,17 +276,15 @@ func (e *Env) newWorld(ctx context.Context, name string) (*world, error) {
 	if w.conn, err = e.PG.Connect(ctx, w.db); err != nil {
 		return nil, err
 	}
+	outbox, err := harness.OutboxSchema("outboxd", "insert")
+	if err != nil {
+		return nil, err
+	}
 	for _, sql := range []string{
-		`CREATE TABLE outbox (
-			id            uuid         PRIMARY KEY,
-			aggregatetype varchar(255) NOT NULL,
-			aggregateid   varchar(255) NOT NULL,
-			type          varchar(255) NOT NULL,
-			payload       jsonb        NOT NULL,
-			created_at    timestamptz  NOT NULL DEFAULT now(),
-			published_at  timestamptz)`,
+		outbox,
+		// The polling baseline's bookkeeping.
+		`ALTER TABLE outbox ADD COLUMN published_at timestamptz`,
 		`CREATE INDEX outbox_unpublished ON outbox (id) WHERE published_at IS NULL`,
-		`CREATE PUBLICATION outboxd FOR TABLE outbox WITH (publish = 'insert')`,
 	} {
 		if _, err := w.conn.Exec(ctx, sql); err != nil {
 			w.conn.Close(context.Background())

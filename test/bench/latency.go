@@ -13,6 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxd/outboxd/test/harness"
 )
 
 // LatencyRun is one fixed-rate run: writers commit one event per
@@ -210,7 +212,7 @@ func (e *Env) latency(ctx context.Context, kind string, rate int, dur, idle time
 			return res, err
 		}
 		defer ob.stop()
-		if err := ob.WaitLog(ctx, "msg=streaming"); err != nil {
+		if err := harness.WaitStreaming(ctx, ob.Proc, ob.httpAddr); err != nil {
 			return res, err
 		}
 		e.perfRecord(ob, ob.Pid(), "outboxd-"+name)

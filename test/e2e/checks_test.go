@@ -75,7 +75,7 @@ func TestSlotHeldByAnotherProcess(t *testing.T) {
 	f := newFixture(t)
 	f.exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, f.slot)
 	pid, release := f.holdSlot()
-	p, _ := f.spawn()
+	p, r := f.spawn()
 	want := fmt.Sprintf("is active for PID %d (intruder from", pid)
 	if err := p.WaitLog(f.ctx, want); err != nil {
 		t.Fatalf("no busy message %q: %v\n%s", want, err, p.Log())
@@ -84,7 +84,7 @@ func TestSlotHeldByAnotherProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	release()
-	if err := p.WaitLog(f.ctx, "msg=streaming"); err != nil {
+	if err := r.waitStreaming(f.ctx); err != nil {
 		t.Fatalf("did not stream after the slot was released: %v\n%s", err, p.Log())
 	}
 	end := f.commit(event{1, "a", "E", `{}`})
@@ -104,8 +104,8 @@ func TestStaleOutboxdWalsenderTakenOver(t *testing.T) {
 	defer old.Signal(syscall.SIGCONT)
 	pid := f.slotState().ActivePID
 	start := time.Now()
-	p, _ := f.spawn("--status-interval", "500ms", "--replication-timeout", "2s")
-	if err := p.WaitLog(f.ctx, "msg=streaming"); err != nil {
+	p, r := f.spawn("--status-interval", "500ms", "--replication-timeout", "2s")
+	if err := r.waitStreaming(f.ctx); err != nil {
 		t.Fatalf("did not take the slot over: %v\n%s", err, p.Log())
 	}
 	if s := f.slotState(); s.ActivePID == pid {

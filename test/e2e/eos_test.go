@@ -47,10 +47,7 @@ func TestExactlyOnceSurvivesKill(t *testing.T) {
 	}
 	end := <-done
 	f.waitSlotInactive(10 * time.Second)
-	r = f.startRelay("--exactly-once", "--checkpoint-topic", "cp."+f.agg)
-	if err := r.WaitLog(f.ctx, "checkpoint_lsn="); err != nil {
-		t.Fatal(err)
-	}
+	f.startRelay("--exactly-once", "--checkpoint-topic", "cp."+f.agg) // streams once it has read the checkpoint
 	f.waitConfirmed(end, 60*time.Second)
 	recs := f.readCommitted(total)
 	first, dups := byID(t, recs)
@@ -97,10 +94,7 @@ func TestExactlyOnceStandby(t *testing.T) {
 	end := f.commit(event{1, "a", "E", `{}`})
 	f.waitConfirmed(end, 20*time.Second)
 
-	bp, b := f.spawn(args...)
-	if err := bp.WaitLog(f.ctx, "is active for PID"); err != nil {
-		t.Fatalf("second outboxd did not wait for the slot: %v\n%s", err, bp.Log())
-	}
+	_, b := f.spawn(args...)
 	b.waitRole(t, "standby", 10*time.Second)
 	checkStandby(t, b, f.slot)
 	end = f.commit(event{2, "a", "E", `{}`})
@@ -135,7 +129,7 @@ func TestExactlyOnceStartsWhileKafkaDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	p, r := f.spawn("--exactly-once", "--checkpoint-topic", "cp."+f.agg)
-	if err := p.WaitLog(f.ctx, "waiting for Kafka"); err != nil {
+	if err := harness.WaitStatus(f.ctx, p, r.http, "waiting_for_kafka", func(st map[string]any) bool { return st["waiting_for_kafka"] == true }); err != nil {
 		t.Fatalf("%v\n%s", err, p.Log())
 	}
 	// Alive while it waits (a liveness probe must not kill it), not ready.
@@ -147,7 +141,7 @@ func TestExactlyOnceStartsWhileKafkaDown(t *testing.T) {
 	if err := k.Start(f.ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.WaitLog(f.ctx, "msg=streaming"); err != nil {
+	if err := r.waitStreaming(f.ctx); err != nil {
 		t.Fatalf("%v\n%s", err, p.Log())
 	}
 	end := f.commit(event{2, "a", "E", `{}`})

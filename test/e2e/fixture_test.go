@@ -82,14 +82,11 @@ func newFixture(t *testing.T, opts ...fixtureOpt) *fixture {
 	// outboxd is gone by then): the shared server has 32 slots, and a left
 	// slot would pin WAL for every later test.
 	t.Cleanup(func() { f.dropSlot() })
-	f.exec(`CREATE TABLE outbox (
-		id uuid PRIMARY KEY,
-		aggregatetype varchar(255) NOT NULL,
-		aggregateid varchar(255) NOT NULL,
-		type varchar(255) NOT NULL,
-		payload jsonb,
-		created_at timestamptz NOT NULL DEFAULT now())`)
-	f.exec(fmt.Sprintf(`CREATE PUBLICATION outboxd FOR TABLE outbox WITH (publish = '%s')`, cfg.publish))
+	schema, err := harness.OutboxSchema("outboxd", cfg.publish)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.exec(schema)
 	return f
 }
 
@@ -186,10 +183,15 @@ type relay struct {
 func (f *fixture) startRelay(extra ...string) *relay {
 	f.t.Helper()
 	p, r := f.spawn(extra...)
-	if err := p.WaitLog(f.ctx, "msg=streaming"); err != nil {
+	if err := r.waitStreaming(f.ctx); err != nil {
 		f.t.Fatalf("outboxd did not start streaming: %v\n%s", err, p.Log())
 	}
 	return r
+}
+
+// waitStreaming waits until /status says the relay streams from its slot.
+func (r *relay) waitStreaming(ctx context.Context) error {
+	return harness.WaitStreaming(ctx, r.Proc, r.http)
 }
 
 // spawn starts outboxd without waiting for anything.

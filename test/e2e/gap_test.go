@@ -17,8 +17,8 @@ import (
 func testFailoverGap(t *testing.T, f *fixture, primary *harness.Postgres) {
 	standby := primary.StandbyForTest(t, "standby1")
 	f.dsn = multiHostDSN(f.db, primary, standby)
-	p, _ := f.spawn("--replication-timeout", "5s")
-	if err := p.WaitLog(f.ctx, "msg=streaming"); err != nil {
+	p, r := f.spawn("--replication-timeout", "5s")
+	if err := r.waitStreaming(f.ctx); err != nil {
 		t.Fatalf("outboxd did not stream: %v", err)
 	}
 	w := startFailoverWriter(f.ctx, f.dsn, f.agg)
@@ -65,8 +65,8 @@ func testFailoverGap(t *testing.T, f *fixture, primary *harness.Postgres) {
 	exitsWithGap(p2, "restarted")
 
 	// Accepted: a new slot, and new events flow.
-	p3, _ := f.spawn("--accept-gap")
-	if err := p3.WaitLog(f.ctx, "msg=streaming"); err != nil {
+	p3, r3 := f.spawn("--accept-gap")
+	if err := r3.waitStreaming(f.ctx); err != nil {
 		t.Fatalf("outboxd --accept-gap did not stream: %v\n%s", err, tailString(p3.Log(), 4000))
 	}
 	if !strings.Contains(p3.Log(), "gap accepted") {
@@ -99,14 +99,12 @@ func TestGapAnotherCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, sql := range []string{
-		`CREATE TABLE outbox (id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL, aggregateid varchar(255) NOT NULL,
-			type varchar(255) NOT NULL, payload jsonb, created_at timestamptz NOT NULL DEFAULT now())`,
-		`CREATE PUBLICATION outboxd FOR TABLE outbox WITH (publish = 'insert')`,
-	} {
-		if err := other.Exec(f.ctx, f.db, sql); err != nil {
-			t.Fatal(err)
-		}
+	schema, err := harness.OutboxSchema("outboxd", "insert")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Exec(f.ctx, f.db, schema); err != nil {
+		t.Fatal(err)
 	}
 	f.dsn = dsn
 	p, _ := f.spawn()
@@ -133,8 +131,8 @@ func TestGapPromotedStandbyBehind(t *testing.T) {
 	f := newFixture(t, withPostgres(primary))
 	standby := primary.StandbyForTest(t, "standby1")
 	f.dsn = multiHostDSN(f.db, primary, standby)
-	p, _ := f.spawn("--replication-timeout", "5s")
-	if err := p.WaitLog(f.ctx, "msg=streaming"); err != nil {
+	p, r := f.spawn("--replication-timeout", "5s")
+	if err := r.waitStreaming(f.ctx); err != nil {
 		t.Fatalf("outboxd did not stream: %v", err)
 	}
 	f.waitConfirmed(f.commit(event{1, "a", "E", `{}`}), 20*time.Second)

@@ -20,6 +20,7 @@ func TestSchemaChangeMidStream(t *testing.T) {
 	f.commit(event{2, "a", "E", `{"v": 2}`})
 	// Columns in a different physical order than before.
 	f.exec(`ALTER TABLE outbox RENAME COLUMN payload TO payload_old`)
+	f.exec(`ALTER TABLE outbox ALTER COLUMN payload_old DROP NOT NULL`)
 	f.exec(`ALTER TABLE outbox ADD COLUMN payload jsonb`)
 	end := f.commit(event{3, "a", "E", `{"v": 3}`})
 	f.waitConfirmed(end, 20*time.Second)

@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxd/outboxd/test/harness"
 )
 
 // deliveryMode is everything the suite varies between outboxd's delivery
@@ -25,11 +27,11 @@ type deliveryMode struct {
 	// maxDuplicates is the number of duplicate deliveries (same id header
 	// seen more than once) the checker tolerates; -1 means any.
 	maxDuplicates int
-	// started lists log lines that show a freshly started outboxd is up.
-	// In exactly-once mode, outboxd waits for Kafka before it streams (it
-	// needs the checkpoint to know where to start), so while the broker is
-	// down, waiting for Kafka is the expected state.
-	started []string
+	// up tells from /status that a freshly started outboxd is up (nil:
+	// streaming). In exactly-once mode, outboxd waits for Kafka before it
+	// streams (it needs the checkpoint to know where to start), so while
+	// the broker is down, waiting for Kafka is the expected state.
+	up func(st map[string]any) bool
 }
 
 var modes = map[string]deliveryMode{
@@ -46,7 +48,7 @@ var modes = map[string]deliveryMode{
 		isolation:     kgo.ReadCommitted(),
 		transactional: true,
 		maxDuplicates: 0,
-		started:       []string{"msg=streaming", "exactly-once: waiting for Kafka"},
+		up:            func(st map[string]any) bool { return harness.Streaming(st) || st["waiting_for_kafka"] == true },
 	},
 }
 

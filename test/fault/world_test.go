@@ -251,14 +251,14 @@ func (w *world) setupSchema(ctx context.Context) {
 		w.t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
+	// Deletes are published too: insert+delete outboxes must be skipped by
+	// outboxd, not just filtered by the publication.
+	outbox, err := harness.OutboxSchema(publication, "insert, delete")
+	if err != nil {
+		w.t.Fatal(err)
+	}
 	for _, sql := range []string{
-		`CREATE TABLE outbox (
-			id uuid PRIMARY KEY,
-			aggregatetype varchar(255) NOT NULL,
-			aggregateid varchar(255) NOT NULL,
-			type varchar(255) NOT NULL,
-			payload jsonb,
-			created_at timestamptz NOT NULL DEFAULT now())`,
+		outbox,
 		// One row per committed writer transaction, written in that
 		// transaction: the ground truth for "committed" (see load_test.go).
 		`CREATE TABLE committed_txns (id bigint PRIMARY KEY, xid bigint NOT NULL, slow bool NOT NULL DEFAULT false)`,
@@ -269,9 +269,6 @@ func (w *world) setupSchema(ctx context.Context) {
 			$$ BEGIN PERFORM pg_sleep(0.05); RETURN NULL; END $$`,
 		`CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON committed_txns
 			DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.slow) EXECUTE FUNCTION slow_commit()`,
-		// Deletes are published too: insert+delete outboxes must be skipped
-		// by outboxd, not just filtered by the publication.
-		`CREATE PUBLICATION ` + publication + ` FOR TABLE outbox WITH (publish = 'insert, delete')`,
 		`CREATE EXTENSION pg_walinspect`,
 		`SELECT pg_create_physical_replication_slot('` + auditSlot + `', true)`,
 		// Created before any event is written, so outboxd's first start
@@ -349,22 +346,17 @@ func (w *world) startRelay() error {
 	w.relayMu.Unlock()
 	ctx, cancel := context.WithTimeout(w.ctx, 90*time.Second)
 	defer cancel()
-	started := w.mode.started
-	if len(started) == 0 {
-		started = []string{"msg=streaming"}
+	up := w.mode.up
+	if up == nil {
+		up = harness.Streaming
 	}
-	for {
-		for _, line := range started {
-			if strings.Contains(p.Log(), line) {
-				return nil
-			}
-		}
-		if p.Exited() || ctx.Err() != nil {
-			return fmt.Errorf("outboxd start #%d: none of %q in its log (exited: %v); log tail:\n%s",
-				w.relayStarts, started, p.Exited(), tailString(p.Log(), 2048))
-		}
-		time.Sleep(20 * time.Millisecond)
+	w.relayMu.Lock()
+	addr := w.httpAddr[p]
+	w.relayMu.Unlock()
+	if err := harness.WaitStatus(ctx, p, addr, "outboxd up", up); err != nil {
+		return fmt.Errorf("outboxd start #%d: %w; log tail:\n%s", w.relayStarts, err, tailString(p.Log(), 2048))
 	}
+	return nil
 }
 
 // checkRelay notices an outboxd that exited by itself (a bug: it should

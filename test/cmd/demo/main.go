@@ -90,7 +90,7 @@ func run(ctx context.Context, once bool, every time.Duration, httpAddr string) e
 		ob.Wait(wctx)
 		say("outboxd stopped; its log was:\n" + ob.Log())
 	}()
-	if err := ob.WaitLog(ctx, "msg=streaming"); err != nil {
+	if err := harness.WaitStreaming(ctx, ob, httpAddr); err != nil {
 		return fmt.Errorf("outboxd did not start: %w\n%s", err, ob.Log())
 	}
 	say("outboxd is streaming; metrics at http://" + httpAddr + "/metrics, status at /status")

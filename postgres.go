@@ -1,0 +1,88 @@
+package outboxd
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ConnectPlain opens an ordinary (non-replication) connection, named app
+// in pg_stat_activity unless the connection string names it.
+func ConnectPlain(ctx context.Context, dsn, app string) (*pgx.Conn, error) {
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("parse postgres connection string: %w", err)
+	}
+	if cfg.RuntimeParams["application_name"] == "" {
+		cfg.RuntimeParams["application_name"] = app
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect to postgres %s:%d as %q: %w", cfg.Host, cfg.Port, cfg.User, err)
+	}
+	return conn, nil
+}
+
+var kvSSLMode = regexp.MustCompile(`(?i)(?:^|[\s?&])sslmode\s*=\s*'?([a-z-]+)`)
+
+// SSLMode is the sslmode a connection string asks for, as libpq reads it:
+// the DSN, else PGSSLMODE, else "prefer" (which silently falls back to no
+// TLS, and never checks the server's certificate). A DSN for a Unix socket
+// reports "socket": no network is crossed.
+func SSLMode(dsn string, getenv func(string) string) string {
+	if cfg, err := pgx.ParseConfig(dsn); err == nil && strings.HasPrefix(cfg.Host, "/") {
+		return "socket"
+	}
+	if m := kvSSLMode.FindStringSubmatch(dsn); m != nil {
+		return strings.ToLower(m[1])
+	}
+	if v := getenv("PGSSLMODE"); v != "" {
+		return strings.ToLower(v)
+	}
+	return "prefer"
+}
+
+// CheckEmitMessagePublic warns when any role with CONNECT may publish
+// through the table-less outbox: pg_logical_emit_message is executable by
+// PUBLIC out of the box, and messages are not limited by the publication.
+// It returns the warning ("" if none, or prefix is ""), already logged.
+func CheckEmitMessagePublic(ctx context.Context, log *slog.Logger, dsn, prefix string) string {
+	if prefix == "" {
+		return ""
+	}
+	conn, err := ConnectPlain(ctx, dsn, "outboxd")
+	if err != nil {
+		log.Warn("could not check who may call pg_logical_emit_message", "err", RedactErr(err, dsn))
+		return ""
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	public, err := emitMessagePublic(ctx, conn)
+	if err != nil {
+		log.Warn("could not check who may call pg_logical_emit_message", "err", RedactErr(err, dsn))
+		return ""
+	}
+	if !public {
+		return ""
+	}
+	w := emitMessageWarning
+	log.Warn(w)
+	return w
+}
+
+const emitMessageWarning = "--message-prefix: any role that may connect to this database can publish outbox events, because PUBLIC may execute " +
+	"pg_logical_emit_message (and messages are not limited by the publication); restrict it to your writer role: " +
+	"REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text), pg_logical_emit_message(boolean, text, bytea) FROM PUBLIC; " +
+	"GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text), pg_logical_emit_message(boolean, text, bytea) TO <writer role>;"
+
+// emitMessagePublic reports whether PUBLIC may execute either
+// pg_logical_emit_message.
+func emitMessagePublic(ctx context.Context, conn *pgx.Conn) (bool, error) {
+	var public bool
+	err := conn.QueryRow(ctx, `SELECT bool_or(has_function_privilege('public', p.oid, 'EXECUTE'))
+		FROM pg_proc p WHERE p.proname = 'pg_logical_emit_message' AND p.pronamespace = 'pg_catalog'::regnamespace`).Scan(&public)
+	return public, err
+}

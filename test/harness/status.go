@@ -1,0 +1,64 @@
+package harness
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"time"
+)
+
+// Status reads outboxd's /status document from its --http-addr.
+func Status(ctx context.Context, addr string) (map[string]any, error) {
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(rctx, http.MethodGet, "http://"+addr+"/status", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var st map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		return nil, fmt.Errorf("/status of %s (HTTP %d): %w", addr, resp.StatusCode, err)
+	}
+	return st, nil
+}
+
+// WaitStatus polls outboxd's /status every 20 ms until cond holds. It fails
+// early when p exits (p may be nil), and when ctx ends. Waiting on /status
+// rather than on the log leaves the log's wording free to change.
+func WaitStatus(ctx context.Context, p *Proc, addr, what string, cond func(st map[string]any) bool) error {
+	var last map[string]any
+	var lastErr error
+	for {
+		st, err := Status(ctx, addr)
+		if err == nil && cond(st) {
+			return nil
+		}
+		if err != nil {
+			lastErr = err
+		} else {
+			last, lastErr = st, nil
+		}
+		if p != nil && p.Exited() {
+			return fmt.Errorf("outboxd exited while waiting for %s on /status (last %v, error %v)", what, last, lastErr)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for %s on /status: %w (last %v, error %v)", what, ctx.Err(), last, lastErr)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Streaming reports a /status document of an outboxd streaming from its slot.
+func Streaming(st map[string]any) bool { return st["streaming"] == true }
+
+// WaitStreaming waits until outboxd streams from its slot.
+func WaitStreaming(ctx context.Context, p *Proc, addr string) error {
+	return WaitStatus(ctx, p, addr, "streaming", Streaming)
+}
