@@ -54,7 +54,7 @@ test-apache: ## only the Apache Kafka runs of make test: e2e on one node, short 
 bench: ## throughput/latency/resources side by side with baselines (~5 min)
 	$(GO) run ./test/cmd/bench
 
-soak: ## fault-injection soak under load on kfake and on a 3-node Apache cluster, at-least-once then exactly-once (4 runs of ~10 min)
+soak: ## fault-injection soak under load on kfake and on a 3-node Apache cluster, at-least-once then exactly-once (4 runs of 10-12 min)
 	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -mode at-least-once
 	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -mode exactly-once
 	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -mode at-least-once -kafka apache-cluster
