@@ -234,7 +234,8 @@ type Results struct {
 	EOSLatency  *EOSLatency
 	BigTxn      *RelayCase
 	Large       *RelayCase
-	Restarts    int // servers that died (were stopped from outside) and were restarted
+	Debezium    *DebeziumResults // the debezium case (nil: not run)
+	Restarts    int              // servers that died (were stopped from outside) and were restarted
 }
 
 // EOSLatency is outboxd --exactly-once at one rate beside the at-least-once
@@ -270,6 +271,9 @@ func (r *Results) Failed() bool {
 		}
 	}
 	if l := r.EOSLatency; l != nil && (l.ALOErr != nil || l.EOSErr != nil) {
+		return true
+	}
+	if r.Debezium.Failed() {
 		return true
 	}
 	return (r.BigTxn != nil && r.BigTxn.Err != nil) || (r.Large != nil && r.Large.Err != nil)
@@ -377,6 +381,9 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 			e.progress("large payloads FAILED: %v", large.Err)
 		}
 		res.Large = &large
+	}
+	if cfg.Cases["debezium"] {
+		res.Debezium = e.DebeziumCase(ctx)
 	}
 	res.LoadEnd = loadAvg()
 	res.Restarts = e.Restarts

@@ -19,7 +19,10 @@ type CeilingRun struct {
 	Inserts int
 	Commits int
 	EndLSN  uint64 // end LSN of the last commit: what a relay must confirm
-	CPU     CPUSplit
+	// CommitLSN is the last commit's LSN (the start of its commit record):
+	// what Debezium confirms.
+	CommitLSN uint64
+	CPU       CPUSplit
 }
 
 // readCeiling streams slot with the options outboxd uses (pgoutput
@@ -37,9 +40,9 @@ func (e *Env) readCeiling(ctx context.Context, w *world, slot string, want int, 
 	)
 	_, err := streamSlot(ctx, w.dsn, slot, func(pid int) { walsender = pid },
 		func([]byte) { r.Inserts++ },
-		func(end uint64) bool {
+		func(commit, end uint64) bool {
 			r.Commits++
-			r.EndLSN = end
+			r.CommitLSN, r.EndLSN = commit, end
 			if r.Inserts < want {
 				return false
 			}
@@ -57,7 +60,7 @@ func (e *Env) readCeiling(ctx context.Context, w *world, slot string, want int, 
 // onInsert with each Insert message (valid only during the call). started,
 // if not nil, gets the walsender's pid once streaming started. It returns
 // the walsender's pid.
-func streamSlot(ctx context.Context, dsn, slot string, started func(walsender int), onInsert func(msg []byte), onCommit func(endLSN uint64) bool) (int, error) {
+func streamSlot(ctx context.Context, dsn, slot string, started func(walsender int), onInsert func(msg []byte), onCommit func(commitLSN, endLSN uint64) bool) (int, error) {
 	cfg, err := pgconn.ParseConfig(dsn)
 	if err != nil {
 		return 0, err
@@ -154,7 +157,7 @@ func streamSlot(ctx context.Context, dsn, slot string, started func(walsender in
 					return walsender, fmt.Errorf("Commit of %d bytes", len(msg))
 				}
 				flushed = binary.BigEndian.Uint64(msg[10:18])
-				if onCommit(flushed) {
+				if onCommit(binary.BigEndian.Uint64(msg[2:10]), flushed) {
 					return walsender, status()
 				}
 			}

@@ -363,6 +363,7 @@ func (r *Results) Table(w io.Writer) (missed []string) {
 			missed = append(missed, rw[1])
 		}
 	}
+	missed = append(missed, r.Debezium.Table(w)...)
 	fmt.Fprint(w, `
 drain:    events/s from outboxd process start until the topic's end offsets sum to the event count AND the slot's
           confirmed_flush_lsn reached the last commit's end LSN. ceiling: a client opening the same kind of slot (pgoutput

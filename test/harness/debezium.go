@@ -42,6 +42,9 @@ type DebeziumOptions struct {
 	// Worker holds worker properties over test/debezium/worker.properties
 	// (offset.flush.interval.ms, say).
 	Worker map[string]string
+	// JVM, when set, replaces the harness's small-heap JVM flags (heap, GC,
+	// JIT), e.g. with those connect-standalone.sh uses.
+	JVM []string
 }
 
 // Debezium is one Kafka Connect standalone JVM running Debezium's
@@ -277,6 +280,9 @@ func (d *Debezium) Start(ctx context.Context) error {
 		return fmt.Errorf("debezium: %w", err)
 	}
 	args := append([]string(nil), jvmFlags...)
+	if d.opts.JVM != nil {
+		args = append([]string(nil), d.opts.JVM...)
+	}
 	args = append(args, "-Dlog4j2.configurationFile="+logCfg, "-cp", filepath.Join(d.libs, "*"),
 		"org.apache.kafka.connect.cli.ConnectStandalone", d.workerPath(), d.connectorPath())
 	proc, err := StartProc(ctx, "connect", "java", args, nil, d.dir)
