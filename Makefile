@@ -50,8 +50,8 @@ test-apache: ## only the Apache Kafka runs of make test: e2e on one node, short 
 	OUTBOXD_TEST_KAFKA_KIND=apache $(GO) test -count=1 -timeout 20m ./test/e2e/
 	$(GO) test -count=1 -timeout 20m -run TestFaultsShort ./test/fault/ -kafka apache-cluster
 
-bench: ## throughput/latency/resources side by side with baselines (~5 min)
-	$(GO) run ./test/cmd/bench
+bench: ## throughput/latency/resources side by side with baselines and Debezium; BENCH_ARGS="-cases debezium -brokers apache" for one case
+	$(GO) run ./test/cmd/bench $(BENCH_ARGS)
 
 soak: ## fault-injection soak under load on kfake and on a 3-node Apache cluster, at-least-once then exactly-once (4 runs of ~10 min)
 	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -mode at-least-once

@@ -4,9 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/outboxd/outboxd/test/harness"
 )
 
 // TestDrainQuick runs one small drain case end to end (backlog, read-only
@@ -15,18 +19,25 @@ import (
 // sane.
 func TestDrainQuick(t *testing.T) {
 	if testing.Short() {
-		t.Skip("starts PostgreSQL, kfaked and outboxd")
+		t.Skip("starts PostgreSQL, a broker and outboxd")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	cfg := DefaultConfig(true)
 	cfg.Cases = map[string]bool{"drain": true, "eos": true}
 	cfg.TxnSizes = []int{10}
+	kind, err := harness.KafkaKind() // OUTBOXD_TEST_KAFKA_KIND=apache runs it on Apache Kafka
+	if err != nil {
+		t.Fatal(err)
+	}
 	e, err := StartEnv(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer e.Close()
+	if err := e.StartBroker(ctx, kind); err != nil {
+		t.Fatal(err)
+	}
 
 	const events, perTxn = 5000, 10
 	start := time.Now()
@@ -76,11 +87,18 @@ func TestDrainQuick(t *testing.T) {
 		return LatencyRun{Rate: 1000, Duration: 5 * time.Second, Writers: 4, Sent: 5000, Received: 5000, Achieved: 1000,
 			P50: p50, P95: 2 * p50, P99: 3 * p50, Max: 4 * p50}
 	}
-	res := &Results{Config: cfg, Started: start, Machine: e.Machine, Drains: []RelayCase{c},
-		EOSLatency: &EOSLatency{Rate: 1000, ALO: lat(2 * time.Millisecond), EOS: lat(50 * time.Millisecond)}}
+	res := &Results{Config: cfg, Started: start, Machine: e.Machine, Columns: []*Column{{Broker: kind, Desc: e.BrokerDesc, Drains: []RelayCase{c},
+		EOSLatency: &EOSLatency{Rate: 1000, ALO: lat(2 * time.Millisecond), EOS: lat(50 * time.Millisecond)}}}}
 	var out bytes.Buffer
 	res.Table(&out)
-	for _, want := range []string{"drain 5,000 events, 10 ev/txn", "read-only ceiling", "polling (100/claim)", "nproc",
+	brokerCPU := map[string]string{harness.KindKfake: "kfaked ", harness.KindApache: "kafka JVM ", harness.KindApacheCluster: "3 kafka JVMs "}[kind]
+	if brokerCPU != "" && !strings.Contains(r.CPU.String(), brokerCPU) {
+		t.Errorf("CPU split %q lacks the broker (%q)", r.CPU.String(), brokerCPU)
+	}
+	if brokerCPU != "" && r.CPU.Broker <= 0 {
+		t.Errorf("CPU split %+v: the broker used no CPU in a drain of %d events", r.CPU, events)
+	}
+	for _, want := range []string{"drain 5,000 events, 10 ev/txn", "read-only ceiling", "| " + kind + " ", "kafka:    " + kind, "polling (100/claim)", "nproc",
 		"exactly-once drain 5,000 events, 10 ev/txn", "at-least-once ", "exactly-once latency 1,000 ev/s × 5s",
 		"50.0ms / 100ms / 150ms / 200ms", "p99 25.00×", "+48.0ms / +96.0ms / +144ms / +192ms"} {
 		if !strings.Contains(out.String(), want) {
@@ -114,5 +132,51 @@ func TestHelpers(t *testing.T) {
 	}
 	if got := chunksFor(200); got != 2 {
 		t.Errorf("chunksFor(200) = %d, want 2", got)
+	}
+}
+
+// TestTableColumns checks the broker column: each measurement's rows of
+// every broker side by side, brokers in run order, and targets per broker
+// kind (a miss on Apache single node is reported, none on the cluster).
+func TestTableColumns(t *testing.T) {
+	drain := func(perTxn int, ceiling, relay time.Duration) RelayCase {
+		return RelayCase{Name: "d", Events: 1000, PerTxn: perTxn, Backlog: backlog{Events: 1000, PerTxn: perTxn, Txns: 1000 / perTxn, PayloadBytes: 200_000},
+			Ceilings: []CeilingRun{{Elapsed: ceiling}}, Relays: []RelayRun{{Elapsed: relay, OutboxdCPU: time.Millisecond}}}
+	}
+	cols := []*Column{
+		{Broker: "kfake", Drains: []RelayCase{drain(10, time.Second, 900*time.Millisecond), drain(100, time.Second, 900*time.Millisecond)}},
+		{Broker: "apache", Drains: []RelayCase{drain(10, time.Second, 2*time.Second), drain(100, time.Second, 900*time.Millisecond)}},
+		{Broker: "apache-cluster", Drains: []RelayCase{drain(10, time.Second, 3*time.Second), drain(100, time.Second, 3*time.Second)}},
+		{Broker: "external", Err: errors.New("no such broker")},
+	}
+	res := &Results{Config: Config{Cases: map[string]bool{"drain": true}, DrainEvents: 1000}, Columns: cols}
+	var out bytes.Buffer
+	missed := res.Table(&out)
+	if want := []string{"apache: drain 1,000 events, 10 ev/txn (200 B payloads)"}; !slices.Equal(missed, want) {
+		t.Errorf("missed = %q, want %q", missed, want)
+	}
+	if !res.Failed() {
+		t.Error("a column whose broker did not start is not a failure")
+	}
+	var kafkaCol []string
+	for _, line := range strings.Split(out.String(), "\n") {
+		cells := strings.Split(line, "|")
+		if len(cells) == 10 && strings.HasPrefix(strings.TrimSpace(cells[2]), "drain") {
+			kafkaCol = append(kafkaCol, strings.TrimSpace(cells[2])+" "+strings.TrimSpace(cells[3])+" "+strings.TrimSpace(cells[8]))
+		}
+	}
+	want := []string{
+		"drain 1,000 events, 10 ev/txn (200 B payloads) kfake PASS",
+		"drain 1,000 events, 10 ev/txn (200 B payloads) apache FAIL",
+		"drain 1,000 events, 10 ev/txn (200 B payloads) apache-cluster —",
+		"drain 1,000 events, 100 ev/txn (200 B payloads) kfake PASS",
+		"drain 1,000 events, 100 ev/txn (200 B payloads) apache PASS",
+		"drain 1,000 events, 100 ev/txn (200 B payloads) apache-cluster —",
+	}
+	if !slices.Equal(kafkaCol, want) {
+		t.Errorf("drain rows (measurement, kafka, result):\n%s\nwant:\n%s\ntable:\n%s", strings.Join(kafkaCol, "\n"), strings.Join(want, "\n"), out.String())
+	}
+	if !strings.Contains(out.String(), "| broker ") || !strings.Contains(out.String(), "ERROR: no such broker") {
+		t.Errorf("the failed broker has no ERROR row:\n%s", out.String())
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/outboxd/outboxd/test/harness"
 )
 
 // RelayCase is one backlog relayed three ways from the same WAL: one slot
@@ -219,13 +221,26 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 	return c
 }
 
-// Results is everything one run measured.
+// Results is everything one run measured: one Column per broker, all on
+// the same PostgreSQL cluster.
 type Results struct {
-	Config      Config
-	Started     time.Time
+	Config     Config
+	Started    time.Time
+	Took       time.Duration
+	Machine    Machine
+	PGSettings string
+	LoadEnd    string
+	Columns    []*Column
+	Debezium   *DebeziumResults // the debezium case, on the Apache single node (nil: not run)
+}
+
+// Column is every case measured on one broker.
+type Column struct {
+	Broker      string // harness kind: kfake, apache, apache-cluster, external
+	Desc        string // what the broker is (version, nodes, JVM flags, replication)
+	Err         error  // the broker did not start: nothing was measured
 	Took        time.Duration
-	Machine     Machine
-	PGSettings  string
+	LoadStart   string
 	LoadEnd     string
 	Drains      []RelayCase
 	EOSDrains   []RelayCase // exactly-once drains of sizes the drain case did not run (with eos on, Drains of EOSTxnSizes hold theirs)
@@ -234,8 +249,7 @@ type Results struct {
 	EOSLatency  *EOSLatency
 	BigTxn      *RelayCase
 	Large       *RelayCase
-	Debezium    *DebeziumResults // the debezium case (nil: not run)
-	Restarts    int              // servers that died (were stopped from outside) and were restarted
+	Restarts    int // servers that died (were stopped from outside) and were restarted
 }
 
 // EOSLatency is outboxd --exactly-once at one rate beside the at-least-once
@@ -247,7 +261,7 @@ type EOSLatency struct {
 }
 
 // EOSCases are the drain cases that ran exactly-once relays, in order.
-func (r *Results) EOSCases() []RelayCase {
+func (r *Column) EOSCases() []RelayCase {
 	var cs []RelayCase
 	for _, c := range append(append([]RelayCase(nil), r.Drains...), r.EOSDrains...) {
 		if c.EOS {
@@ -258,8 +272,12 @@ func (r *Results) EOSCases() []RelayCase {
 	return cs
 }
 
-// Failed reports whether any case failed to run (not whether targets were met).
-func (r *Results) Failed() bool {
+// Failed reports whether the broker did not start or any case failed to
+// run (not whether targets were met).
+func (r *Column) Failed() bool {
+	if r.Err != nil {
+		return true
+	}
 	for _, c := range append(append([]RelayCase(nil), r.Drains...), r.EOSDrains...) {
 		if c.Err != nil {
 			return true
@@ -273,21 +291,76 @@ func (r *Results) Failed() bool {
 	if l := r.EOSLatency; l != nil && (l.ALOErr != nil || l.EOSErr != nil) {
 		return true
 	}
-	if r.Debezium.Failed() {
-		return true
-	}
 	return (r.BigTxn != nil && r.BigTxn.Err != nil) || (r.Large != nil && r.Large.Err != nil)
 }
 
-// Run starts the servers, runs the selected cases and stops everything.
+// Failed reports whether any column failed to run.
+func (r *Results) Failed() bool {
+	if r.Debezium.Failed() {
+		return true
+	}
+	for _, c := range r.Columns {
+		if c.Failed() {
+			return true
+		}
+	}
+	return false
+}
+
+// Run starts PostgreSQL, then for each broker of cfg.Brokers in turn starts
+// it, runs the selected cases on it and stops it, and stops everything.
 func Run(ctx context.Context, cfg Config) (*Results, error) {
 	res := &Results{Config: cfg, Started: time.Now()}
+	if len(cfg.Brokers) == 0 {
+		return nil, errors.New("no broker selected")
+	}
 	e, err := StartEnv(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
 	defer e.Close()
 	res.Machine, res.PGSettings = e.Machine, e.PGSettings
+	for i, kind := range cfg.Brokers {
+		col := &Column{Broker: kind, LoadStart: loadAvg()}
+		start := time.Now()
+		if col.Err = e.StartBroker(ctx, kind); col.Err != nil {
+			e.progress("broker %s FAILED to start: %v", kind, col.Err)
+		} else {
+			col.Desc = e.BrokerDesc
+			restarts := e.Restarts
+			e.runCases(ctx, col, i == 0)
+			if kind == harness.KindApache && cfg.Cases["debezium"] {
+				res.Debezium = e.DebeziumCase(ctx)
+			}
+			col.Restarts = e.Restarts - restarts
+			e.StopBroker()
+		}
+		col.Took, col.LoadEnd = time.Since(start), loadAvg()
+		res.Columns = append(res.Columns, col)
+		e.progress("broker %s: done in %s", kind, col.Took.Round(time.Second))
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	if cfg.Cases["debezium"] && res.Debezium == nil && ctx.Err() == nil {
+		// -brokers without apache: the debezium case brings its own node.
+		if err := e.StartBroker(ctx, harness.KindApache); err != nil {
+			res.Debezium = &DebeziumResults{Err: err}
+		} else {
+			res.Debezium = e.DebeziumCase(ctx)
+			e.StopBroker()
+		}
+	}
+	res.LoadEnd = loadAvg()
+	res.Took = time.Since(res.Started)
+	return res, nil
+}
+
+// runCases runs the selected cases on the running broker. The read-only
+// pgoutput reader's latency involves no broker: it is measured in the first
+// column only (floor).
+func (e *Env) runCases(ctx context.Context, res *Column, floor bool) {
+	cfg := e.cfg
 	// Exactly-once drains ride along in the drain cases of the same size (same
 	// backlog, alternating with the at-least-once runs); sizes that the drain
 	// case does not run get a case of their own.
@@ -313,17 +386,27 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 			res.EOSDrains = append(res.EOSDrains, c)
 		}
 	}
+	logRun := func(l LatencyRun, err error) {
+		if err != nil {
+			e.progress("latency FAILED: %v", err)
+		} else {
+			e.progress("latency: %s at %d/s: p50 %s p95 %s p99 %s max %s (achieved %.0f/s, max writer lag %s)", l.Publisher, l.Rate,
+				ms(l.P50), ms(l.P95), ms(l.P99), ms(l.Max), l.Achieved, ms(l.MaxLag))
+		}
+	}
 	if cfg.Cases["latency"] {
 		for _, rate := range cfg.LatencyRates {
-			runs := []struct {
+			type pub struct {
 				kind string
 				idle time.Duration
-			}{{kind: "pgoutput"}, {kind: "outboxd"}}
+			}
+			var runs []pub
+			if floor {
+				runs = append(runs, pub{kind: "pgoutput"})
+			}
+			runs = append(runs, pub{kind: "outboxd"})
 			for _, iv := range cfg.PollIntervals {
-				runs = append(runs, struct {
-					kind string
-					idle time.Duration
-				}{"polling", iv})
+				runs = append(runs, pub{"polling", iv})
 			}
 			for _, r := range runs {
 				label := r.kind
@@ -332,12 +415,7 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 				}
 				e.progress("latency: %s at %d ev/s for %s", label, rate, cfg.LatencyDuration)
 				l, err := e.latency(ctx, r.kind, rate, cfg.LatencyDuration, r.idle)
-				if err != nil {
-					e.progress("latency FAILED: %v", err)
-				} else {
-					e.progress("latency: %s at %d/s: p50 %s p95 %s p99 %s max %s (achieved %.0f/s, max writer lag %s)", l.Publisher, rate,
-						ms(l.P50), ms(l.P95), ms(l.P99), ms(l.Max), l.Achieved, ms(l.MaxLag))
-				}
+				logRun(l, err)
 				res.Latency = append(res.Latency, l)
 				res.LatencyErrs = append(res.LatencyErrs, err)
 			}
@@ -350,14 +428,6 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 		for i, l := range res.Latency {
 			if l.Publisher == "outboxd" && l.Rate == rate {
 				el.ALO, el.ALOErr, found = l, res.LatencyErrs[i], true
-			}
-		}
-		logRun := func(l LatencyRun, err error) {
-			if err != nil {
-				e.progress("latency FAILED: %v", err)
-			} else {
-				e.progress("latency: %s at %d/s: p50 %s p95 %s p99 %s max %s (achieved %.0f/s, max writer lag %s)", l.Publisher, rate,
-					ms(l.P50), ms(l.P95), ms(l.P99), ms(l.Max), l.Achieved, ms(l.MaxLag))
 			}
 		}
 		if !found {
@@ -382,13 +452,6 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 		}
 		res.Large = &large
 	}
-	if cfg.Cases["debezium"] {
-		res.Debezium = e.DebeziumCase(ctx)
-	}
-	res.LoadEnd = loadAvg()
-	res.Restarts = e.Restarts
-	res.Took = time.Since(res.Started)
-	return res, nil
 }
 
 func mib(b int64) float64 { return float64(b) / (1 << 20) }

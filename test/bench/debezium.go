@@ -10,9 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/outboxd/outboxd/test/harness"
 )
 
@@ -22,7 +19,7 @@ import (
 type DebeziumConfig struct {
 	Events          int           // events per drain (100k; -quick 10k)
 	TxnSizes        []int         // events per transaction of the drains
-	FastFlush       bool          // also drain with offset.flush.interval.ms=1000
+	FastFlushTxn    int           // the drain of this transaction size also runs Debezium with offset.flush.interval.ms=1000 (0: none)
 	LatencyRates    []int         // events/s of the latency runs
 	LatencyDuration time.Duration // how long writers write in each latency run
 	IdleWAL         int64         // bytes of unrelated WAL in the idle-slot case (0: not run)
@@ -34,7 +31,7 @@ func defaultDebezium(quick bool) DebeziumConfig {
 	c := DebeziumConfig{
 		Events:          100_000,
 		TxnSizes:        []int{1, 10, 100},
-		FastFlush:       true,
+		FastFlushTxn:    10,
 		LatencyRates:    []int{1000, 5000},
 		LatencyDuration: 20 * time.Second,
 		IdleWAL:         50 << 20,
@@ -142,41 +139,6 @@ func (d *DebeziumResults) Failed() bool {
 		}
 	}
 	return false
-}
-
-// apacheEnv returns an Env whose broker is an Apache Kafka single node: e
-// itself when its broker is one, otherwise a copy of e on a node started
-// here (closed by the returned func). Debezium and outboxd then share it.
-func (e *Env) apacheEnv(ctx context.Context) (*Env, func(), error) {
-	if e.Kafka.Kind() == harness.KindApache {
-		return e, func() {}, nil
-	}
-	e.progress("debezium: starting Apache Kafka (one KRaft node)")
-	k, err := harness.StartKafkaKind(ctx, harness.KindApache)
-	if err != nil {
-		return nil, nil, err
-	}
-	opts, err := k.ClientOpts()
-	if err != nil {
-		k.Close()
-		return nil, nil, err
-	}
-	cl, err := kgo.NewClient(opts...)
-	if err != nil {
-		k.Close()
-		return nil, nil, err
-	}
-	sub := *e
-	sub.Kafka, sub.kcl, sub.adm = k, cl, kadm.NewClient(cl)
-	sub.kfakedPID = 0
-	if a := k.Apache(); a != nil && len(a.Nodes()) > 0 {
-		sub.kfakedPID = findProc(filepath.Join(filepath.Dir(a.Nodes()[0].LogFile()), "server.properties"))
-	}
-	return &sub, func() {
-		e.worlds = sub.worlds
-		cl.Close()
-		k.Close()
-	}, nil
 }
 
 // startDebezium runs Kafka Connect standalone with Debezium on w's
@@ -296,8 +258,8 @@ func readFile(path string) string {
 }
 
 // debeziumDrain writes one backlog and reads it with the ceiling reader,
-// outboxd, Debezium with Connect's defaults and (FastFlush) Debezium with a
-// 1 s offset flush, each on its own slot created before the backlog.
+// outboxd, Debezium with Connect's defaults and (FastFlushTxn) Debezium with
+// a 1 s offset flush, each on its own slot created before the backlog.
 func (e *Env) debeziumDrain(ctx context.Context, perTxn int, res *DebeziumResults) (c DebeziumDrain) {
 	cfg := e.cfg.Debezium
 	c.PerTxn = perTxn
@@ -309,7 +271,7 @@ func (e *Env) debeziumDrain(ctx context.Context, perTxn int, res *DebeziumResult
 	}
 	defer w.drop()
 	kinds := []string{"ceil", "ob", "dbz"}
-	if cfg.FastFlush {
+	if cfg.FastFlushTxn == perTxn {
 		kinds = append(kinds, "dbzfast")
 	}
 	slot := func(kind string) string { return "bench_" + kind + "_" + name }
@@ -335,7 +297,7 @@ func (e *Env) debeziumDrain(ctx context.Context, perTxn int, res *DebeziumResult
 	o := c.Outboxd
 	e.progress("%s: outboxd kafka %s, confirmed %s, CPU %s, peak RSS %.1f MiB", name, o.KafkaAt.Round(time.Millisecond), o.ConfirmedAt.Round(time.Millisecond), o.OutboxdCPU, mib(o.PeakRSS))
 	flushes := []time.Duration{defaultFlush}
-	if cfg.FastFlush {
+	if cfg.FastFlushTxn == perTxn {
 		flushes = append(flushes, time.Second)
 	}
 	for _, fl := range flushes {
@@ -465,25 +427,17 @@ func (e *Env) debeziumIdle(ctx context.Context) (idle DebeziumIdle) {
 	return idle
 }
 
-// DebeziumCase runs the debezium case on an Apache Kafka single node.
+// DebeziumCase runs the debezium case on the running broker: Run calls it
+// while the Apache Kafka single node is up, after outboxd's own cases.
 func (e *Env) DebeziumCase(ctx context.Context) *DebeziumResults {
-	res := &DebeziumResults{Broker: "Apache Kafka, one KRaft node", JVM: strings.Join(debeziumJVM, " ")}
+	res := &DebeziumResults{Broker: e.BrokerDesc, JVM: strings.Join(debeziumJVM, " ")}
 	if res.Err = e.ensureServers(ctx); res.Err != nil {
 		return res
 	}
-	ae, closeBroker, err := e.apacheEnv(ctx)
-	if err != nil {
-		res.Err = fmt.Errorf("starting Apache Kafka: %w", err)
-		return res
-	}
-	defer closeBroker()
-	if a := ae.Kafka.Apache(); a != nil {
-		res.Broker = fmt.Sprintf("Apache Kafka %s, one KRaft node on 127.0.0.1", a.Version())
-	}
-	wctx, stop := ae.watch(ctx)
+	wctx, stop := e.watch(ctx)
 	defer stop()
 	for _, k := range e.cfg.Debezium.TxnSizes {
-		c := ae.debeziumDrain(wctx, k, res)
+		c := e.debeziumDrain(wctx, k, res)
 		if c.Err != nil {
 			e.progress("debezium drain %d ev/txn FAILED: %v", k, c.Err)
 		}
@@ -493,7 +447,7 @@ func (e *Env) DebeziumCase(ctx context.Context) *DebeziumResults {
 		l := DebeziumLatency{Rate: rate}
 		for _, kind := range []string{"outboxd", "debezium"} {
 			e.progress("debezium: latency, %s at %d ev/s for %s", kind, rate, e.cfg.Debezium.LatencyDuration)
-			run, err := ae.latency(wctx, kind, rate, e.cfg.Debezium.LatencyDuration, 0)
+			run, err := e.latency(wctx, kind, rate, e.cfg.Debezium.LatencyDuration, 0)
 			if err != nil {
 				e.progress("latency FAILED: %v", err)
 			} else {
@@ -508,7 +462,7 @@ func (e *Env) DebeziumCase(ctx context.Context) *DebeziumResults {
 		res.Latency = append(res.Latency, l)
 	}
 	if e.cfg.Debezium.IdleWAL > 0 {
-		idle := ae.debeziumIdle(wctx)
+		idle := e.debeziumIdle(wctx)
 		if idle.Err != nil {
 			e.progress("debezium idle slot FAILED: %v", idle.Err)
 		}

@@ -1,10 +1,12 @@
 // Package bench measures outboxd against what bounds it and what it
-// replaces, on one throwaway PostgreSQL server and one kfaked broker, in one
-// run: backlog drain throughput beside a read-only pgoutput reader (the
-// walsender's ceiling) and a polling publisher, commit-to-consumer latency at
-// fixed write rates, CPU and memory use, and the cost of exactly-once mode
-// (drain throughput and latency beside at-least-once). `make bench` runs it through
-// test/cmd/bench; bench_test.go runs one small case so the code keeps working.
+// replaces, on one throwaway PostgreSQL server, in one run, once per broker
+// kind (kfake, one Apache Kafka node, a 3-node Apache cluster): backlog drain
+// throughput beside a read-only pgoutput reader (the walsender's ceiling) and
+// a polling publisher, commit-to-consumer latency at fixed write rates, CPU
+// (broker processes included) and memory use, and the cost of exactly-once
+// mode (drain throughput and latency beside at-least-once). `make bench` runs
+// it through test/cmd/bench; bench_test.go runs one small case so the code
+// keeps working.
 package bench
 
 import (
@@ -13,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -41,6 +44,7 @@ type Config struct {
 	OutboxdEnv      []string        // added to outboxd's environment (KEY=VALUE), e.g. GOMAXPROCS=1
 	Cases           map[string]bool // drain, latency, resources, eos, debezium
 	Debezium        DebeziumConfig  // the debezium case (debezium.go)
+	Brokers         []string        // broker kinds, one column each, in order (harness kinds: kfake, apache, apache-cluster, external)
 	SkipPolling     bool            // drain cases without the polling publisher
 	PerfDir         string          // if set, `perf record` outboxd and its walsender during drains
 	Progress        io.Writer       // progress lines (nil: discarded)
@@ -62,6 +66,7 @@ func DefaultConfig(quick bool) Config {
 		LargePayload:    4096,
 		Cases:           map[string]bool{"drain": true, "latency": true, "resources": true, "eos": true, "debezium": true},
 		Debezium:        defaultDebezium(quick),
+		Brokers:         DefaultBrokers(),
 	}
 	if quick {
 		c.DrainEvents = 10_000
@@ -73,7 +78,22 @@ func DefaultConfig(quick bool) Config {
 	return c
 }
 
-// Env is the servers and the binary every case shares.
+// AllBrokers are the broker kinds `make bench` measures, one column each.
+var AllBrokers = []string{harness.KindKfake, harness.KindApache, harness.KindApacheCluster}
+
+// DefaultBrokers is every kind in AllBrokers, or only the one the
+// environment names (OUTBOXD_TEST_KAFKA: external; OUTBOXD_TEST_KAFKA_KIND).
+func DefaultBrokers() []string {
+	if os.Getenv(harness.EnvKafka) != "" || os.Getenv(harness.EnvKafkaKind) != "" {
+		if kind, err := harness.KafkaKind(); err == nil {
+			return []string{kind}
+		}
+	}
+	return append([]string(nil), AllBrokers...)
+}
+
+// Env is the servers and the binary every case shares: one PostgreSQL
+// cluster for the whole run, one broker at a time (StartBroker).
 type Env struct {
 	cfg    Config
 	PG     *harness.Postgres
@@ -84,7 +104,8 @@ type Env struct {
 	adm    *kadm.Client
 
 	postmasterPID int
-	kfakedPID     int
+	brokerPIDs    []int  // the broker's processes: kfaked, or one JVM per Apache node
+	BrokerDesc    string // what the broker is, for the table header
 	Machine       Machine
 	PGSettings    string
 	worlds        int // worlds created so far
@@ -97,11 +118,14 @@ func alive(pid int) bool {
 	return err == nil && st.state != 'Z'
 }
 
-// checkServers fails when kfaked or PostgreSQL died: something outside the
-// bench stopped them (other processes on a shared machine), or they crashed.
+// checkServers fails when the broker or PostgreSQL died: something outside
+// the bench stopped them (other processes on a shared machine), or they
+// crashed.
 func (e *Env) checkServers() error {
-	if e.kfakedPID > 0 && !alive(e.kfakedPID) {
-		return fmt.Errorf("kfaked (pid %d) exited during the case; log: %s", e.kfakedPID, e.Kafka.LogFile())
+	for _, pid := range e.brokerPIDs {
+		if !alive(pid) {
+			return fmt.Errorf("%s broker (pid %d) exited during the case; log: %s", e.Kafka.Kind(), pid, e.Kafka.LogFile())
+		}
 	}
 	if e.postmasterPID > 0 && !alive(e.postmasterPID) {
 		return fmt.Errorf("postgres (pid %d) exited during the case", e.postmasterPID)
@@ -123,9 +147,7 @@ func (e *Env) ensureServers(ctx context.Context) error {
 		return err
 	}
 	e.postmasterPID = postmasterPID(e.PG.Dir())
-	if lf := e.Kafka.LogFile(); lf != "" {
-		e.kfakedPID = findProc("-data-dir " + filepath.Join(filepath.Dir(lf), "data"))
-	}
+	e.brokerPIDs = e.findBrokerPIDs()
 	return e.checkServers()
 }
 
@@ -158,7 +180,8 @@ var benchConf = [][2]string{
 	{"checkpoint_timeout", "1h"},
 }
 
-// StartEnv builds outboxd and starts PostgreSQL and kfaked. Close it.
+// StartEnv builds outboxd and starts PostgreSQL; StartBroker starts a
+// broker. Close it.
 func StartEnv(ctx context.Context, cfg Config) (_ *Env, err error) {
 	e := &Env{cfg: cfg, Machine: describeMachine()}
 	defer func() {
@@ -166,7 +189,7 @@ func StartEnv(ctx context.Context, cfg Config) (_ *Env, err error) {
 			e.Close()
 		}
 	}()
-	e.progress("building outboxd and kfaked")
+	e.progress("building outboxd")
 	if e.bin, err = harness.BuildBinary(ctx, "./cmd/outboxd"); err != nil {
 		return nil, err
 	}
@@ -181,22 +204,7 @@ func StartEnv(ctx context.Context, cfg Config) (_ *Env, err error) {
 	if e.PG, err = harness.StartPostgres(ctx, opts...); err != nil {
 		return nil, err
 	}
-	e.progress("starting kfaked")
-	if e.Kafka, err = harness.StartKafka(ctx); err != nil {
-		return nil, err
-	}
-	copts, err := e.Kafka.ClientOpts()
-	if err != nil {
-		return nil, err
-	}
-	if e.kcl, err = kgo.NewClient(copts...); err != nil {
-		return nil, err
-	}
-	e.adm = kadm.NewClient(e.kcl)
 	e.postmasterPID = postmasterPID(e.PG.Dir())
-	if lf := e.Kafka.LogFile(); lf != "" {
-		e.kfakedPID = findProc("-data-dir " + filepath.Join(filepath.Dir(lf), "data"))
-	}
 	conn, err := e.PG.Connect(ctx, "postgres")
 	if err != nil {
 		return nil, err
@@ -226,14 +234,151 @@ func StartEnv(ctx context.Context, cfg Config) (_ *Env, err error) {
 	return e, nil
 }
 
-// Close stops everything StartEnv started and removes the temp dirs.
-func (e *Env) Close() {
+// StartBroker stops the running broker, if any, and starts one of kind
+// (a harness kind). Only one runs at a time, so that an idle JVM does not
+// share the CPU with another broker's measurements.
+func (e *Env) StartBroker(ctx context.Context, kind string) (err error) {
+	e.StopBroker()
+	defer func() {
+		if err != nil {
+			e.StopBroker()
+		}
+	}()
+	e.progress("starting broker: %s", kind)
+	start := time.Now()
+	if e.Kafka, err = harness.StartKafkaKind(ctx, kind); err != nil {
+		return fmt.Errorf("starting %s: %w", kind, err)
+	}
+	copts, err := e.Kafka.ClientOpts()
+	if err != nil {
+		return err
+	}
+	if e.kcl, err = kgo.NewClient(copts...); err != nil {
+		return err
+	}
+	e.adm = kadm.NewClient(e.kcl)
+	e.brokerPIDs = e.findBrokerPIDs()
+	e.BrokerDesc = e.describeBroker()
+	e.progress("broker %s ready in %s: %s", kind, time.Since(start).Round(100*time.Millisecond), e.BrokerDesc)
+	if err := e.warmBroker(ctx); err != nil {
+		return fmt.Errorf("warming up %s: %w", kind, err)
+	}
+	return nil
+}
+
+// warmBroker does once what would otherwise land in the first measured
+// run: a fresh JVM compiles its hot paths, and Apache Kafka creates its
+// transaction state log on the first transactional producer. It produces
+// warmupRecords records (acks=all, idempotent) and commits one transaction.
+func (e *Env) warmBroker(ctx context.Context) error {
+	const warmupRecords, topic = 20_000, "bench.warmup"
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	start := time.Now()
+	if _, err := e.adm.CreateTopic(ctx, 3, -1, nil, topic); err != nil && !strings.Contains(err.Error(), "TOPIC_ALREADY_EXISTS") {
+		return fmt.Errorf("creating %s: %w", topic, err)
+	}
+	opts, err := e.Kafka.ClientOpts()
+	if err != nil {
+		return err
+	}
+	cl, err := kgo.NewClient(append(opts, kgo.DefaultProduceTopic(topic), kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.TransactionalID(fmt.Sprintf("bench-warmup-%d", os.Getpid())))...)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	payload := make([]byte, 200)
+	for i := 0; i < warmupRecords; i += 1000 {
+		if err := cl.BeginTransaction(); err != nil {
+			return err
+		}
+		recs := make([]*kgo.Record, 1000)
+		for j := range recs {
+			recs[j] = &kgo.Record{Key: fmt.Appendf(nil, "k%d", j%100), Value: payload}
+		}
+		if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+			return err
+		}
+		if err := cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
+			return err
+		}
+	}
+	e.progress("broker warmed up in %s (%d records in %d transactions)", time.Since(start).Round(100*time.Millisecond), warmupRecords, warmupRecords/1000)
+	return nil
+}
+
+// StopBroker stops the broker StartBroker started and removes its data.
+func (e *Env) StopBroker() {
 	if e.kcl != nil {
 		e.kcl.Close()
+		e.kcl, e.adm = nil, nil
 	}
 	if e.Kafka != nil {
 		e.Kafka.Close()
+		e.Kafka = nil
 	}
+	e.brokerPIDs, e.BrokerDesc = nil, ""
+}
+
+// findBrokerPIDs returns the broker's processes: each Apache node's JVM,
+// or kfaked (found by its data dir); none for an external cluster.
+func (e *Env) findBrokerPIDs() []int {
+	var pids []int
+	if a := e.Kafka.Apache(); a != nil {
+		for _, nd := range a.Nodes() {
+			if pid := nd.Pid(); pid > 0 {
+				pids = append(pids, pid)
+			}
+		}
+		return pids
+	}
+	if lf := e.Kafka.LogFile(); lf != "" && !e.Kafka.External() {
+		if pid := findProc("-data-dir " + filepath.Join(filepath.Dir(lf), "data")); pid > 0 {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// describeBroker says what the broker is: kind, version, nodes, the JVM's
+// flags as it runs (from its command line) and the topics' replication.
+func (e *Env) describeBroker() string {
+	a := e.Kafka.Apache()
+	switch {
+	case e.Kafka.External():
+		return "external cluster (" + harness.EnvKafka + "=" + strings.Join(e.Kafka.Brokers(), ",") + ")"
+	case a == nil:
+		return "kfaked (franz-go kfake, 1 broker on 127.0.0.1, 3 partitions, segment files on disk)"
+	}
+	n := len(a.Nodes())
+	rf, minISR := min(3, n), 1
+	if n >= 3 {
+		minISR = 2
+	}
+	var jvm []string
+	if len(e.brokerPIDs) > 0 {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", e.brokerPIDs[0])); err == nil {
+			for _, arg := range strings.Split(string(b), "\x00") {
+				if strings.HasPrefix(arg, "-X") {
+					jvm = append(jvm, arg)
+				}
+			}
+		}
+	}
+	java := "java"
+	if out, err := exec.Command("java", "-version").CombinedOutput(); err == nil {
+		line, _, _ := strings.Cut(string(out), "\n")
+		java = strings.TrimSpace(line)
+	}
+	return fmt.Sprintf("Apache Kafka %s, %d KRaft node(s) (broker+controller each) on 127.0.0.1; %s %s; topics 3 partitions, RF %d, min.insync.replicas %d",
+		a.Version(), n, java, strings.Join(jvm, " "), rf, minISR)
+}
+
+// Close stops everything StartEnv and StartBroker started and removes the
+// temp dirs.
+func (e *Env) Close() {
+	e.StopBroker()
 	if e.PG != nil {
 		e.PG.Close()
 	}
@@ -295,7 +440,8 @@ func (e *Env) newWorld(ctx context.Context, name string) (*world, error) {
 			return nil, fmt.Errorf("%s: %w", strings.Fields(sql)[0]+" "+strings.Fields(sql)[1], err)
 		}
 	}
-	resp, err := e.adm.CreateTopics(ctx, 3, 1, nil, w.topic)
+	// Replication factor -1: the broker's default (3 on the Apache cluster).
+	resp, err := e.adm.CreateTopics(ctx, 3, -1, nil, w.topic)
 	if err != nil {
 		return nil, fmt.Errorf("creating topic %s: %w", w.topic, err)
 	}

@@ -149,7 +149,7 @@ type cpuSnapshot struct {
 	at       time.Time
 	busy     time.Duration // the whole machine's non-idle time (/proc/stat)
 	self     time.Duration
-	kfaked   time.Duration
+	broker   map[int]time.Duration // the broker's processes (kfaked or the Kafka JVMs)
 	postgres map[int]time.Duration // children of the postmaster
 }
 
@@ -159,7 +159,8 @@ type CPUSplit struct {
 	Outboxd   time.Duration // the relay process (0 when it did not run)
 	Walsender time.Duration // the walsender(s) serving the measured slot
 	Postgres  time.Duration // every other PostgreSQL process (backends, checkpointer, autovacuum …)
-	Kfaked    time.Duration
+	Broker    time.Duration // kfaked, or every Kafka JVM of the cluster together
+	BrokerIs  string        // what Broker counts: "kfaked", "kafka JVM", "3 kafka JVMs"
 	Bench     time.Duration // this process: the ceiling reader, the polling publisher, writers, monitors
 	Known     bool          // false when the servers are external (no pids)
 	Label     string        // what the Walsender column holds when it is not a walsender
@@ -169,11 +170,15 @@ type CPUSplit struct {
 // Others is the machine's busy time not accounted to the processes above:
 // kernel threads, interrupts and anything else running on the machine.
 func (c CPUSplit) Others() time.Duration {
-	return max(0, c.Busy-(c.Outboxd+c.Walsender+c.Postgres+c.Kfaked+c.Bench))
+	return max(0, c.Busy-(c.Outboxd+c.Walsender+c.Postgres+c.Broker+c.Bench))
 }
 
 func (e *Env) snapshot() cpuSnapshot {
-	return cpuSnapshot{at: time.Now(), busy: machineBusy(), self: cpuOf(os.Getpid()), kfaked: cpuOf(e.kfakedPID), postgres: children(e.postmasterPID)}
+	s := cpuSnapshot{at: time.Now(), busy: machineBusy(), self: cpuOf(os.Getpid()), broker: map[int]time.Duration{}, postgres: children(e.postmasterPID)}
+	for _, pid := range e.brokerPIDs {
+		s.broker[pid] = cpuOf(pid)
+	}
+	return s
 }
 
 // machineBusy is the non-idle CPU time of all cores since boot: user, nice,
@@ -201,7 +206,20 @@ func machineBusy() time.Duration {
 // full, processes that ended during it are lost (short-lived backends only).
 func (e *Env) split(s cpuSnapshot, walsenders ...int) CPUSplit {
 	now := e.snapshot()
-	c := CPUSplit{Wall: now.at.Sub(s.at), Busy: now.busy - s.busy, Kfaked: now.kfaked - s.kfaked, Bench: now.self - s.self, Known: e.postmasterPID > 0 && e.kfakedPID > 0}
+	c := CPUSplit{Wall: now.at.Sub(s.at), Busy: now.busy - s.busy, Bench: now.self - s.self, Known: e.postmasterPID > 0 && len(e.brokerPIDs) > 0}
+	for pid, cpu := range now.broker {
+		if before, ok := s.broker[pid]; ok && cpu >= before {
+			c.Broker += cpu - before
+		}
+	}
+	switch n := len(s.broker); {
+	case e.Kafka != nil && e.Kafka.Apache() == nil:
+		c.BrokerIs = "kfaked"
+	case n == 1:
+		c.BrokerIs = "kafka JVM"
+	default:
+		c.BrokerIs = fmt.Sprintf("%d kafka JVMs", n)
+	}
 	isWS := map[int]bool{}
 	for _, p := range walsenders {
 		isWS[p] = true
@@ -239,7 +257,7 @@ func (c CPUSplit) String() string {
 		label = "walsender"
 	}
 	parts = append(parts, label+" "+pct(c.Walsender, c.Wall), "pg-other "+pct(c.Postgres, c.Wall),
-		"kfaked "+pct(c.Kfaked, c.Wall), "bench "+pct(c.Bench, c.Wall), "others "+pct(c.Others(), c.Wall))
+		c.BrokerIs+" "+pct(c.Broker, c.Wall), "bench "+pct(c.Bench, c.Wall), "others "+pct(c.Others(), c.Wall))
 	return strings.Join(parts, " ") + fmt.Sprintf(" = %s/%d00%%", pct(c.Busy, c.Wall), runtime.NumCPU())
 }
 

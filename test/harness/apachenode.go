@@ -169,6 +169,16 @@ func (nd *ApacheNode) spawn(ctx context.Context) error {
 	return nil
 }
 
+// Pid is the process id of the node's JVM, 0 while it is not running.
+func (nd *ApacheNode) Pid() int {
+	nd.mu.Lock()
+	defer nd.mu.Unlock()
+	if nd.proc == nil || nd.proc.Exited() {
+		return 0
+	}
+	return nd.proc.Pid()
+}
+
 // Addr is the node's own client address.
 func (nd *ApacheNode) Addr() string { return fmt.Sprintf("127.0.0.1:%d", nd.port) }
 

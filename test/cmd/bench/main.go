@@ -1,12 +1,15 @@
 // Command bench is `make bench`: outboxd's throughput, latency and resource
 // use, each beside what bounds it (a read-only pgoutput reader) and what it
 // replaces (a polling publisher), and the cost of --exactly-once beside
-// at-least-once, measured in one run on one throwaway PostgreSQL cluster and
-// one kfaked broker, printed as one table.
+// at-least-once, measured in one run on one throwaway PostgreSQL cluster,
+// once per broker (kfake, one Apache Kafka node, a 3-node Apache cluster
+// with RF 3 and min.insync.replicas 2), printed as one table with a broker
+// column.
 //
-//	go run ./test/cmd/bench                  # full run, ~5 minutes on 2 cores
-//	go run ./test/cmd/bench -quick           # smoke test: 10k events per case, 5 s latency runs
-//	go run ./test/cmd/bench -cases debezium -quick   # beside Debezium: 10k events at 10 ev/txn, 1,000 ev/s, 10 MB idle WAL
+//	go run ./test/cmd/bench                  # full run, all three brokers: ~TOTALMIN minutes on 2 cores
+//	go run ./test/cmd/bench -brokers apache  # one column only (kfake ~KFAKEMIN, apache ~APACHEMIN, apache-cluster ~CLUSTERMIN minutes)
+//	go run ./test/cmd/bench -quick           # smoke test: 10k events per case, 5 s latency runs (~QUICKMIN minutes for all three)
+//	go run ./test/cmd/bench -cases debezium -quick   # beside Debezium only, on one Apache node: 10k events at 10 ev/txn, 1,000 ev/s, 10 MB idle WAL
 //	go run ./test/cmd/bench -cases eos       # exactly-once vs at-least-once only: drains at 10 and 100 ev/txn, latency at 1,000 ev/s
 //	go run ./test/cmd/bench -cases drain -outboxd-args '--kafka-linger 5ms'
 //	go run ./test/cmd/bench -cases latency -outboxd-env 'GOMAXPROCS=1'
@@ -26,6 +29,7 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd/test/bench"
+	"github.com/outboxd/outboxd/test/harness"
 )
 
 func main() {
@@ -36,8 +40,9 @@ func main() {
 		cases       = flag.String("cases", "drain,latency,resources,eos,debezium", "comma-separated cases to run: drain, latency, resources, eos (exactly-once beside at-least-once), debezium (beside Debezium + Kafka Connect on Apache Kafka)")
 		perfDir     = flag.String("perf-dir", "", "record perf record -g profiles of outboxd and its walsender during each drain into this directory")
 		noPolling   = flag.Bool("no-polling", false, "skip the polling publisher in the drain cases")
-		timeout     = flag.Duration("timeout", 30*time.Minute, "give up after this long")
+		timeout     = flag.Duration("timeout", 45*time.Minute, "give up after this long")
 		allowMiss   = flag.Bool("allow-miss", false, "exit 0 even when a measurement misses its target")
+		brokers     = flag.String("brokers", strings.Join(bench.DefaultBrokers(), ","), "comma-separated broker columns, run in this order: "+strings.Join(bench.AllBrokers, ", ")+" (or external, with "+harness.EnvKafka+")")
 	)
 	flag.Parse()
 	cfg := bench.DefaultConfig(*quick)
@@ -59,6 +64,25 @@ func main() {
 			fmt.Fprintf(os.Stderr, "bench: unknown case %q (drain, latency, resources, eos, debezium)\n", c)
 			os.Exit(2)
 		}
+	}
+	cfg.Brokers = nil
+	for _, b := range strings.Split(*brokers, ",") {
+		switch b = strings.TrimSpace(b); b {
+		case harness.KindKfake, harness.KindApache, harness.KindApacheCluster, harness.KindExternal:
+			if b == harness.KindExternal && os.Getenv(harness.EnvKafka) == "" {
+				fmt.Fprintf(os.Stderr, "bench: -brokers external needs %s (comma-separated brokers)\n", harness.EnvKafka)
+				os.Exit(2)
+			}
+			cfg.Brokers = append(cfg.Brokers, b)
+		case "":
+		default:
+			fmt.Fprintf(os.Stderr, "bench: unknown broker %q (%s, or external)\n", b, strings.Join(bench.AllBrokers, ", "))
+			os.Exit(2)
+		}
+	}
+	if len(cfg.Brokers) == 0 {
+		fmt.Fprintln(os.Stderr, "bench: -brokers: no broker given")
+		os.Exit(2)
 	}
 	cfg.PerfDir = *perfDir
 	cfg.SkipPolling = *noPolling
