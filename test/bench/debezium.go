@@ -375,8 +375,8 @@ func (e *Env) debeziumIdle(ctx context.Context) (idle DebeziumIdle) {
 	}
 	e.progress("dbz_idle: writing %d MB of WAL to a table outside the publication", cfg.IdleWAL>>20)
 	var end string
-	for id := int64(0); ; id += 10_000 {
-		if _, idle.Err = w.conn.Exec(ctx, `INSERT INTO unrelated SELECT g, repeat(md5(g::text), 28) FROM generate_series($1::bigint + 1, $1::bigint + 10000) g`, id); idle.Err != nil {
+	for id := int64(0); ; id += 2_000 {
+		if _, idle.Err = w.conn.Exec(ctx, `INSERT INTO unrelated SELECT g, repeat(md5(g::text), 28) FROM generate_series($1::bigint + 1, $1::bigint + 2000) g`, id); idle.Err != nil {
 			return idle
 		}
 		if idle.Err = w.conn.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text, pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::bigint`, from).Scan(&end, &idle.WAL); idle.Err != nil {
