@@ -59,7 +59,7 @@ func DefaultConfig(quick bool) Config {
 		LatencyRates:    []int{1000, 5000},
 		EOSTxnSizes:     []int{10, 100},
 		EOSLatencyRate:  1000,
-		LatencyDuration: 20 * time.Second,
+		LatencyDuration: 12 * time.Second,
 		PollIntervals:   []time.Duration{500 * time.Millisecond, 10 * time.Millisecond},
 		BigTxnRows:      1_000_000,
 		LargeEvents:     20_000,

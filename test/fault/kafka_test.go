@@ -16,9 +16,11 @@ import (
 )
 
 // kafkaKind picks the broker of the world: kfake (one fake broker process
-// behind one proxy, broker.go) or apache-cluster (three Apache Kafka KRaft
-// nodes, each behind its own proxy, topics at RF 3 / min ISR 2).
-var kafkaKind = flag.String("kafka", "", "broker: kfake or apache-cluster (default: $"+harness.EnvKafkaKind+", else kfake)")
+// behind one proxy, broker.go), apache (one Apache Kafka KRaft node behind
+// one proxy: the whole-broker faults of kfake on the real broker) or
+// apache-cluster (three Apache Kafka KRaft nodes, each behind its own proxy,
+// topics at RF 3 / min ISR 2).
+var kafkaKind = flag.String("kafka", "", "broker: kfake, apache or apache-cluster (default: $"+harness.EnvKafkaKind+", else kfake)")
 
 func worldKafkaKind() (string, error) {
 	k := *kafkaKind
@@ -28,10 +30,10 @@ func worldKafkaKind() (string, error) {
 	switch k {
 	case "", harness.KindKfake:
 		return harness.KindKfake, nil
-	case harness.KindApacheCluster:
+	case harness.KindApache, harness.KindApacheCluster:
 		return k, nil
 	}
-	return "", fmt.Errorf("-kafka %q: the fault suite runs on kfake or apache-cluster", k)
+	return "", fmt.Errorf("-kafka %q: the fault suite runs on kfake, apache or apache-cluster", k)
 }
 
 // faultKafka is the world's broker side, whatever its kind. Whole-cluster
@@ -58,8 +60,8 @@ func (b *Broker) ClientOpts() []kgo.Opt {
 
 func (b *Broker) replicas() int16 { return 1 }
 
-// apacheCluster is a 3-node Apache Kafka cluster whose nodes advertise one
-// proxy each.
+// apacheCluster is an Apache Kafka cluster (3 nodes, or 1 for -kafka
+// apache) whose nodes advertise one proxy each.
 type apacheCluster struct {
 	*harness.ApacheKafka
 	proxies []*Proxy
@@ -105,7 +107,7 @@ func (a *apacheCluster) ClientOpts() []kgo.Opt {
 	return []kgo.Opt{kgo.SeedBrokers(seeds...), kgo.Dialer(a.DialRedirect())}
 }
 
-func (a *apacheCluster) replicas() int16 { return 3 }
+func (a *apacheCluster) replicas() int16 { return int16(min(3, len(a.Nodes()))) }
 
 // checkProductionSettings verifies what the suite claims about the
 // cluster: three replicas per partition, min.insync.replicas 2, no unclean

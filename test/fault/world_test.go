@@ -199,12 +199,19 @@ func newWorld(t *testing.T, sc scenario, mode deliveryMode, seed uint64) *world 
 		w.kafkaProxies = append(w.kafkaProxies, p)
 	}
 	t.Cleanup(w.kafkaProxies.Close)
-	if kind == harness.KindApacheCluster {
+	switch kind {
+	case harness.KindApacheCluster:
 		if w.cluster, err = startApacheCluster(setupCtx, w.kafkaProxies); err != nil {
 			t.Fatal(err)
 		}
 		w.kafka = w.cluster
-	} else {
+	case harness.KindApache:
+		// One node: the whole-broker faults act on it (w.cluster stays nil:
+		// the faults of single nodes of a cluster need three).
+		if w.kafka, err = startApacheCluster(setupCtx, w.kafkaProxies); err != nil {
+			t.Fatal(err)
+		}
+	default:
 		b, err := StartBroker(setupCtx, w.kafkaProxies[0].Addr(), partitions, w.logDir)
 		if err != nil {
 			t.Fatal(err)
@@ -222,8 +229,8 @@ func newWorld(t *testing.T, sc scenario, mode deliveryMode, seed uint64) *world 
 
 	w.mon = &monitor{pgDSN: w.dsn, slot: slotName, kafkaOpts: w.kafkaOpts(), topics: w.topics,
 		partitions: partitions, committed: mode.readCommitted()}
-	if w.cluster != nil && mode.transactional {
-		w.mon.visibilityGrace = markerGrace
+	if kind != harness.KindKfake && mode.transactional {
+		w.mon.visibilityGrace = markerGrace // Apache Kafka writes commit markers after answering the commit
 	}
 	w.load = newLoad(sc.load, w.dsn, seed)
 	t.Cleanup(func() {
