@@ -51,7 +51,7 @@ test-apache: ## only the Apache Kafka runs of make test: e2e on one node, short 
 	OUTBOXD_TEST_KAFKA_KIND=apache $(GO) test -count=1 -timeout 20m ./test/e2e/
 	$(GO) test -count=1 -timeout 20m -run TestFaultsShort ./test/fault/ -kafka apache-cluster
 
-bench: ## throughput/latency/resources beside baselines, on kfake, one Apache node and a 3-node cluster (~18 min on a busy 2-core machine; BENCH_ARGS='-brokers apache' for one column, '-quick' ~4 min)
+bench: ## throughput/latency/resources beside baselines and Debezium, on kfake, one Apache node and a 3-node cluster (~30 min on a busy 2-core machine; BENCH_ARGS='-brokers apache' for one column, BENCH_ARGS='-cases debezium -brokers apache' beside Debezium only)
 	$(GO) run ./test/cmd/bench $(BENCH_ARGS)
 
 soak: ## fault-injection soak under load on kfake and on a 3-node Apache cluster, at-least-once then exactly-once (4 runs of 10-12 min)

@@ -27,6 +27,8 @@ type Config struct {
 	// Debezium: text-like columns become a JSON string ("order-1" with the
 	// quotes), int2/int4/int8 columns a bare JSON number, bytea a base64
 	// JSON string.
+	// It is the default of the per-table option key.format (router: or
+	// tables:), which wins over it.
 	KeyFormat string
 	// LSNHeaders adds the headers outboxd.commit_lsn ("0/16B3748"),
 	// outboxd.xid (decimal) and outboxd.commit_time (RFC 3339, nanoseconds,
@@ -57,7 +59,8 @@ type Config struct {
 // table, raw keys, no LSN headers, no message outbox.
 func Defaults() Config { return Config{} }
 
-// Supported option names: exactly Debezium's, plus headers.field.
+// Supported option names: exactly Debezium's, plus headers.field and
+// key.format.
 const (
 	optEventID        = "table.field.event.id"
 	optEventKey       = "table.field.event.key"
@@ -73,9 +76,13 @@ const (
 	// optMissingLegacy is the boolean Debezium 2.5–3.5 used for the same
 	// thing; 3.6 renamed it without an alias. Accepted, so a 3.5 config
 	// pastes unchanged.
-	optMissingLegacy   = "table.fields.additional.error.on.missing"
-	optInvalidOp       = "table.op.invalid.behavior"
-	optHeadersField    = "headers.field"
+	optMissingLegacy = "table.fields.additional.error.on.missing"
+	optInvalidOp     = "table.op.invalid.behavior"
+	optHeadersField  = "headers.field"
+	// optKeyFormat is outboxd's: the key bytes, raw or json-string (see
+	// Config.KeyFormat), so one table can keep Debezium's JsonConverter key
+	// while another moves to raw keys.
+	optKeyFormat       = "key.format"
 	defaultTopicRegex  = "(?<routedByValue>.*)"
 	defaultTopicRepl   = "outbox.event.${routedByValue}"
 	defaultPlacement   = "type:header:type"
@@ -106,6 +113,7 @@ var debeziumDefaults = Options{
 	optMissing:        "error",
 	optInvalidOp:      invalidOpWarn,
 	optHeadersField:   defaultHeadersCol,
+	optKeyFormat:      keyFormatRaw,
 }
 
 type placement uint8
@@ -142,6 +150,7 @@ type settings struct {
 	implicitFields bool
 	ignoreMissing  bool
 	invalidOp      string
+	jsonKey        bool         // key.format json-string
 	hdrGuard       *headerGuard // set by New
 }
 
@@ -212,6 +221,13 @@ func resolve(name string, layers ...Options) (*settings, []error) {
 		s.invalidOp = v
 	default:
 		bad(optInvalidOp, "%q is not one of warn, error, fatal", eff[optInvalidOp])
+	}
+	switch v := strings.TrimSpace(eff[optKeyFormat]); v {
+	case "", keyFormatRaw:
+	case keyFormatJSONStr:
+		s.jsonKey = true
+	default:
+		bad(optKeyFormat, "%q is not one of raw, json-string", eff[optKeyFormat])
 	}
 	if s.fields, err = parsePlacement(eff[optPlacement]); err != nil {
 		bad(optPlacement, "%v", err)

@@ -270,3 +270,42 @@ func TestLegacyErrorOnMissingSpelling(t *testing.T) {
 		t.Fatalf("a bad boolean: %v", errs)
 	}
 }
+
+// key.format is per table: a table keeps Debezium's JsonConverter key while
+// the others follow Config.KeyFormat (or router:'s key.format), and the
+// table's value wins over both.
+func TestKeyFormatPerTable(t *testing.T) {
+	dbz := debeziumRel()
+	legacy := rel("public.legacy", "id", tUUID, "aggregatetype", tText, "aggregateid", tText, "type", tText, "payload", tJSONB)
+	for _, tc := range []struct {
+		name             string
+		cfg              Config
+		wantDbz, wantLeg string
+	}{
+		{"table json-string, default raw", Config{Tables: map[string]Options{"public.legacy": {"key.format": "json-string"}}}, `o-1`, `"o-1"`},
+		{"table raw over global json-string", Config{KeyFormat: "json-string", Tables: map[string]Options{"public.legacy": {"key.format": "raw"}}}, `"o-1"`, `o-1`},
+		{"router: json-string over global raw", Config{Defaults: Options{"key.format": "json-string"}, Tables: map[string]Options{"public.legacy": {"key.format": "raw"}}}, `"o-1"`, `o-1`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := mustNew(t, tc.cfg)
+			got, err := r.Route(row(dbz, uuid1, "Order", "o-1", "T", `{}`), testTx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(got.Key) != tc.wantDbz {
+				t.Errorf("public.outbox key = %q, want %q", got.Key, tc.wantDbz)
+			}
+			got, err = r.Route(row(legacy, uuid1, "Order", "o-1", "T", `{}`), testTx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(got.Key) != tc.wantLeg {
+				t.Errorf("public.legacy key = %q, want %q", got.Key, tc.wantLeg)
+			}
+		})
+	}
+	_, err := New(Config{Tables: map[string]Options{"public.legacy": {"key.format": "json"}}})
+	if err == nil || !strings.Contains(err.Error(), `table public.legacy: key.format: "json" is not one of raw, json-string`) {
+		t.Fatalf("bad per-table key.format: err = %v", err)
+	}
+}

@@ -220,9 +220,9 @@ func (r *Router) routeMessage(content []byte, tx Tx) (Record, error) {
 	if k := jsonKind(f.aggID); k == 's' || k == 'n' {
 		start := len(buf)
 		switch {
-		case r.jsonKey && k == 'n':
+		case r.defaults.jsonKey && k == 'n':
 			buf = append(buf, f.aggID...)
-		case r.jsonKey:
+		case r.defaults.jsonKey:
 			buf = appendUnquoted(buf, f.aggID[1:len(f.aggID)-1])
 			plain := len(buf)
 			buf = appendJSONString(buf, buf[start:plain])

@@ -235,7 +235,7 @@ func (r *Router) Route(row *wal.Row, tx Tx) (Record, error) {
 
 	n := rawLen(p.idOID, id.data)
 	if !key.null {
-		if r.jsonKey {
+		if p.s.jsonKey {
 			n += keyJSONLen(p.keyOID, key.data)
 		} else {
 			n += rawLen(p.keyOID, key.data)
@@ -281,7 +281,7 @@ func (r *Router) Route(row *wal.Row, tx Tx) (Record, error) {
 	var ok bool
 	start := 0
 	if !key.null {
-		if r.jsonKey {
+		if p.s.jsonKey {
 			buf, ok = appendKeyJSON(buf, p.keyOID, key.data)
 		} else {
 			buf, ok = appendRaw(buf, p.keyOID, key.data)

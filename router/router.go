@@ -139,7 +139,6 @@ func (e *InvalidError) Is(target error) bool { return target == ErrInvalid }
 // including InvalidOpBehavior and DeadLetter, must be called from that
 // goroutine (or with external synchronisation).
 type Router struct {
-	jsonKey    bool
 	lsnHeaders bool
 	msgPrefix  string
 	msgTable   string // "message:<prefix>"
@@ -183,15 +182,18 @@ func New(cfg Config) (*Router, error) {
 	if r.maxHeaders <= 0 {
 		r.maxHeaders = DefaultMaxHeaders
 	}
+	// Config.KeyFormat is the bottom layer of key.format: router: and
+	// tables: override it.
+	base := Options{}
 	switch strings.TrimSpace(cfg.KeyFormat) {
 	case "", keyFormatRaw:
 	case keyFormatJSONStr:
-		r.jsonKey = true
+		base[optKeyFormat] = keyFormatJSONStr
 	default:
 		errs = append(errs, errors.New(`key format: "`+cfg.KeyFormat+`" is not one of raw, json-string`))
 	}
 	var es []error
-	r.defaults, es = resolve(defaultsName, cfg.Defaults)
+	r.defaults, es = resolve(defaultsName, base, cfg.Defaults)
 	errs = append(errs, es...)
 	r.defaults.hdrGuard = newHeaderGuard(r.defaults, r.maxHeaders)
 	names := make([]string, 0, len(cfg.Tables))
@@ -205,11 +207,11 @@ func New(cfg Config) (*Router, error) {
 			errs = append(errs, errors.New(where+`: table names must be "schema.table"`))
 			continue
 		}
-		s, es := resolve(where, cfg.Defaults, cfg.Tables[name])
+		s, es := resolve(where, base, cfg.Defaults, cfg.Tables[name])
 		if len(es) > 0 {
 			// Report only what the table adds: the defaults' own problems
 			// are reported once, under "defaults".
-			_, defErrs := resolve(where, cfg.Defaults)
+			_, defErrs := resolve(where, base, cfg.Defaults)
 			errs = append(errs, tableOnly(es, defErrs)...)
 			continue
 		}

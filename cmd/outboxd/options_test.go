@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/router"
 )
 
 func parseRun(t *testing.T, args []string, env map[string]string, file string) (runOptions, *optionSet, error) {
@@ -134,5 +135,34 @@ func TestTopicOptions(t *testing.T) {
 	o.Topics.Partitions = 0
 	if err := o.Topics.validate(); err == nil {
 		t.Fatal("--topic-partitions 0 accepted")
+	}
+}
+
+// key.format under tables: is per table, over --key-format; a bad value is
+// rejected naming the table and the option.
+func TestKeyFormatPerTableInFile(t *testing.T) {
+	file := `
+tables:
+  public.legacy_outbox:
+    key.format: json-string
+`
+	o, set, err := parseRun(t, []string{"--key-format", "raw"}, nil, file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defaults, tables, err := router.ConfigFromYAML(set.sections["router"], set.sections["tables"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tables["public.legacy_outbox"]["key.format"] != "json-string" {
+		t.Fatalf("tables: %v", tables)
+	}
+	if _, err := router.New(routerConfig(o, defaults, tables)); err != nil {
+		t.Fatal(err)
+	}
+	tables["public.legacy_outbox"]["key.format"] = "quoted"
+	_, err = router.New(routerConfig(o, defaults, tables))
+	if err == nil || !strings.Contains(err.Error(), `table public.legacy_outbox: key.format: "quoted" is not one of raw, json-string`) {
+		t.Fatalf("err = %v", err)
 	}
 }

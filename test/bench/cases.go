@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/outboxd/outboxd/test/harness"
 )
 
 // RelayCase is one backlog relayed three ways from the same WAL: one slot
@@ -229,6 +231,7 @@ type Results struct {
 	PGSettings string
 	LoadEnd    string
 	Columns    []*Column
+	Debezium   *DebeziumResults // the debezium case, on the Apache single node (nil: not run)
 }
 
 // Column is every case measured on one broker.
@@ -293,6 +296,9 @@ func (r *Column) Failed() bool {
 
 // Failed reports whether any column failed to run.
 func (r *Results) Failed() bool {
+	if r.Debezium.Failed() {
+		return true
+	}
 	for _, c := range r.Columns {
 		if c.Failed() {
 			return true
@@ -323,6 +329,9 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 			col.Desc = e.BrokerDesc
 			restarts := e.Restarts
 			e.runCases(ctx, col, i == 0)
+			if kind == harness.KindApache && cfg.Cases["debezium"] {
+				res.Debezium = e.DebeziumCase(ctx)
+			}
 			col.Restarts = e.Restarts - restarts
 			e.StopBroker()
 		}
@@ -331,6 +340,15 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 		e.progress("broker %s: done in %s", kind, col.Took.Round(time.Second))
 		if ctx.Err() != nil {
 			break
+		}
+	}
+	if cfg.Cases["debezium"] && res.Debezium == nil && ctx.Err() == nil {
+		// -brokers without apache: the debezium case brings its own node.
+		if err := e.StartBroker(ctx, harness.KindApache); err != nil {
+			res.Debezium = &DebeziumResults{Err: err}
+		} else {
+			res.Debezium = e.DebeziumCase(ctx)
+			e.StopBroker()
 		}
 	}
 	res.LoadEnd = loadAvg()

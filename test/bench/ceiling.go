@@ -19,7 +19,11 @@ type CeilingRun struct {
 	Inserts int
 	Commits int
 	EndLSN  uint64 // end LSN of the last commit: what a relay must confirm
-	CPU     CPUSplit
+	// BeginLSN is where the last transaction starts (its Begin message's
+	// WAL position, the end of the commit before): as far as Debezium ever
+	// confirms, since it confirms the transaction before the one it is in.
+	BeginLSN uint64
+	CPU      CPUSplit
 }
 
 // readCeiling streams slot with the options outboxd uses (pgoutput
@@ -37,9 +41,9 @@ func (e *Env) readCeiling(ctx context.Context, w *world, slot string, want int, 
 	)
 	_, err := streamSlot(ctx, w.dsn, slot, func(pid int) { walsender = pid },
 		func([]byte) { r.Inserts++ },
-		func(end uint64) bool {
+		func(begin, end uint64) bool {
 			r.Commits++
-			r.EndLSN = end
+			r.BeginLSN, r.EndLSN = begin, end
 			if r.Inserts < want {
 				return false
 			}
@@ -57,7 +61,7 @@ func (e *Env) readCeiling(ctx context.Context, w *world, slot string, want int, 
 // onInsert with each Insert message (valid only during the call). started,
 // if not nil, gets the walsender's pid once streaming started. It returns
 // the walsender's pid.
-func streamSlot(ctx context.Context, dsn, slot string, started func(walsender int), onInsert func(msg []byte), onCommit func(endLSN uint64) bool) (int, error) {
+func streamSlot(ctx context.Context, dsn, slot string, started func(walsender int), onInsert func(msg []byte), onCommit func(beginLSN, endLSN uint64) bool) (int, error) {
 	cfg, err := pgconn.ParseConfig(dsn)
 	if err != nil {
 		return 0, err
@@ -82,6 +86,7 @@ func streamSlot(ctx context.Context, dsn, slot string, started func(walsender in
 	}
 	var (
 		received, flushed uint64
+		begin             uint64 // WAL position of the last Begin message
 		nextStatus        = time.Now().Add(time.Second)
 		status            = func() error {
 			f := max(flushed, 1)
@@ -147,6 +152,8 @@ func streamSlot(ctx context.Context, dsn, slot string, started func(walsender in
 			received = max(received, binary.BigEndian.Uint64(d[1:9]))
 			msg := d[25:]
 			switch msg[0] {
+			case 'B':
+				begin = binary.BigEndian.Uint64(d[1:9])
 			case 'I':
 				onInsert(msg)
 			case 'C':
@@ -154,7 +161,7 @@ func streamSlot(ctx context.Context, dsn, slot string, started func(walsender in
 					return walsender, fmt.Errorf("Commit of %d bytes", len(msg))
 				}
 				flushed = binary.BigEndian.Uint64(msg[10:18])
-				if onCommit(flushed) {
+				if onCommit(begin, flushed) {
 					return walsender, status()
 				}
 			}

@@ -42,7 +42,8 @@ type Config struct {
 	LargePayload    int             // approximate payload bytes of the large-payload drain
 	OutboxdArgs     []string        // appended to outboxd's command line
 	OutboxdEnv      []string        // added to outboxd's environment (KEY=VALUE), e.g. GOMAXPROCS=1
-	Cases           map[string]bool // drain, latency, resources, eos
+	Cases           map[string]bool // drain, latency, resources, eos, debezium
+	Debezium        DebeziumConfig  // the debezium case (debezium.go)
 	Brokers         []string        // broker kinds, one column each, in order (harness kinds: kfake, apache, apache-cluster, external)
 	SkipPolling     bool            // drain cases without the polling publisher
 	PerfDir         string          // if set, `perf record` outboxd and its walsender during drains
@@ -63,7 +64,8 @@ func DefaultConfig(quick bool) Config {
 		BigTxnRows:      1_000_000,
 		LargeEvents:     20_000,
 		LargePayload:    4096,
-		Cases:           map[string]bool{"drain": true, "latency": true, "resources": true, "eos": true},
+		Cases:           map[string]bool{"drain": true, "latency": true, "resources": true, "eos": true, "debezium": true},
+		Debezium:        defaultDebezium(quick),
 		Brokers:         DefaultBrokers(),
 	}
 	if quick {

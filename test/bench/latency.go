@@ -87,6 +87,8 @@ func (e *Env) latency(ctx context.Context, kind string, rate int, dur, idle time
 	case "outboxd-eos":
 		name = fmt.Sprintf("lat_eos_%d", rate)
 		pub = "outboxd --exactly-once"
+	case "debezium":
+		pub = "Debezium"
 	}
 	res := LatencyRun{Publisher: pub, Rate: rate, Duration: dur, Writers: max(4, rate/500)}
 	n := int(float64(rate) * dur.Seconds())
@@ -130,6 +132,7 @@ func (e *Env) latency(ctx context.Context, kind string, rate int, dur, idle time
 	}
 	var (
 		ob        *outboxd
+		relayPid  int // outboxd or Debezium's JVM
 		walsender int
 		poll      *poller
 		rwg       sync.WaitGroup // the receiving and publishing goroutines
@@ -155,7 +158,7 @@ func (e *Env) latency(ctx context.Context, kind string, rate int, dur, idle time
 			defer rwg.Done()
 			_, perr = streamSlot(rctx, w.dsn, slot, func(pid int) { ready <- pid },
 				func(msg []byte) { record(seqFromID(firstColumn(msg)), int64(time.Since(base))) },
-				func(uint64) bool { return false })
+				func(uint64, uint64) bool { return false })
 			close(ready)
 		}()
 		select {
@@ -212,10 +215,21 @@ func (e *Env) latency(ctx context.Context, kind string, rate int, dur, idle time
 			return res, err
 		}
 		defer ob.stop()
+		relayPid = ob.Pid()
 		if err := harness.WaitStreaming(ctx, ob.Proc, ob.httpAddr); err != nil {
 			return res, err
 		}
 		e.perfRecord(ob, ob.Pid(), "outboxd-"+name)
+		if _, pid, err := w.slotConfirmed(ctx, "bench_"+name); err == nil {
+			walsender = pid
+		}
+	case "debezium": // debezium.go; its JVM stands in for outboxd's CPU and RSS
+		d, err := e.startDebezium(ctx, w, "bench_"+name, nil)
+		if err != nil {
+			return res, err
+		}
+		defer d.Close()
+		relayPid = d.Pid()
 		if _, pid, err := w.slotConfirmed(ctx, "bench_"+name); err == nil {
 			walsender = pid
 		}
@@ -264,8 +278,8 @@ func (e *Env) latency(ctx context.Context, kind string, rate int, dur, idle time
 	// Writers-th event.
 	snap := e.snapshot()
 	var obCPU0 time.Duration
-	if ob != nil {
-		obCPU0 = cpuOf(ob.Pid())
+	if relayPid > 0 {
+		obCPU0 = cpuOf(relayPid)
 	}
 	t0 := time.Now().Add(20 * time.Millisecond)
 	period := float64(time.Second) / float64(rate)
@@ -310,10 +324,10 @@ func (e *Env) latency(ctx context.Context, kind string, rate int, dur, idle time
 	}
 	werr := waitCount(ctx, &got, int64(n+warm), 60*time.Second)
 	res.CPU = e.split(snap, walsender)
-	if ob != nil {
-		res.OutboxdCPU = cpuOf(ob.Pid()) - obCPU0
+	if relayPid > 0 {
+		res.OutboxdCPU = cpuOf(relayPid) - obCPU0
 		res.CPU.Outboxd = res.OutboxdCPU
-		res.PeakRSS = peakRSS(ob.Pid())
+		res.PeakRSS = peakRSS(relayPid)
 	} else if kind == "polling" {
 		res.CPU.Label = "poller's backend"
 	}

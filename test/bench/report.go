@@ -189,6 +189,7 @@ func (r *Results) Table(w io.Writer) (missed []string) {
 	}
 	writeTable(w, out)
 	fmt.Fprint(w, legend)
+	missed = append(missed, r.Debezium.Table(w)...)
 	return missed
 }
 

@@ -9,6 +9,7 @@
 //	go run ./test/cmd/bench                  # full run, all three brokers: ~18 minutes on 2 busy cores
 //	go run ./test/cmd/bench -brokers apache  # one column (kfake and apache ~5.5, apache-cluster ~7 minutes there)
 //	go run ./test/cmd/bench -quick           # smoke test: 10k events per case, 5 s latency runs (~4 minutes for all three)
+//	go run ./test/cmd/bench -cases debezium -quick   # beside Debezium only, on one Apache node: 10k events at 10 ev/txn, 1,000 ev/s, 10 MB idle WAL
 //	go run ./test/cmd/bench -cases eos       # exactly-once vs at-least-once only: drains at 10 and 100 ev/txn, latency at 1,000 ev/s
 //	go run ./test/cmd/bench -cases drain -outboxd-args '--kafka-linger 5ms'
 //	go run ./test/cmd/bench -cases latency -outboxd-env 'GOMAXPROCS=1'
@@ -36,7 +37,7 @@ func main() {
 		quick       = flag.Bool("quick", false, "smoke-test sizes: 10k events per case, 5 s latency runs")
 		outboxdArgs = flag.String("outboxd-args", "", "extra arguments for outboxd run, space-separated (e.g. '--kafka-linger 5ms')")
 		outboxdEnv  = flag.String("outboxd-env", "", "extra environment for outboxd, space-separated KEY=VALUE (e.g. 'GOMAXPROCS=1 GOGC=200')")
-		cases       = flag.String("cases", "drain,latency,resources,eos", "comma-separated cases to run: drain, latency, resources, eos (exactly-once beside at-least-once)")
+		cases       = flag.String("cases", "drain,latency,resources,eos,debezium", "comma-separated cases to run: drain, latency, resources, eos (exactly-once beside at-least-once), debezium (beside Debezium + Kafka Connect on Apache Kafka)")
 		perfDir     = flag.String("perf-dir", "", "record perf record -g profiles of outboxd and its walsender during each drain into this directory")
 		noPolling   = flag.Bool("no-polling", false, "skip the polling publisher in the drain cases")
 		timeout     = flag.Duration("timeout", 45*time.Minute, "give up after this long")
@@ -66,11 +67,11 @@ apache-cluster ~7 min); -quick took ~4 min. Exits 1 when a measurement misses it
 	cfg.Cases = map[string]bool{}
 	for _, c := range strings.Split(*cases, ",") {
 		switch c = strings.TrimSpace(c); c {
-		case "drain", "latency", "resources", "eos":
+		case "drain", "latency", "resources", "eos", "debezium":
 			cfg.Cases[c] = true
 		case "":
 		default:
-			fmt.Fprintf(os.Stderr, "bench: unknown case %q (drain, latency, resources, eos)\n", c)
+			fmt.Fprintf(os.Stderr, "bench: unknown case %q (drain, latency, resources, eos, debezium)\n", c)
 			os.Exit(2)
 		}
 	}

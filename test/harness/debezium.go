@@ -1,0 +1,480 @@
+package harness
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// DebeziumOptions configure a Debezium PostgreSQL connector run by Kafka
+// Connect standalone (StartDebezium).
+type DebeziumOptions struct {
+	// DSN is the database to capture (a superuser DSN, as Postgres.DSN gives).
+	DSN string
+	// Brokers are the Kafka bootstrap servers Connect produces to.
+	Brokers []string
+	// Slot and Publication name an existing slot (or one Debezium creates)
+	// and an existing publication (publication.autocreate.mode=disabled).
+	Slot, Publication string
+	// Tables is table.include.list ("schema.table", comma-joined); empty:
+	// every table of the publication.
+	Tables []string
+	// Connector holds connector properties (SMT options as
+	// transforms.outbox.*, key.converter, value.converter, ...) over
+	// test/debezium/connector.properties.
+	Connector map[string]string
+	// Worker holds worker properties over test/debezium/worker.properties
+	// (offset.flush.interval.ms, say).
+	Worker map[string]string
+	// JVM, when set, replaces the harness's small-heap JVM flags (heap, GC,
+	// JIT), e.g. with those connect-standalone.sh uses.
+	JVM []string
+}
+
+// Debezium is one Kafka Connect standalone JVM running Debezium's
+// PostgreSQL connector with the Outbox Event Router. Its source offsets live
+// in a file of its temp dir, so Stop/Start resumes where Debezium left off,
+// as a restarted Connect worker does. A reaper child SIGKILLs the JVM and
+// removes the dir should the test process die without cleaning up.
+type Debezium struct {
+	opts DebeziumOptions
+	libs string
+	dir  string
+	port int // REST listener
+
+	mu       sync.Mutex
+	proc     *Proc
+	reaper   *exec.Cmd
+	reaperIn io.WriteCloser
+}
+
+// DebeziumVersion and ConnectVersion are what test/debezium/pom.xml fetches.
+const (
+	DebeziumVersion = "3.6.1.Final"
+	ConnectVersion  = "4.3.0" // the Kafka Connect release Debezium 3.6 is built against
+)
+
+// connectorName is name= in test/debezium/connector.properties.
+const connectorName = "outbox-connector"
+
+// DebeziumLibs returns the directory of the Debezium and Kafka Connect jars,
+// fetching them with Maven (test/debezium/pom.xml) when the cache lacks
+// them, like KafkaLibs.
+func DebeziumLibs(ctx context.Context) (string, error) {
+	base := os.Getenv(EnvKafkaCache)
+	if base == "" {
+		dir, err := os.UserCacheDir()
+		if err != nil {
+			return "", fmt.Errorf("debezium jars: no cache dir (set %s): %w", EnvKafkaCache, err)
+		}
+		base = filepath.Join(dir, "outboxd")
+	}
+	libs := filepath.Join(base, "debezium-"+DebeziumVersion, "libs")
+	marker := filepath.Join(libs, "debezium-connector-postgres-"+DebeziumVersion+".jar")
+	if _, err := os.Stat(marker); err == nil {
+		return libs, nil
+	}
+	root, err := ModuleRoot()
+	if err != nil {
+		return "", err
+	}
+	if _, err := exec.LookPath("mvn"); err != nil {
+		return "", fmt.Errorf("debezium jars are not in %s and Maven (mvn) is not installed: run .ci/debezium.sh or install maven", libs)
+	}
+	if err := os.MkdirAll(filepath.Dir(libs), 0o755); err != nil {
+		return "", fmt.Errorf("debezium jars: %w", err)
+	}
+	tmp, err := os.MkdirTemp(filepath.Dir(libs), "libs-fetch-")
+	if err != nil {
+		return "", fmt.Errorf("debezium jars: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+	cmd := exec.CommandContext(ctx, "mvn", "-q", "-B", "-f", filepath.Join(root, "test", "debezium", "pom.xml"),
+		"dependency:copy-dependencies", "-DoutputDirectory="+tmp)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("fetching Debezium %s with Maven: %w\n%s", DebeziumVersion, err, tail(string(out), 4096))
+	}
+	if err := os.Rename(tmp, libs); err != nil && !errors.Is(err, os.ErrExist) {
+		if _, serr := os.Stat(marker); serr != nil {
+			return "", fmt.Errorf("debezium jars: %w", err)
+		}
+	}
+	if _, err := os.Stat(marker); err != nil {
+		return "", fmt.Errorf("debezium jars: %s missing after the fetch", marker)
+	}
+	return libs, nil
+}
+
+// StartDebezium writes the worker and connector configs and starts Kafka
+// Connect standalone, waiting until the connector's task is RUNNING (REST
+// API) and holds the slot (pg_replication_slots.active). Close it when done.
+func StartDebezium(ctx context.Context, opts DebeziumOptions) (*Debezium, error) {
+	if opts.Slot == "" || opts.Publication == "" || opts.DSN == "" || len(opts.Brokers) == 0 {
+		return nil, errors.New("debezium: DSN, Brokers, Slot and Publication are required")
+	}
+	if _, err := exec.LookPath("java"); err != nil {
+		return nil, fmt.Errorf("debezium needs a Java 17+ runtime (java) in PATH: %w", err)
+	}
+	d := &Debezium{opts: opts}
+	var err error
+	if d.libs, err = DebeziumLibs(ctx); err != nil {
+		return nil, err
+	}
+	if d.dir, err = os.MkdirTemp("", "outboxd-debezium-"); err != nil {
+		return nil, fmt.Errorf("debezium: %w", err)
+	}
+	if err := d.startReaper(); err != nil {
+		os.RemoveAll(d.dir)
+		return nil, err
+	}
+	if err := d.writeConfigs(); err != nil {
+		d.Close()
+		return nil, err
+	}
+	if err := d.Start(ctx); err != nil {
+		d.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+// DebeziumForTest is StartDebezium for one test: closed when it ends, with
+// the worker's log tail in the output of a failed test.
+func DebeziumForTest(t testing.TB, opts DebeziumOptions) *Debezium {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	d, err := StartDebezium(ctx, opts)
+	if err != nil {
+		t.Fatalf("starting debezium: %v", err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("kafka connect log tail (%s):\n%s", d.LogFile(), fileTail(d.LogFile(), 8<<10))
+		}
+		d.Close()
+	})
+	return d
+}
+
+func (d *Debezium) writeConfigs() error {
+	root, err := ModuleRoot()
+	if err != nil {
+		return err
+	}
+	cfg, err := pgconn.ParseConfig(d.opts.DSN)
+	if err != nil {
+		return fmt.Errorf("debezium: parsing the DSN: %w", err)
+	}
+	if d.port, err = FreePort(); err != nil {
+		return err
+	}
+	worker := map[string]string{
+		"bootstrap.servers":            strings.Join(d.opts.Brokers, ","),
+		"listeners":                    fmt.Sprintf("http://127.0.0.1:%d", d.port),
+		"rest.advertised.host.name":    "127.0.0.1",
+		"offset.storage.file.filename": filepath.Join(d.dir, "offsets.dat"),
+		"plugin.discovery":             "only_scan",
+	}
+	for k, v := range d.opts.Worker {
+		worker[k] = v
+	}
+	conn := map[string]string{
+		"database.hostname": cfg.Host,
+		"database.port":     strconv.Itoa(int(cfg.Port)),
+		"database.user":     cfg.User,
+		"database.password": cfg.Password,
+		"database.dbname":   cfg.Database,
+		"slot.name":         d.opts.Slot,
+		"publication.name":  d.opts.Publication,
+	}
+	if len(d.opts.Tables) > 0 {
+		conn["table.include.list"] = strings.Join(d.opts.Tables, ",")
+	}
+	for k, v := range d.opts.Connector {
+		conn[k] = v
+	}
+	if err := appendProps(filepath.Join(root, "test", "debezium", "worker.properties"), d.workerPath(), worker); err != nil {
+		return err
+	}
+	return appendProps(filepath.Join(root, "test", "debezium", "connector.properties"), d.connectorPath(), conn)
+}
+
+// appendProps copies base to dst and appends over (the last value of a key
+// wins in a properties file).
+func appendProps(base, dst string, over map[string]string) error {
+	b, err := os.ReadFile(base)
+	if err != nil {
+		return fmt.Errorf("debezium: %w", err)
+	}
+	keys := make([]string, 0, len(over))
+	for k := range over {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var sb strings.Builder
+	sb.Write(b)
+	sb.WriteString("\n# test overrides\n")
+	for _, k := range keys {
+		fmt.Fprintf(&sb, "%s=%s\n", k, propEscape(over[k]))
+	}
+	if err := os.WriteFile(dst, []byte(sb.String()), 0o600); err != nil {
+		return fmt.Errorf("debezium: %w", err)
+	}
+	return nil
+}
+
+// propEscape escapes a value for java.util.Properties: backslashes (a
+// regex's \d) and a leading blank.
+func propEscape(v string) string {
+	v = strings.ReplaceAll(v, `\`, `\\`)
+	if strings.HasPrefix(v, " ") {
+		v = `\` + v
+	}
+	return v
+}
+
+func (d *Debezium) workerPath() string    { return filepath.Join(d.dir, "worker.properties") }
+func (d *Debezium) connectorPath() string { return filepath.Join(d.dir, "connector.properties") }
+
+// debeziumLog4j: INFO for Connect and Debezium, the clients at WARN.
+const debeziumLog4j = `status = warn
+appender.out.type = Console
+appender.out.name = STDOUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = info
+rootLogger.appenderRef.out.ref = STDOUT
+logger.cl.name = org.apache.kafka.clients
+logger.cl.level = warn
+logger.cfg.name = org.apache.kafka.common.config
+logger.cfg.level = warn
+`
+
+// Start starts the worker (again, after Stop or Kill: same offsets file)
+// and waits until the connector's task is RUNNING and holds the slot.
+func (d *Debezium) Start(ctx context.Context) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.proc != nil && !d.proc.Exited() {
+		return nil
+	}
+	logCfg := filepath.Join(d.dir, "log4j2.properties")
+	if err := os.WriteFile(logCfg, []byte(debeziumLog4j), 0o644); err != nil {
+		return fmt.Errorf("debezium: %w", err)
+	}
+	args := append([]string(nil), jvmFlags...)
+	if d.opts.JVM != nil {
+		args = append([]string(nil), d.opts.JVM...)
+	}
+	args = append(args, "-Dlog4j2.configurationFile="+logCfg, "-cp", filepath.Join(d.libs, "*"),
+		"org.apache.kafka.connect.cli.ConnectStandalone", d.workerPath(), d.connectorPath())
+	proc, err := StartProc(ctx, "connect", "java", args, nil, d.dir)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(d.dir, "connect.pid"), []byte(strconv.Itoa(proc.Pid())), 0o644); err != nil {
+		_ = proc.Kill()
+		return fmt.Errorf("debezium: %w", err)
+	}
+	d.proc = proc
+	if err := d.waitRunning(ctx, proc); err != nil {
+		return err
+	}
+	return d.waitSlotActive(ctx, proc)
+}
+
+// connectorStatus is GET /connectors/<name>/status.
+type connectorStatus struct {
+	Connector struct {
+		State string `json:"state"`
+		Trace string `json:"trace"`
+	} `json:"connector"`
+	Tasks []struct {
+		ID    int    `json:"id"`
+		State string `json:"state"`
+		Trace string `json:"trace"`
+	} `json:"tasks"`
+}
+
+// Status returns the connector's and its first task's state ("RUNNING",
+// "FAILED", ...; "" while Connect has not registered them).
+func (d *Debezium) Status(ctx context.Context) (connector, task, trace string, err error) {
+	rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(rctx, http.MethodGet, d.RESTURL()+"/connectors/"+connectorName+"/status", nil)
+	if err != nil {
+		return "", "", "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", "", "", err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode == http.StatusNotFound {
+		return "", "", "", nil
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", "", "", fmt.Errorf("connect REST: %s: %s", resp.Status, body)
+	}
+	var st connectorStatus
+	if err := json.Unmarshal(body, &st); err != nil {
+		return "", "", "", fmt.Errorf("connect REST: %w", err)
+	}
+	if len(st.Tasks) > 0 {
+		task, trace = st.Tasks[0].State, st.Tasks[0].Trace
+	}
+	if st.Connector.Trace != "" && trace == "" {
+		trace = st.Connector.Trace
+	}
+	return st.Connector.State, task, trace, nil
+}
+
+func (d *Debezium) waitRunning(ctx context.Context, proc *Proc) error {
+	var last string
+	for {
+		conn, task, trace, err := d.Status(ctx)
+		switch {
+		case err != nil:
+			last = err.Error()
+		case task == "FAILED" || conn == "FAILED":
+			return fmt.Errorf("debezium connector failed: %s\nlog tail:\n%s", tail(trace, 4096), fileTail(proc.LogPath(), 4096))
+		case conn == "RUNNING" && task == "RUNNING":
+			return nil
+		default:
+			last = "connector " + conn + ", task " + task
+		}
+		if proc.Exited() {
+			code, _ := proc.Wait(ctx)
+			return fmt.Errorf("kafka connect exited (code %d); log tail:\n%s", code, fileTail(proc.LogPath(), 6<<10))
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("debezium not running: %w (last: %s); log tail:\n%s", ctx.Err(), last, fileTail(proc.LogPath(), 4096))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// waitSlotActive: a RUNNING task may still be connecting; events written
+// once its walsender holds the slot are streamed.
+func (d *Debezium) waitSlotActive(ctx context.Context, proc *Proc) error {
+	conn, err := pgx.Connect(ctx, d.opts.DSN)
+	if err != nil {
+		return fmt.Errorf("debezium: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	for {
+		var active bool
+		err := conn.QueryRow(ctx, `SELECT active FROM pg_replication_slots WHERE slot_name = $1`, d.opts.Slot).Scan(&active)
+		if err == nil && active {
+			return nil
+		}
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("debezium: reading slot %s: %w", d.opts.Slot, err)
+		}
+		if _, task, trace, serr := d.Status(ctx); serr == nil && task == "FAILED" {
+			return fmt.Errorf("debezium connector failed: %s", tail(trace, 4096))
+		}
+		if proc.Exited() {
+			return fmt.Errorf("kafka connect exited; log tail:\n%s", fileTail(proc.LogPath(), 6<<10))
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("debezium never took slot %s: %w; log tail:\n%s", d.opts.Slot, ctx.Err(), fileTail(proc.LogPath(), 4096))
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// RESTURL is the Connect REST API's base URL.
+func (d *Debezium) RESTURL() string { return fmt.Sprintf("http://127.0.0.1:%d", d.port) }
+
+// LogFile is the Connect worker's output.
+func (d *Debezium) LogFile() string { return filepath.Join(d.dir, "connect.log") }
+
+// OffsetsFile is where the standalone worker keeps its source offsets.
+func (d *Debezium) OffsetsFile() string { return filepath.Join(d.dir, "offsets.dat") }
+
+// Pid is the JVM's process id (0 when not running), for CPU and RSS figures.
+func (d *Debezium) Pid() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.proc == nil || d.proc.Exited() {
+		return 0
+	}
+	return d.proc.Pid()
+}
+
+// Stop shuts the worker down gracefully (SIGTERM: Connect stops the task,
+// flushes the producer, commits the offsets, and Debezium confirms them to
+// the slot), waiting up to two minutes before it kills.
+func (d *Debezium) Stop() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.proc == nil {
+		return nil
+	}
+	proc := d.proc
+	d.proc = nil
+	err := proc.Stop(2 * time.Minute)
+	if err != nil && strings.Contains(err.Error(), "exit code 143") {
+		return nil // a JVM exiting on SIGTERM reports 128+15
+	}
+	return err
+}
+
+// Kill SIGKILLs the worker: no offset commit.
+func (d *Debezium) Kill() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.proc == nil {
+		return nil
+	}
+	proc := d.proc
+	d.proc = nil
+	return proc.Kill()
+}
+
+// Close kills the worker and removes its dir. It never fails.
+func (d *Debezium) Close() {
+	_ = d.Kill()
+	_ = os.RemoveAll(d.dir)
+	if d.reaper != nil {
+		_ = d.reaper.Process.Kill()
+		_ = d.reaper.Wait()
+		_ = d.reaperIn.Close()
+	}
+}
+
+func (d *Debezium) startReaper() error {
+	// apacheReaper kills the process groups in DIR/*.pid and removes DIR.
+	cmd := exec.Command("/bin/sh", "-c", apacheReaper, "outboxd-debezium-reaper", d.dir)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return fmt.Errorf("starting debezium reaper: %w", err)
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting debezium reaper: %w", err)
+	}
+	d.reaper, d.reaperIn = cmd, in
+	return nil
+}
