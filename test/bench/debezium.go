@@ -354,7 +354,7 @@ func (e *Env) debeziumIdle(ctx context.Context) (idle DebeziumIdle) {
 		return idle
 	}
 	defer ob.stop()
-	if idle.Err = ob.WaitLog(ctx, "msg=streaming"); idle.Err != nil {
+	if idle.Err = harness.WaitStreaming(ctx, ob.Proc, ob.httpAddr); idle.Err != nil {
 		return idle
 	}
 	for i, hb := range []time.Duration{0, cfg.Heartbeat} {
