@@ -73,8 +73,8 @@ func TestRouteTable(t *testing.T) {
 		{name: "key json-string escapes like encoding/json without HTML escaping", cfg: Config{KeyFormat: "json-string"},
 			row:  row(dbz, uuid1, "Order", "a\"b\\<>&\n\x01\u2028é", "T", `{}`),
 			want: rec("outbox.event.Order", b(`"a\"b\\<>&\n\u0001\u2028é"`), b(`{}`), h("id", uuid1, "type", "T"))},
-		{name: "key json-string NULL is no key", cfg: Config{KeyFormat: "json-string"}, row: row(dbz, uuid1, "Order", null, "T", `{}`),
-			want: rec("outbox.event.Order", nil, b(`{}`), h("id", uuid1, "type", "T"))},
+		{name: "key json-string NULL is the JSON null, as JsonConverter writes it", cfg: Config{KeyFormat: "json-string"}, row: row(dbz, uuid1, "Order", null, "T", `{}`),
+			want: rec("outbox.event.Order", b(`null`), b(`{}`), h("id", uuid1, "type", "T"))},
 		{name: "key json-string of an int8 column is a JSON number",
 			cfg:  Config{KeyFormat: "json-string", Defaults: Options{"table.fields.additional.placement": ""}},
 			row:  row(rel("public.outbox", "id", tInt8, "aggregatetype", tText, "aggregateid", tInt8, "payload", tJSONB), "7", "Order", "42", `{}`),
@@ -104,7 +104,9 @@ func TestRouteTable(t *testing.T) {
 			want: rec("outbox.event.Order", b("o-1"), nil, h("id", "e1"))},
 		{name: "tombstone option leaves real payloads", cfg: opts("route.tombstone.on.empty.payload", "true"), row: row(ts, "e1", "Order", "o-1", " x ", null, null, null, null, null),
 			want: rec("outbox.event.Order", b("o-1"), b(" x "), h("id", "e1"))},
-		{name: "tombstone on empty bytea", cfg: opts("route.tombstone.on.empty.payload", "true"), row: row(bytea, "7", "Order", `k`, `\x`),
+		{name: "empty bytea is no tombstone (as in Debezium)", cfg: opts("route.tombstone.on.empty.payload", "true"), row: row(bytea, "7", "Order", `k`, `\x`),
+			want: rec("outbox.event.Order", b("k"), b(""), h("id", "7"))},
+		{name: "tombstone on NULL bytea", cfg: opts("route.tombstone.on.empty.payload", "true"), row: row(bytea, "7", "Order", `k`, null),
 			want: rec("outbox.event.Order", b("k"), nil, h("id", "7"))},
 
 		// Event id.
