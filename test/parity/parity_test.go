@@ -34,7 +34,7 @@ const (
 func TestParity(t *testing.T) {
 	orderEvents := 50
 	if *full {
-		orderEvents = 5000
+		orderEvents = 20000
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
