@@ -245,15 +245,21 @@ func (r *Router) Route(row *wal.Row, tx Tx) (Record, error) {
 		}
 	}
 	if !tombstone {
+		switch {
+		case p.s.jsonValue:
+			n += jacksonValueLen(p.payloadOID, payload)
+		case p.envelope:
+			n += jsonValueLen(p.payloadOID, payload, false)
+		case !payload.null:
+			n += rawLen(p.payloadOID, payload.data)
+		}
 		if p.envelope {
-			n += len(`{"payload":}`) + jsonValueLen(p.payloadOID, payload, false)
+			n += len(`{"payload":}`)
 			for i := range p.fields {
 				if f := &p.fields[i]; f.place == placeEnvelope {
 					n += len(f.jsonName) + jsonValueLen(f.oid, get(vals, f.idx), true)
 				}
 			}
-		} else if !payload.null {
-			n += rawLen(p.payloadOID, payload.data)
 		}
 	}
 	for i := range p.fields {
@@ -303,9 +309,19 @@ func (r *Router) Route(row *wal.Row, tx Tx) (Record, error) {
 	if !tombstone {
 		start = len(buf)
 		switch {
+		case p.s.jsonValue && !p.envelope:
+			if buf, ok = appendJacksonValue(buf, p.payloadOID, payload); !ok {
+				return Record{}, p.invalid(id, "payload column "+strconv.Quote(p.s.payloadCol)+" holds malformed bytea text")
+			}
+			rec.Value = buf[start:len(buf):len(buf)]
 		case p.envelope:
 			buf = append(buf, `{"payload":`...)
-			if buf, ok = appendJSONValue(buf, p.payloadOID, payload, false); !ok {
+			if p.s.jsonValue {
+				buf, ok = appendJacksonValue(buf, p.payloadOID, payload)
+			} else {
+				buf, ok = appendJSONValue(buf, p.payloadOID, payload, false)
+			}
+			if !ok {
 				return Record{}, p.invalid(id, "payload column "+strconv.Quote(p.s.payloadCol)+" holds malformed bytea text")
 			}
 			for i := range p.fields {

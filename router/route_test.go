@@ -472,3 +472,43 @@ func TestValidTopic(t *testing.T) {
 		}
 	}
 }
+
+// value.format json-string writes the payload as JsonConverter writes
+// Debezium's STRING payload: a JSON string escaped as Jackson does (upper-case
+// \u00XX, non-BMP characters as escaped surrogates, '/' and U+2028 as is),
+// NULL as null, bytea as base64, and the same inside an envelope; the size
+// is exact.
+func TestValueFormatJSONString(t *testing.T) {
+	dbz := debeziumRel()
+	r := mustNew(t, Config{Defaults: Options{"value.format": "json-string", "table.fields.additional.placement": ""}})
+	for in, want := range map[string]string{
+		`{"a": 1}`:                    `"{\"a\": 1}"`,
+		"q\" b\\ \n\t\r\b\f \x01\x1f": `"q\" b\\ \n\t\r\b\f \u0001\u001F"`,
+		"é 日本 😀 / \u2028":             "\"é 日本 \\uD83D\\uDE00 / \u2028\"",
+	} {
+		got, err := r.Route(row(dbz, uuid1, "Order", "o-1", "T", in), testTx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(got.Value) != want {
+			t.Errorf("value of %q = %s, want %s", in, got.Value, want)
+		}
+		if n := jacksonValueLen(tText, valueRef{data: []byte(in)}); n != len(want) {
+			t.Errorf("jacksonValueLen(%q) = %d, want %d", in, n, len(want))
+		}
+	}
+	got, err := r.Route(row(dbz, uuid1, "Order", "o-1", "T", nil), testTx)
+	if err != nil || string(got.Value) != "null" {
+		t.Errorf("NULL payload: %q, %v", got.Value, err)
+	}
+	env := mustNew(t, Config{Defaults: Options{"value.format": "json-string", "table.fields.additional.placement": "aggregateid:envelope:aggregateId"}})
+	got, err = env.Route(row(dbz, uuid1, "Order", "o-1", "T", `{"a": 1}`), testTx)
+	if err != nil || string(got.Value) != `{"payload":"{\"a\": 1}","aggregateId":"o-1"}` {
+		t.Errorf("envelope: %s, %v", got.Value, err)
+	}
+	bytea := rel("public.outbox", "id", tText, "aggregatetype", tText, "aggregateid", tText, "payload", tBytea)
+	got, err = r.Route(row(bytea, "7", "Order", "k", `\x00ff01027b`), testTx)
+	if err != nil || string(got.Value) != `"AP8BAns="` {
+		t.Errorf("bytea: %s, %v", got.Value, err)
+	}
+}

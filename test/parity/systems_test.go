@@ -29,8 +29,9 @@ type converterSetup struct {
 	// smt: extra EventRouter options for every table (Debezium only: outboxd
 	// has no such option).
 	smt map[string]string
-	// keyFormat: outboxd's key.format under tables:, per table.
-	keyFormat string
+	// keyFormat and valueFormat: outboxd's key.format and value.format
+	// under tables:, per table.
+	keyFormat, valueFormat string
 }
 
 const (
@@ -43,7 +44,7 @@ var setups = []converterSetup{
 	{name: "json", connector: map[string]string{
 		"key.converter": jsonConverter, "key.converter.schemas.enable": "false",
 		"value.converter": jsonConverter, "value.converter.schemas.enable": "false",
-	}, keyFormat: "json-string"},
+	}, keyFormat: "json-string", valueFormat: "json-string"},
 	{name: "json+expand", connector: map[string]string{
 		"key.converter": jsonConverter, "key.converter.schemas.enable": "false",
 		"value.converter": jsonConverter, "value.converter.schemas.enable": "false",
@@ -93,6 +94,9 @@ func outboxdConfig(s converterSetup) ([]byte, error) {
 	tables := map[string]map[string]string{}
 	for _, t := range corpusTables {
 		o := map[string]string{"key.format": s.keyFormat}
+		if s.valueFormat != "" {
+			o["value.format"] = s.valueFormat
+		}
 		for k, v := range t.opts {
 			o[k] = v
 		}
