@@ -13,7 +13,7 @@ E2E_CORE    := TestStartupCheck|TestSlotHeldByAnotherProcess|TestRoutingAndSkipp
 # failover test runs on the local backend (the first line of `test`) only.
 DOCKER_SKIP := TestPGFailover
 
-.PHONY: all build run test test-short test-docker test-pg-versions test-apache vet bench soak docker clean
+.PHONY: all build run test test-short test-docker test-pg-versions test-apache vet bench soak parity docker clean
 
 all: build
 
@@ -53,6 +53,9 @@ test-apache: ## only the Apache Kafka runs of make test: e2e on one node, short 
 
 bench: ## throughput/latency/resources beside baselines and Debezium, on kfake, one Apache node and a 3-node cluster (~30 min on a busy 2-core machine; BENCH_ARGS='-brokers apache' for one column, BENCH_ARGS='-cases debezium -brokers apache' beside Debezium only)
 	$(GO) run ./test/cmd/bench $(BENCH_ARGS)
+
+parity: ## Debezium 3.6 (Kafka Connect) beside outboxd: the full corpus in three converter setups, README's difference table checked, and the cutover (Java; jars from .ci/debezium.sh or fetched on demand)
+	$(GO) test -count=1 -timeout 30m -v -run 'TestParity|TestCutover' ./test/parity/ -full
 
 soak: ## fault-injection soak under load on kfake and on a 3-node Apache cluster, at-least-once then exactly-once (4 runs of 10-12 min)
 	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -mode at-least-once

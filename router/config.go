@@ -82,7 +82,12 @@ const (
 	// optKeyFormat is outboxd's: the key bytes, raw or json-string (see
 	// Config.KeyFormat), so one table can keep Debezium's JsonConverter key
 	// while another moves to raw keys.
-	optKeyFormat       = "key.format"
+	optKeyFormat = "key.format"
+	// optValueFormat is outboxd's: raw (the payload verbatim) or
+	// json-string, the payload as Kafka's JsonConverter writes Debezium's
+	// STRING payload (a JSON string, NULL as null), for consumers that
+	// parse that.
+	optValueFormat     = "value.format"
 	defaultTopicRegex  = "(?<routedByValue>.*)"
 	defaultTopicRepl   = "outbox.event.${routedByValue}"
 	defaultPlacement   = "type:header:type"
@@ -114,6 +119,7 @@ var debeziumDefaults = Options{
 	optInvalidOp:      invalidOpWarn,
 	optHeadersField:   defaultHeadersCol,
 	optKeyFormat:      keyFormatRaw,
+	optValueFormat:    keyFormatRaw,
 }
 
 type placement uint8
@@ -151,6 +157,7 @@ type settings struct {
 	ignoreMissing  bool
 	invalidOp      string
 	jsonKey        bool         // key.format json-string
+	jsonValue      bool         // value.format json-string
 	hdrGuard       *headerGuard // set by New
 }
 
@@ -228,6 +235,13 @@ func resolve(name string, layers ...Options) (*settings, []error) {
 		s.jsonKey = true
 	default:
 		bad(optKeyFormat, "%q is not one of raw, json-string", eff[optKeyFormat])
+	}
+	switch v := strings.TrimSpace(eff[optValueFormat]); v {
+	case "", keyFormatRaw:
+	case keyFormatJSONStr:
+		s.jsonValue = true
+	default:
+		bad(optValueFormat, "%q is not one of raw, json-string", eff[optValueFormat])
 	}
 	if s.fields, err = parsePlacement(eff[optPlacement]); err != nil {
 		bad(optPlacement, "%v", err)

@@ -73,8 +73,8 @@ func TestRouteTable(t *testing.T) {
 		{name: "key json-string escapes like encoding/json without HTML escaping", cfg: Config{KeyFormat: "json-string"},
 			row:  row(dbz, uuid1, "Order", "a\"b\\<>&\n\x01\u2028é", "T", `{}`),
 			want: rec("outbox.event.Order", b(`"a\"b\\<>&\n\u0001\u2028é"`), b(`{}`), h("id", uuid1, "type", "T"))},
-		{name: "key json-string NULL is no key", cfg: Config{KeyFormat: "json-string"}, row: row(dbz, uuid1, "Order", null, "T", `{}`),
-			want: rec("outbox.event.Order", nil, b(`{}`), h("id", uuid1, "type", "T"))},
+		{name: "key json-string NULL is the JSON null, as JsonConverter writes it", cfg: Config{KeyFormat: "json-string"}, row: row(dbz, uuid1, "Order", null, "T", `{}`),
+			want: rec("outbox.event.Order", b(`null`), b(`{}`), h("id", uuid1, "type", "T"))},
 		{name: "key json-string of an int8 column is a JSON number",
 			cfg:  Config{KeyFormat: "json-string", Defaults: Options{"table.fields.additional.placement": ""}},
 			row:  row(rel("public.outbox", "id", tInt8, "aggregatetype", tText, "aggregateid", tInt8, "payload", tJSONB), "7", "Order", "42", `{}`),
@@ -104,7 +104,9 @@ func TestRouteTable(t *testing.T) {
 			want: rec("outbox.event.Order", b("o-1"), nil, h("id", "e1"))},
 		{name: "tombstone option leaves real payloads", cfg: opts("route.tombstone.on.empty.payload", "true"), row: row(ts, "e1", "Order", "o-1", " x ", null, null, null, null, null),
 			want: rec("outbox.event.Order", b("o-1"), b(" x "), h("id", "e1"))},
-		{name: "tombstone on empty bytea", cfg: opts("route.tombstone.on.empty.payload", "true"), row: row(bytea, "7", "Order", `k`, `\x`),
+		{name: "empty bytea is no tombstone (as in Debezium)", cfg: opts("route.tombstone.on.empty.payload", "true"), row: row(bytea, "7", "Order", `k`, `\x`),
+			want: rec("outbox.event.Order", b("k"), b(""), h("id", "7"))},
+		{name: "tombstone on NULL bytea", cfg: opts("route.tombstone.on.empty.payload", "true"), row: row(bytea, "7", "Order", `k`, null),
 			want: rec("outbox.event.Order", b("k"), nil, h("id", "7"))},
 
 		// Event id.
@@ -468,5 +470,45 @@ func TestValidTopic(t *testing.T) {
 		if ValidTopic(bad) == nil {
 			t.Errorf("ValidTopic(%q) = nil", bad)
 		}
+	}
+}
+
+// value.format json-string writes the payload as JsonConverter writes
+// Debezium's STRING payload: a JSON string escaped as Jackson does (upper-case
+// \u00XX, non-BMP characters as escaped surrogates, '/' and U+2028 as is),
+// NULL as null, bytea as base64, and the same inside an envelope; the size
+// is exact.
+func TestValueFormatJSONString(t *testing.T) {
+	dbz := debeziumRel()
+	r := mustNew(t, Config{Defaults: Options{"value.format": "json-string", "table.fields.additional.placement": ""}})
+	for in, want := range map[string]string{
+		`{"a": 1}`:                    `"{\"a\": 1}"`,
+		"q\" b\\ \n\t\r\b\f \x01\x1f": `"q\" b\\ \n\t\r\b\f \u0001\u001F"`,
+		"é 日本 😀 / \u2028":             "\"é 日本 \\uD83D\\uDE00 / \u2028\"",
+	} {
+		got, err := r.Route(row(dbz, uuid1, "Order", "o-1", "T", in), testTx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(got.Value) != want {
+			t.Errorf("value of %q = %s, want %s", in, got.Value, want)
+		}
+		if n := jacksonValueLen(tText, valueRef{data: []byte(in)}); n != len(want) {
+			t.Errorf("jacksonValueLen(%q) = %d, want %d", in, n, len(want))
+		}
+	}
+	got, err := r.Route(row(dbz, uuid1, "Order", "o-1", "T", nil), testTx)
+	if err != nil || string(got.Value) != "null" {
+		t.Errorf("NULL payload: %q, %v", got.Value, err)
+	}
+	env := mustNew(t, Config{Defaults: Options{"value.format": "json-string", "table.fields.additional.placement": "aggregateid:envelope:aggregateId"}})
+	got, err = env.Route(row(dbz, uuid1, "Order", "o-1", "T", `{"a": 1}`), testTx)
+	if err != nil || string(got.Value) != `{"payload":"{\"a\": 1}","aggregateId":"o-1"}` {
+		t.Errorf("envelope: %s, %v", got.Value, err)
+	}
+	bytea := rel("public.outbox", "id", tText, "aggregatetype", tText, "aggregateid", tText, "payload", tBytea)
+	got, err = r.Route(row(bytea, "7", "Order", "k", `\x00ff01027b`), testTx)
+	if err != nil || string(got.Value) != `"AP8BAns="` {
+		t.Errorf("bytea: %s, %v", got.Value, err)
 	}
 }

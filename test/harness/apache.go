@@ -105,9 +105,13 @@ func StartApacheKafka(ctx context.Context, n int, opts ...KafkaOption) (*ApacheK
 		os.RemoveAll(c.dir)
 		return nil, err
 	}
-	id := make([]byte, 16)
-	_, _ = rand.Read(id)
-	c.clusterID = base64.RawURLEncoding.EncodeToString(id)
+	// kafka-storage's argument parser takes an id starting with '-' (one in
+	// 64 base64url ids) for an option: draw again.
+	for c.clusterID == "" || c.clusterID[0] == '-' {
+		id := make([]byte, 16)
+		_, _ = rand.Read(id)
+		c.clusterID = base64.RawURLEncoding.EncodeToString(id)
+	}
 	if err := os.WriteFile(filepath.Join(c.dir, "log4j2.properties"), []byte(apacheLog4j), 0o644); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("apache kafka: %w", err)

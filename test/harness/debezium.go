@@ -478,3 +478,24 @@ func (d *Debezium) startReaper() error {
 	d.reaper, d.reaperIn = cmd, in
 	return nil
 }
+
+// Alive is nil while the worker runs and its connector and task are not
+// FAILED; otherwise it says what happened, with the failure's stack trace.
+func (d *Debezium) Alive() error {
+	d.mu.Lock()
+	proc := d.proc
+	d.mu.Unlock()
+	if proc == nil || proc.Exited() {
+		return fmt.Errorf("kafka connect is not running; log tail:\n%s", fileTail(d.LogFile(), 4096))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, task, trace, err := d.Status(ctx)
+	if err != nil {
+		return nil // the REST API being slow is not a failure
+	}
+	if conn == "FAILED" || task == "FAILED" {
+		return fmt.Errorf("debezium connector %s, task %s: %s", conn, task, tail(trace, 4096))
+	}
+	return nil
+}
