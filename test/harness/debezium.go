@@ -77,48 +77,10 @@ const connectorName = "outbox-connector"
 // fetching them with Maven (test/debezium/pom.xml) when the cache lacks
 // them, like KafkaLibs.
 func DebeziumLibs(ctx context.Context) (string, error) {
-	base := os.Getenv(EnvKafkaCache)
-	if base == "" {
-		dir, err := os.UserCacheDir()
-		if err != nil {
-			return "", fmt.Errorf("debezium jars: no cache dir (set %s): %w", EnvKafkaCache, err)
-		}
-		base = filepath.Join(dir, "outboxd")
-	}
-	libs := filepath.Join(base, "debezium-"+DebeziumVersion, "libs")
-	marker := filepath.Join(libs, "debezium-connector-postgres-"+DebeziumVersion+".jar")
-	if _, err := os.Stat(marker); err == nil {
-		return libs, nil
-	}
-	root, err := ModuleRoot()
-	if err != nil {
-		return "", err
-	}
-	if _, err := exec.LookPath("mvn"); err != nil {
-		return "", fmt.Errorf("debezium jars are not in %s and Maven (mvn) is not installed: run .ci/debezium.sh or install maven", libs)
-	}
-	if err := os.MkdirAll(filepath.Dir(libs), 0o755); err != nil {
-		return "", fmt.Errorf("debezium jars: %w", err)
-	}
-	tmp, err := os.MkdirTemp(filepath.Dir(libs), "libs-fetch-")
-	if err != nil {
-		return "", fmt.Errorf("debezium jars: %w", err)
-	}
-	defer os.RemoveAll(tmp)
-	cmd := exec.CommandContext(ctx, "mvn", "-q", "-B", "-f", filepath.Join(root, "test", "debezium", "pom.xml"),
-		"dependency:copy-dependencies", "-DoutputDirectory="+tmp)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("fetching Debezium %s with Maven: %w\n%s", DebeziumVersion, err, tail(string(out), 4096))
-	}
-	if err := os.Rename(tmp, libs); err != nil && !errors.Is(err, os.ErrExist) {
-		if _, serr := os.Stat(marker); serr != nil {
-			return "", fmt.Errorf("debezium jars: %w", err)
-		}
-	}
-	if _, err := os.Stat(marker); err != nil {
-		return "", fmt.Errorf("debezium jars: %s missing after the fetch", marker)
-	}
-	return libs, nil
+	return mavenLibs(ctx, mavenJars{
+		what: "Debezium " + DebeziumVersion, dir: "debezium-" + DebeziumVersion, marker: "debezium-connector-postgres-" + DebeziumVersion + ".jar",
+		pom: filepath.Join("test", "debezium", "pom.xml"), script: ".ci/debezium.sh",
+	})
 }
 
 // StartDebezium writes the worker and connector configs and starts Kafka
