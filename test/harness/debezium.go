@@ -14,7 +14,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -58,10 +57,9 @@ type Debezium struct {
 	dir  string
 	port int // REST listener
 
-	mu       sync.Mutex
-	proc     *Proc
-	reaper   *exec.Cmd
-	reaperIn io.WriteCloser
+	mu     sync.Mutex
+	proc   *Proc
+	reaper *jvmReaper
 }
 
 // DebeziumVersion and ConnectVersion are what test/debezium/pom.xml fetches.
@@ -396,11 +394,7 @@ func (d *Debezium) Stop() error {
 	}
 	proc := d.proc
 	d.proc = nil
-	err := proc.Stop(2 * time.Minute)
-	if err != nil && strings.Contains(err.Error(), "exit code 143") {
-		return nil // a JVM exiting on SIGTERM reports 128+15
-	}
-	return err
+	return stopJVM(proc)
 }
 
 // Kill SIGKILLs the worker: no offset commit.
@@ -419,26 +413,12 @@ func (d *Debezium) Kill() error {
 func (d *Debezium) Close() {
 	_ = d.Kill()
 	_ = os.RemoveAll(d.dir)
-	if d.reaper != nil {
-		_ = d.reaper.Process.Kill()
-		_ = d.reaper.Wait()
-		_ = d.reaperIn.Close()
-	}
+	d.reaper.close()
 }
 
-func (d *Debezium) startReaper() error {
-	// apacheReaper kills the process groups in DIR/*.pid and removes DIR.
-	cmd := exec.Command("/bin/sh", "-c", apacheReaper, "outboxd-debezium-reaper", d.dir)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		return fmt.Errorf("starting debezium reaper: %w", err)
-	}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("starting debezium reaper: %w", err)
-	}
-	d.reaper, d.reaperIn = cmd, in
-	return nil
+func (d *Debezium) startReaper() (err error) {
+	d.reaper, err = startJVMReaper("outboxd-debezium-reaper", d.dir)
+	return err
 }
 
 // Alive is nil while the worker runs and its connector and task are not
