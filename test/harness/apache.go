@@ -6,14 +6,12 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -44,8 +42,7 @@ type ApacheKafka struct {
 	dir       string
 	clusterID string
 	nodes     []*ApacheNode
-	reaper    *exec.Cmd
-	reaperIn  io.WriteCloser
+	reaper    *jvmReaper
 }
 
 // WithAdvertisedAddrs makes node i advertise addrs[i] on its client
@@ -394,27 +391,10 @@ func (c *ApacheKafka) Close() {
 	}
 	c.killAll()
 	_ = os.RemoveAll(c.dir)
-	if c.reaper != nil {
-		_ = c.reaper.Process.Kill()
-		_ = c.reaper.Wait()
-		_ = c.reaperIn.Close()
-	}
+	c.reaper.close()
 }
 
-// apacheReaper SIGKILLs the JVM process groups whose ids are in DIR/*.pid
-// and removes DIR once stdin closes: the test process is gone.
-const apacheReaper = `read _; for f in "$1"/*.pid; do [ -f "$f" ] && kill -9 -- "-$(cat "$f")" 2>/dev/null; done; rm -rf "$1"`
-
-func (c *ApacheKafka) startReaper() error {
-	cmd := exec.Command("/bin/sh", "-c", apacheReaper, "outboxd-kafka-reaper", c.dir)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		return fmt.Errorf("starting kafka reaper: %w", err)
-	}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("starting kafka reaper: %w", err)
-	}
-	c.reaper, c.reaperIn = cmd, in
-	return nil
+func (c *ApacheKafka) startReaper() (err error) {
+	c.reaper, err = startJVMReaper("outboxd-kafka-reaper", c.dir)
+	return err
 }

@@ -12,7 +12,6 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"time"
 )
 
 // ApacheNode is one broker+controller JVM of an ApacheKafka.
@@ -255,11 +254,7 @@ func (nd *ApacheNode) Stop() error {
 		_ = proc.Signal(syscall.SIGCONT)
 		nd.paused = false
 	}
-	err := proc.Stop(2 * time.Minute)
-	if err != nil && strings.Contains(err.Error(), "exit code 143") {
-		return nil // a JVM exiting on SIGTERM reports 128+15
-	}
-	return err
+	return stopJVM(proc)
 }
 
 // Kill SIGKILLs the node (no controlled shutdown) and reaps it.

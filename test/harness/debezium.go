@@ -14,7 +14,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -58,10 +57,9 @@ type Debezium struct {
 	dir  string
 	port int // REST listener
 
-	mu       sync.Mutex
-	proc     *Proc
-	reaper   *exec.Cmd
-	reaperIn io.WriteCloser
+	mu     sync.Mutex
+	proc   *Proc
+	reaper *jvmReaper
 }
 
 // DebeziumVersion and ConnectVersion are what test/debezium/pom.xml fetches.
@@ -77,48 +75,10 @@ const connectorName = "outbox-connector"
 // fetching them with Maven (test/debezium/pom.xml) when the cache lacks
 // them, like KafkaLibs.
 func DebeziumLibs(ctx context.Context) (string, error) {
-	base := os.Getenv(EnvKafkaCache)
-	if base == "" {
-		dir, err := os.UserCacheDir()
-		if err != nil {
-			return "", fmt.Errorf("debezium jars: no cache dir (set %s): %w", EnvKafkaCache, err)
-		}
-		base = filepath.Join(dir, "outboxd")
-	}
-	libs := filepath.Join(base, "debezium-"+DebeziumVersion, "libs")
-	marker := filepath.Join(libs, "debezium-connector-postgres-"+DebeziumVersion+".jar")
-	if _, err := os.Stat(marker); err == nil {
-		return libs, nil
-	}
-	root, err := ModuleRoot()
-	if err != nil {
-		return "", err
-	}
-	if _, err := exec.LookPath("mvn"); err != nil {
-		return "", fmt.Errorf("debezium jars are not in %s and Maven (mvn) is not installed: run .ci/debezium.sh or install maven", libs)
-	}
-	if err := os.MkdirAll(filepath.Dir(libs), 0o755); err != nil {
-		return "", fmt.Errorf("debezium jars: %w", err)
-	}
-	tmp, err := os.MkdirTemp(filepath.Dir(libs), "libs-fetch-")
-	if err != nil {
-		return "", fmt.Errorf("debezium jars: %w", err)
-	}
-	defer os.RemoveAll(tmp)
-	cmd := exec.CommandContext(ctx, "mvn", "-q", "-B", "-f", filepath.Join(root, "test", "debezium", "pom.xml"),
-		"dependency:copy-dependencies", "-DoutputDirectory="+tmp)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("fetching Debezium %s with Maven: %w\n%s", DebeziumVersion, err, tail(string(out), 4096))
-	}
-	if err := os.Rename(tmp, libs); err != nil && !errors.Is(err, os.ErrExist) {
-		if _, serr := os.Stat(marker); serr != nil {
-			return "", fmt.Errorf("debezium jars: %w", err)
-		}
-	}
-	if _, err := os.Stat(marker); err != nil {
-		return "", fmt.Errorf("debezium jars: %s missing after the fetch", marker)
-	}
-	return libs, nil
+	return mavenLibs(ctx, mavenJars{
+		what: "Debezium " + DebeziumVersion, dir: "debezium-" + DebeziumVersion, marker: "debezium-connector-postgres-" + DebeziumVersion + ".jar",
+		pom: filepath.Join("test", "debezium", "pom.xml"), script: ".ci/debezium.sh",
+	})
 }
 
 // StartDebezium writes the worker and connector configs and starts Kafka
@@ -434,11 +394,7 @@ func (d *Debezium) Stop() error {
 	}
 	proc := d.proc
 	d.proc = nil
-	err := proc.Stop(2 * time.Minute)
-	if err != nil && strings.Contains(err.Error(), "exit code 143") {
-		return nil // a JVM exiting on SIGTERM reports 128+15
-	}
-	return err
+	return stopJVM(proc)
 }
 
 // Kill SIGKILLs the worker: no offset commit.
@@ -457,26 +413,12 @@ func (d *Debezium) Kill() error {
 func (d *Debezium) Close() {
 	_ = d.Kill()
 	_ = os.RemoveAll(d.dir)
-	if d.reaper != nil {
-		_ = d.reaper.Process.Kill()
-		_ = d.reaper.Wait()
-		_ = d.reaperIn.Close()
-	}
+	d.reaper.close()
 }
 
-func (d *Debezium) startReaper() error {
-	// apacheReaper kills the process groups in DIR/*.pid and removes DIR.
-	cmd := exec.Command("/bin/sh", "-c", apacheReaper, "outboxd-debezium-reaper", d.dir)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		return fmt.Errorf("starting debezium reaper: %w", err)
-	}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("starting debezium reaper: %w", err)
-	}
-	d.reaper, d.reaperIn = cmd, in
-	return nil
+func (d *Debezium) startReaper() (err error) {
+	d.reaper, err = startJVMReaper("outboxd-debezium-reaper", d.dir)
+	return err
 }
 
 // Alive is nil while the worker runs and its connector and task are not
