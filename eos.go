@@ -32,9 +32,11 @@ const (
 // Kafka would answer no keepalive, and hold up a PostgreSQL shutdown.
 const eosCommitTimeout = 10 * time.Second
 
-// eos is one session's Kafka-transaction state, owned by the streamer.
+// eos is one session's Kafka-transaction state, owned by the streamer: the
+// exactly-once committer.
 type eos struct {
 	sink     TxnSink
+	wm       *slot.Watermark
 	done     sink.Checkpoint // what Kafka held when the session started
 	splitAge time.Duration   // a Kafka transaction this old commits even inside a PostgreSQL one
 	open     bool
@@ -42,6 +44,63 @@ type eos struct {
 	records  int
 	txns     []*slot.Txn // whole PostgreSQL transactions inside the open Kafka one
 	ends     []wal.LSN
+	inTxn    bool // the current PostgreSQL transaction has events in the open Kafka one
+}
+
+func (e *eos) pending() bool                   { return e.open }
+func (e *eos) covers(pos eventPos) bool        { return e.done.Covers(pos.commit, pos.n) }
+func (e *eos) probeDelivers() bool             { return false }
+func (e *eos) quiet(ctx context.Context) error { return e.commit(ctx, e.wm, false, sink.Checkpoint{}) }
+
+func (e *eos) beforeProduce() error {
+	if err := e.begin(); err != nil {
+		return err
+	}
+	e.records++
+	e.inTxn = true
+	return nil
+}
+
+func (e *eos) afterProduce(ctx context.Context, pos eventPos) error {
+	if !e.splitDue() {
+		return nil
+	}
+	if err := e.commit(ctx, e.wm, true, sink.Checkpoint{LSN: pos.commit, Events: pos.n + 1}); err != nil {
+		return err
+	}
+	e.inTxn = false
+	return nil
+}
+
+func (e *eos) beforeProbe(ctx context.Context, pos eventPos) error {
+	if !e.open {
+		return nil
+	}
+	if err := e.commit(ctx, e.wm, true, sink.Checkpoint{LSN: pos.commit, Events: pos.n}); err != nil {
+		return err
+	}
+	e.inTxn = false
+	return nil
+}
+
+func (e *eos) txnCommitted(ctx context.Context, txn *slot.Txn, end wal.LSN) error {
+	if !e.inTxn {
+		// Nothing of it waits in the open Kafka transaction (no events, or
+		// all of them committed by a split already).
+		e.wm.Commit(txn, end)
+		return nil
+	}
+	e.inTxn = false
+	return e.pgCommit(ctx, e.wm, txn, end)
+}
+
+func (e *eos) end(ctx context.Context, shutdown, betweenTxns bool) error {
+	var err error
+	if shutdown && betweenTxns {
+		err = e.commit(ctx, e.wm, false, sink.Checkpoint{})
+	}
+	e.abort(ctx)
+	return err
 }
 
 // begin opens a Kafka transaction if none is open.
@@ -110,6 +169,6 @@ func (e *eos) abort(ctx context.Context) {
 }
 
 func (e *eos) reset() {
-	e.open, e.records = false, 0
+	e.open, e.records, e.inTxn = false, 0, false
 	e.txns, e.ends = e.txns[:0], e.ends[:0]
 }

@@ -231,7 +231,7 @@ func TestStreamerMessagesAndUpdates(t *testing.T) {
 func TestStreamerExactlyOnceShutdownAndRefusedCommit(t *testing.T) {
 	ts := &fakeTxnSink{}
 	h := newHarness(t, 100, nil)
-	h.s.eos = &eos{sink: ts, splitAge: time.Minute}
+	h.s.commit = &eos{sink: ts, wm: h.s.wm, splitAge: time.Minute}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- h.s.loop(ctx) }()
@@ -250,18 +250,19 @@ func TestStreamerExactlyOnceShutdownAndRefusedCommit(t *testing.T) {
 
 	refused := &fakeTxnSink{fail: sink.ErrRecordsFailed}
 	h = newHarness(t, 100, nil)
-	h.s.eos = &eos{sink: refused, splitAge: time.Minute}
+	e := &eos{sink: refused, wm: h.s.wm, splitAge: time.Minute}
+	h.s.commit = e
 	rej := &rejection{pos: eventPos{commit: 200}, table: "public.outbox", id: uuid(1), err: errors.New("MESSAGE_TOO_LARGE")}
 	h.s.errc <- rej
-	h.s.eos.open = true
-	h.s.eos.txns = append(h.s.eos.txns, h.s.wm.Begin(time.Now()))
-	h.s.eos.ends = append(h.s.eos.ends, 210)
+	e.open = true
+	e.txns = append(e.txns, h.s.wm.Begin(time.Now()))
+	e.ends = append(e.ends, 210)
 	var got *rejection
-	if err := h.s.eosCommit(context.Background(), sink.Checkpoint{}, false); !errors.As(err, &got) || got != rej {
+	if err := h.s.txnErr(h.s.commit.quiet(context.Background())); !errors.As(err, &got) || got != rej {
 		t.Fatalf("refused commit: %v", err)
 	}
-	h.s.eos.abort(context.Background())
-	if h.s.eos.open {
+	_ = h.s.commit.end(context.Background(), false, false)
+	if e.open {
 		t.Fatal("abort left the transaction open")
 	}
 }

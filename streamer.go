@@ -38,8 +38,7 @@ type streamer struct {
 	txn      *slot.Txn
 	tx       router.Tx
 	ordinal  int  // events so far in the current transaction
-	eos      *eos // exactly-once mode; nil otherwise
-	inKafka  bool // exactly-once: the current transaction has events in the open Kafka transaction
+	commit   committer // atLeastOnce, or eos in exactly-once mode
 	lastRecv time.Time
 	wakeAt   time.Time // read deadline while acks are awaited
 	pings    pingStreak
@@ -138,7 +137,7 @@ func (s *streamer) loop(ctx context.Context) error {
 		// status update is due. The deadline moves once per tick, not per
 		// message: setting it costs.
 		deadline := nextStatus
-		if events > 0 || s.wm.Confirmed() != s.lastSent || (s.eos != nil && s.eos.open) {
+		if events > 0 || s.wm.Confirmed() != s.lastSent || s.commit.pending() {
 			if !now.Before(s.wakeAt) {
 				s.wakeAt = now.Add(max(s.cfg.ConfirmInterval/4, time.Millisecond))
 			}
@@ -149,9 +148,9 @@ func (s *streamer) loop(ctx context.Context) error {
 			if silent := time.Since(s.lastRecv); silent > s.cfg.ReplicationTimeout {
 				return fmt.Errorf("no message from PostgreSQL for %s (--replication-timeout) although replies were requested: presuming the connection dead", silent.Round(time.Second))
 			}
-			if s.eos != nil && s.txn == nil {
-				// Quiet stream: commit what the open Kafka transaction holds.
-				if err := s.eosCommit(ctx, sink.Checkpoint{}, false); err != nil {
+			if s.txn == nil {
+				// Quiet stream: commit what an open Kafka transaction holds.
+				if err := s.txnErr(s.commit.quiet(ctx)); err != nil {
 					return err
 				}
 			}
@@ -198,7 +197,7 @@ func (s *streamer) handle(ctx context.Context, msg *wal.Msg, now time.Time) erro
 	case wal.KindBegin:
 		s.txn = s.wm.Begin(now)
 		s.tx = router.Tx{Xid: msg.Begin.Xid, CommitLSN: msg.Begin.FinalLSN, CommitTime: msg.Begin.CommitTime}
-		s.ordinal, s.inKafka = 0, false
+		s.ordinal = 0
 	case wal.KindInsert:
 		if s.txn == nil {
 			return errors.New("protocol: insert outside a transaction")
@@ -229,12 +228,7 @@ func (s *streamer) handle(ctx context.Context, msg *wal.Msg, now time.Time) erro
 		txn := s.txn
 		s.txn = nil
 		s.m.transactions.Inc()
-		if s.inKafka {
-			return s.eosErr(s.eos.pgCommit(ctx, s.wm, txn, msg.Commit.EndLSN))
-		}
-		// Nothing of it waits in an open Kafka transaction (at-least-once
-		// mode, no events, or all of them committed already).
-		s.wm.Commit(txn, msg.Commit.EndLSN)
+		return s.txnErr(s.commit.txnCommitted(ctx, txn, msg.Commit.EndLSN))
 	case wal.KindKeepalive:
 		if s.txn == nil {
 			s.wm.Idle(msg.Keepalive.WALEnd)
@@ -258,7 +252,7 @@ func (s *streamer) handle(ctx context.Context, msg *wal.Msg, now time.Time) erro
 func (s *streamer) nextEvent() (eventPos, bool) {
 	pos := eventPos{commit: s.tx.CommitLSN, n: s.ordinal}
 	s.ordinal++
-	return pos, s.eos != nil && s.eos.done.Covers(pos.commit, pos.n)
+	return pos, s.commit.covers(pos)
 }
 
 // update applies table.op.invalid.behavior: outbox rows are insert-only.
@@ -331,7 +325,7 @@ func (s *streamer) publish(ctx context.Context, pos eventPos, src source, rec ro
 		// guilty one: try it alone before holding or dead-lettering it.
 		if err = s.probe(ctx, &rec, pos); err == nil {
 			delete(s.poison, pos)
-			if s.eos == nil {
+			if s.commit.probeDelivers() {
 				return nil // it is in Kafka now
 			}
 			return s.produce(ctx, &rec, pos, src)
@@ -375,11 +369,8 @@ func (s *streamer) publish(ctx context.Context, pos eventPos, src source, rec ro
 // mode the open Kafka transaction is committed first, up to this event (a
 // split if need be): the probe runs in a transaction of its own, aborted.
 func (s *streamer) probe(ctx context.Context, rec *router.Record, pos eventPos) error {
-	if s.eos != nil && s.eos.open {
-		if err := s.eosCommit(ctx, sink.Checkpoint{LSN: pos.commit, Events: pos.n}, true); err != nil {
-			return err
-		}
-		s.inKafka = false
+	if err := s.txnErr(s.commit.beforeProbe(ctx, pos)); err != nil {
+		return err
 	}
 	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -424,12 +415,8 @@ func eventID(hs []router.Header) string {
 // transaction first, and afterwards splits a PostgreSQL transaction that has
 // made the Kafka one too large or too old.
 func (s *streamer) produce(ctx context.Context, rec *router.Record, pos eventPos, src source) error {
-	if s.eos != nil {
-		if err := s.eos.begin(); err != nil {
-			return s.eosErr(err)
-		}
-		s.eos.records++
-		s.inKafka = true
+	if err := s.txnErr(s.commit.beforeProduce()); err != nil {
+		return err
 	}
 	txn, size, commit, topic, headers := s.txn, rec.Size(), s.tx.CommitTime, rec.Topic, rec.Headers
 	published := s.publishedCounter(topic)
@@ -452,25 +439,13 @@ func (s *streamer) produce(ctx context.Context, rec *router.Record, pos eventPos
 		published.Inc()
 		s.m.publishLatency.Observe(time.Since(commit).Seconds())
 	})
-	if s.eos != nil && s.eos.splitDue() {
-		if err := s.eosCommit(ctx, sink.Checkpoint{LSN: pos.commit, Events: pos.n + 1}, true); err != nil {
-			return err
-		}
-		s.inKafka = false
-	}
-	return nil
+	return s.txnErr(s.commit.afterProduce(ctx, pos))
 }
 
-// eosCommit commits the open Kafka transaction (exactly-once mode); split:
-// inside the current PostgreSQL transaction, at checkpoint at.
-func (s *streamer) eosCommit(ctx context.Context, at sink.Checkpoint, split bool) error {
-	return s.eosErr(s.eos.commit(ctx, s.wm, split, at))
-}
-
-// eosErr turns a Kafka transaction refused because one of its records
+// txnErr turns a Kafka transaction refused because one of its records
 // failed into that record's rejection, which its callback has sent by now:
 // the relay then holds or dead-letters that event, as at-least-once does.
-func (s *streamer) eosErr(err error) error {
+func (s *streamer) txnErr(err error) error {
 	if !errors.Is(err, sink.ErrRecordsFailed) {
 		return err
 	}
@@ -500,23 +475,16 @@ func (s *streamer) publishedCounter(topic string) prometheus.Counter {
 func (s *streamer) finish(ctx context.Context, connAlive bool) {
 	shutdown := ctx.Err() != nil
 	if !shutdown {
-		if s.eos != nil {
-			s.eos.abort(context.Background())
-		}
+		_ = s.commit.end(context.Background(), false, false)
 		return
 	}
 	// Everything below shares one deadline: a stalled broker must not stretch
 	// the shutdown past --shutdown-timeout.
 	tctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
 	defer cancel()
-	if s.eos != nil {
-		if s.txn == nil {
-			// Clean shutdown between transactions: commit what is complete.
-			if err := s.eos.commit(tctx, s.wm, false, sink.Checkpoint{}); err != nil {
-				s.log.Warn("exactly-once: final Kafka commit failed; the next run resumes from the last checkpoint", "err", err)
-			}
-		}
-		s.eos.abort(tctx)
+	// Clean shutdown between transactions: commit what is complete.
+	if err := s.commit.end(tctx, true, s.txn == nil); err != nil {
+		s.log.Warn("exactly-once: final Kafka commit failed; the next run resumes from the last checkpoint", "err", err)
 	}
 	if !waitDrained(tctx, s.wm) {
 		s.log.Warn("shutdown timeout: events still unacked; they will be re-sent from the slot on restart", "inflight", s.wm.Stats().InflightEvents)

@@ -237,7 +237,7 @@ func newHarness(t *testing.T, start wal.LSN, tweak func(*Config)) *harness {
 	ss := newScriptStream()
 	wm := slot.NewWatermark(start)
 	st.startSession(wm, slot.Info{})
-	s := &streamer{relay: r, stream: ss, wm: wm, errc: make(chan error, 1), rejected: &r.rejected, lastSent: start, sentAt: time.Now()}
+	s := &streamer{relay: r, stream: ss, wm: wm, commit: atLeastOnce{wm}, errc: make(chan error, 1), rejected: &r.rejected, lastSent: start, sentAt: time.Now()}
 	return &harness{t: t, relay: r, stream: ss, sink: hs, s: s}
 }
 
@@ -524,7 +524,7 @@ func (f *fakeTxnSink) checkpoints() []sink.Checkpoint {
 func TestStreamerExactlyOnceSkipsWhatKafkaHolds(t *testing.T) {
 	ts := &fakeTxnSink{}
 	h := newHarness(t, 100, nil)
-	h.s.eos = &eos{sink: ts, done: sink.Checkpoint{LSN: 300, Events: 1}, splitAge: time.Minute}
+	h.s.commit = &eos{sink: ts, wm: h.s.wm, done: sink.Checkpoint{LSN: 300, Events: 1}, splitAge: time.Minute}
 	h.start()
 	h.stream.push(txn(200, 210, uuid(1))...)          // before the checkpoint: skipped
 	h.stream.push(txn(300, 310, uuid(2), uuid(3))...) // its first event is in Kafka
@@ -547,7 +547,7 @@ func TestStreamerExactlyOnceSkipsWhatKafkaHolds(t *testing.T) {
 func TestStreamerExactlyOnceSplitsALargeTransaction(t *testing.T) {
 	ts := &fakeTxnSink{}
 	h := newHarness(t, 100, func(c *Config) { c.MaxInflightEvents, c.MaxInflightBytes = 1<<20, 1<<30 })
-	h.s.eos = &eos{sink: ts, splitAge: time.Minute}
+	h.s.commit = &eos{sink: ts, wm: h.s.wm, splitAge: time.Minute}
 	h.start()
 	ids := make([]string, eosMaxRecords*2+5)
 	for i := range ids {
