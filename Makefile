@@ -27,7 +27,7 @@ vet:
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
 
-test: vet ## unit, integration, end-to-end (kfake, Apache Kafka, containers; PostgreSQL 15-18), fault (kfake, then a 3-node Apache cluster) and alert-rule tests (13-16 min on 2 cores)
+test: vet ## unit, integration, end-to-end (kfake, Apache Kafka, containers; PostgreSQL 15-18), Debezium parity, fault (kfake in both modes, then a 3-node Apache cluster) and alert-rule tests (about 17 min on 2 cores)
 	$(GO) test -count=1 -timeout 20m ./...
 	$(GO) test -count=1 -timeout 10m -run TestFaultsShort ./test/fault/ -mode exactly-once
 	$(MAKE) --no-print-directory test-apache
