@@ -37,7 +37,7 @@ type streamer struct {
 	sentAt   time.Time
 	txn      *slot.Txn
 	tx       router.Tx
-	ordinal  int  // events so far in the current transaction
+	ordinal  int       // events so far in the current transaction
 	commit   committer // atLeastOnce, or eos in exactly-once mode
 	lastRecv time.Time
 	wakeAt   time.Time // read deadline while acks are awaited
