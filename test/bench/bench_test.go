@@ -95,9 +95,8 @@ func TestDrainQuick(t *testing.T) {
 	if brokerCPU != "" && !strings.Contains(r.CPU.String(), brokerCPU) {
 		t.Errorf("CPU split %q lacks the broker (%q)", r.CPU.String(), brokerCPU)
 	}
-	if brokerCPU != "" && r.CPU.Broker <= 0 {
-		t.Errorf("CPU split %+v: the broker used no CPU in a drain of %d events", r.CPU, events)
-	}
+	// Not asserted: that the broker's share is above zero. A 5,000-event
+	// drain takes well under 100 ms, and /proc counts CPU in 10 ms ticks.
 	for _, want := range []string{"drain 5,000 events, 10 ev/txn", "read-only ceiling", "| " + kind + " ", "kafka:    " + kind, "polling (100/claim)", "nproc",
 		"exactly-once drain 5,000 events, 10 ev/txn", "at-least-once ", "exactly-once latency 1,000 ev/s × 5s",
 		"50.0ms / 100ms / 150ms / 200ms", "p99 25.00×", "+48.0ms / +96.0ms / +144ms / +192ms"} {
