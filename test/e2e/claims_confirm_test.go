@@ -49,19 +49,7 @@ func sigtermWaitsForInflightAcks(t *testing.T, k *harness.Kafka) {
 	f := newFixture(t, withKafka(k))
 	r := f.startRelay("--shutdown-timeout", "30s")
 	f.waitConfirmed(f.commit(event{1, "a", "E", `{}`}), 20*time.Second)
-	if err := k.Pause(); err != nil {
-		t.Fatal(err)
-	}
-	resumed := false
-	defer func() {
-		if !resumed {
-			_ = k.Resume()
-		}
-	}()
-	var end uint64
-	for i := 2; i <= 20; i++ {
-		end = f.commit(event{i, "a", "E", `{}`})
-	}
+	end, resume := freezeAndCommit(t, f, k)
 	poll(t, 10*time.Second, "19 events in flight", func() bool { return r.metric(t, "outboxd_inflight_events") == 19 })
 	if err := r.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -73,10 +61,7 @@ func sigtermWaitsForInflightAcks(t *testing.T, k *harness.Kafka) {
 	if s := f.slotState(); s.ConfirmedFlushLSN >= end {
 		t.Fatalf("slot confirmed to %s before Kafka acked", harness.FormatLSN(s.ConfirmedFlushLSN))
 	}
-	if err := k.Resume(); err != nil {
-		t.Fatal(err)
-	}
-	resumed = true
+	resume()
 	thawed := time.Now()
 	ctx, cancel := context.WithTimeout(f.ctx, 30*time.Second)
 	defer cancel()

@@ -33,19 +33,7 @@ func statusUpdatesDuringFullWindow(t *testing.T, k *harness.Kafka) {
 	r := f.startRelay("--max-inflight-events", "5", "--status-interval", "300ms", "--replication-timeout", "5s")
 	f.waitConfirmed(f.commit(event{1, "a", "E", `{}`}), 20*time.Second)
 	walsender := f.slotState().ActivePID
-	if err := k.Pause(); err != nil {
-		t.Fatal(err)
-	}
-	resumed := false
-	defer func() {
-		if !resumed {
-			_ = k.Resume()
-		}
-	}()
-	var end uint64
-	for i := 2; i <= 20; i++ {
-		end = f.commit(event{i, "a", "E", `{}`})
-	}
+	end, resume := freezeAndCommit(t, f, k)
 	poll(t, 10*time.Second, "the window full (5 in flight)", func() bool { return r.metric(t, "outboxd_inflight_events") == 5 })
 	deadline := time.Now().Add(3 * time.Second)
 	for time.Now().Before(deadline) {
@@ -54,10 +42,7 @@ func statusUpdatesDuringFullWindow(t *testing.T, k *harness.Kafka) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if err := k.Resume(); err != nil {
-		t.Fatal(err)
-	}
-	resumed = true
+	resume()
 	f.waitConfirmed(end, 60*time.Second)
 	if s := f.slotState(); s.ActivePID != walsender {
 		t.Fatalf("walsender changed %d → %d", walsender, s.ActivePID)
@@ -69,4 +54,31 @@ func statusUpdatesDuringFullWindow(t *testing.T, k *harness.Kafka) {
 		t.Fatalf("%d distinct events, want 20", len(first))
 	}
 	r.stop(t, f.ctx)
+}
+
+// freezeAndCommit freezes the broker (SIGSTOP) and commits events 2..20,
+// returning the WAL position after the last and the thaw, which fails the
+// test if the broker does not resume; the broker is thawed at the end of the
+// test in any case.
+func freezeAndCommit(t *testing.T, f *fixture, k *harness.Kafka) (end uint64, resume func()) {
+	t.Helper()
+	if err := k.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	t.Cleanup(func() {
+		if !resumed {
+			_ = k.Resume()
+		}
+	})
+	for i := 2; i <= 20; i++ {
+		end = f.commit(event{i, "a", "E", `{}`})
+	}
+	return end, func() {
+		t.Helper()
+		if err := k.Resume(); err != nil {
+			t.Fatal(err)
+		}
+		resumed = true
+	}
 }
