@@ -35,7 +35,7 @@ const eosCommitTimeout = 10 * time.Second
 // eos is one session's Kafka-transaction state, owned by the streamer: the
 // exactly-once committer.
 type eos struct {
-	sink     TxnSink
+	sink     sink.Transactional
 	wm       *slot.Watermark
 	done     sink.Checkpoint // what Kafka held when the session started
 	splitAge time.Duration   // a Kafka transaction this old commits even inside a PostgreSQL one

@@ -42,7 +42,7 @@ type Config struct {
 	Slot        string // the pgoutput slot, created if missing (default "outboxd")
 	Publication string // its outbox tables (default "outboxd")
 	Router      *router.Router
-	Sink        Sink
+	Sink        sink.Sink
 	Logger      *slog.Logger // default: discard
 	Version     string       // outboxd_build_info's version label
 
@@ -67,12 +67,12 @@ type Config struct {
 	// outboxd has published that outlives the slot, for the gap check
 	// (progress.go; exactly-once mode uses the checkpoint). AcceptGap lets
 	// outboxd continue past a reported gap.
-	ProgressStore ProgressStore
+	ProgressStore sink.ProgressStore
 	AcceptGap     bool
 
 	// Exactly-once mode: a transactional sink whose InitTransactions has
 	// run, and what it held then.
-	TxnSink TxnSink
+	TxnSink sink.Transactional
 	Done    sink.Checkpoint
 	// SplitAge: a Kafka transaction this old commits even in the middle of
 	// a PostgreSQL transaction (a quarter of the transaction timeout).
@@ -82,29 +82,6 @@ type Config struct {
 	// registering would fence it. The relay registers it, and reads the
 	// checkpoint, once it holds the slot.
 	DeferInit bool
-}
-
-// Sink is what the relay needs of the broker.
-type Sink interface {
-	sink.Sink
-	// Check says, before producing, whether the broker would refuse rec
-	// (a sink.Error of kind Rejected).
-	Check(ctx context.Context, rec *router.Record) error
-	// Probe produces rec and waits for the outcome, without making it
-	// visible to read_committed consumers in exactly-once mode.
-	Probe(ctx context.Context, rec *router.Record) error
-}
-
-// TxnSink is the part of a transactional sink exactly-once mode uses.
-type TxnSink interface {
-	Begin() error
-	// Commit waits for the transaction's records and commits them with the
-	// checkpoint at; it aborts instead if any record failed.
-	Commit(ctx context.Context, at sink.Checkpoint) error
-	Abort(ctx context.Context)
-	// Reset replaces the producer (same transactional id) after a failure.
-	Reset(ctx context.Context) error
-	LoadCheckpoint(ctx context.Context) (sink.Checkpoint, error)
 }
 
 const heartbeatPrefix = "outboxd.heartbeat"

@@ -8,22 +8,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/slot"
 	"github.com/outboxd/outboxd/wal"
 )
-
-// ProgressStore keeps the progress record: how far outboxd has published a
-// slot, on which server, in a place that outlives the slot (cmd/outboxd uses
-// a compacted Kafka topic, sink/kafka's Progress).
-type ProgressStore interface {
-	// EnsureProgressTopic creates the record's home if it is missing.
-	EnsureProgressTopic(ctx context.Context) error
-	// LoadProgress returns the record (nil: none yet).
-	LoadProgress(ctx context.Context) ([]byte, error)
-	WriteProgress(ctx context.Context, value []byte) error
-	// String names the record, for logs and errors.
-	String() string
-}
 
 // progress tracks how far outboxd has published the slot, on which server,
 // for the gap check in slot.Prepare. At startup it reads the record that
@@ -33,7 +21,7 @@ type ProgressStore interface {
 type progress struct {
 	log   *slog.Logger
 	st    *state
-	store ProgressStore // nil in exactly-once mode: the checkpoint is the record
+	store sink.ProgressStore // nil in exactly-once mode: the checkpoint is the record
 
 	mu         sync.Mutex
 	rec        slot.Progress

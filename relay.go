@@ -24,7 +24,7 @@ type relay struct {
 	cfg    Config
 	log    *slog.Logger
 	router *router.Router
-	sink   Sink
+	sink   sink.Sink
 	m      *metrics
 	state  *state
 

@@ -139,7 +139,7 @@ func (f *fakeSQL) set(fn func(*fakeSQL)) {
 }
 
 // newTestRelay builds a Relay as New does, with its connections scripted.
-func newTestRelay(t *testing.T, cs *connScript, db *fakeSQL, sk Sink, tweak func(*Config)) *Relay {
+func newTestRelay(t *testing.T, cs *connScript, db *fakeSQL, sk sink.Sink, tweak func(*Config)) *Relay {
 	t.Helper()
 	rt, err := router.New(router.Config{})
 	if err != nil {

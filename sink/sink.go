@@ -1,6 +1,9 @@
-// Package sink defines what outboxd needs from a message broker: asynchronous,
-// ordered-per-key publication with a durable acknowledgement per record. Each
-// broker lives in its own subpackage behind the Sink interface (sink/kafka).
+// Package sink defines every contract outboxd has with a message broker:
+// asynchronous, ordered-per-key publication with a durable acknowledgement
+// per record ([Sink]), the transactional contract of exactly-once mode
+// ([Transactional]) and the progress record that outlives the slot
+// ([ProgressStore]). Each broker lives in its own subpackage behind them
+// (sink/kafka), checked with var _ sink.Sink = (*Sink)(nil).
 package sink
 
 import (
@@ -21,8 +24,42 @@ type Sink interface {
 	Produce(ctx context.Context, rec *router.Record, done func(error))
 	// Ping checks that the broker is reachable.
 	Ping(ctx context.Context) error
+	// Check says, before producing, whether the broker would refuse rec
+	// (an Error of kind Rejected): a record larger than the broker takes,
+	// a destination that does not exist.
+	Check(ctx context.Context, rec *router.Record) error
+	// Probe produces rec and waits for the outcome; in exactly-once mode
+	// without making it visible to read_committed consumers. The relay
+	// probes a held event to learn when the broker takes it again.
+	Probe(ctx context.Context, rec *router.Record) error
 	// Close releases the client; records not yet acked fail.
 	Close()
+}
+
+// Transactional is the part of a transactional sink exactly-once mode uses:
+// a broker transaction commits its records together with the checkpoint.
+type Transactional interface {
+	Begin() error
+	// Commit waits for the transaction's records and commits them with the
+	// checkpoint at; it aborts instead if any record failed.
+	Commit(ctx context.Context, at Checkpoint) error
+	Abort(ctx context.Context)
+	// Reset replaces the producer (same transactional id) after a failure.
+	Reset(ctx context.Context) error
+	LoadCheckpoint(ctx context.Context) (Checkpoint, error)
+}
+
+// ProgressStore keeps the progress record: how far outboxd has published a
+// slot, on which server, in a place that outlives the slot (Kafka: a
+// compacted topic). The relay's gap check reads it.
+type ProgressStore interface {
+	// EnsureProgressTopic creates the record's home if it is missing.
+	EnsureProgressTopic(ctx context.Context) error
+	// LoadProgress returns the record (nil: none yet).
+	LoadProgress(ctx context.Context) ([]byte, error)
+	WriteProgress(ctx context.Context, value []byte) error
+	// String names the record, for logs and errors.
+	String() string
 }
 
 // Kind says how the relay must handle an error from a sink, the way pgconn's

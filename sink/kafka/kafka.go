@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl"
 
 	"github.com/outboxd/outboxd/router"
+	"github.com/outboxd/outboxd/sink"
 )
 
 // Config configures the producer.
@@ -231,3 +232,10 @@ func (l logger) Log(level kgo.LogLevel, msg string, kv ...any) {
 		l.l.Debug("kafka: "+msg, kv...)
 	}
 }
+
+// The broker contracts Sink, its transactions and ProgressStore implement.
+var (
+	_ sink.Sink          = (*Sink)(nil)
+	_ sink.Transactional = (*Sink)(nil)
+	_ sink.ProgressStore = ProgressStore{}
+)
