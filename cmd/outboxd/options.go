@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -45,7 +47,7 @@ func (o *optionSet) parse(args []string, getenv func(string) string) error {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
-		return fmt.Errorf("%w (see outboxd %s --help)", err, strings.TrimPrefix(o.fs.Name(), "outboxd "))
+		return fmt.Errorf("%w (see outboxd %s --help)", o.flagError(err), strings.TrimPrefix(o.fs.Name(), "outboxd "))
 	}
 	if o.fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", o.fs.Arg(0))
@@ -80,10 +82,61 @@ func (o *optionSet) parse(args []string, getenv func(string) string) error {
 			return
 		}
 		if err := f.Value.Set(v); err != nil {
+			if why := durationError(f, v); why != "" {
+				err = errors.New(why)
+			}
 			errs = append(errs, fmt.Errorf("invalid value %q for %s (--%s): %w", v, src, f.Name, err))
 		}
 	})
-	return errors.Join(errs...)
+	return errors.Join(append(errs, negativeDurations(o.fs)...)...)
+}
+
+// negativeDurations refuses a negative value for every duration option of
+// any command, wherever it came from: Go's parser accepts "-2ms", and no
+// interval, timeout or linger of outboxd means anything below zero. (A
+// missing unit, "5", is already refused by the parser.) Which options must
+// be positive rather than merely not negative is each command's validate.
+func negativeDurations(fs *flag.FlagSet) []error {
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		if g, ok := f.Value.(flag.Getter); ok {
+			if d, ok := g.Get().(time.Duration); ok && d < 0 {
+				errs = append(errs, fmt.Errorf("--%s must not be negative (got %s); durations take a unit: 500ms, 30s, 1m", f.Name, d))
+			}
+		}
+	})
+	return errs
+}
+
+var flagValueErr = regexp.MustCompile(`^invalid value "(.*)" for flag -([^:]+): (.*)$`)
+
+// flagError says --name rather than the flag package's -name, and why a
+// duration did not parse where the flag package only says "parse error".
+func (o *optionSet) flagError(err error) error {
+	m := flagValueErr.FindStringSubmatch(err.Error())
+	if m == nil {
+		return err
+	}
+	value, name, why := m[1], m[2], m[3]
+	if f := o.fs.Lookup(name); f != nil {
+		if d := durationError(f, value); d != "" {
+			why = d
+		}
+	}
+	return fmt.Errorf("invalid value %q for --%s: %s", value, name, why)
+}
+
+// durationError is why v is no duration, if f is a duration option ("" if
+// it is not, or v parses).
+func durationError(f *flag.Flag, v string) string {
+	if g, ok := f.Value.(flag.Getter); ok {
+		if _, ok := g.Get().(time.Duration); ok {
+			if _, err := time.ParseDuration(v); err != nil {
+				return strings.TrimPrefix(err.Error(), "time: ") + " (durations take a unit: 500ms, 30s, 1m)"
+			}
+		}
+	}
+	return ""
 }
 
 // fileValue is an option's value from the config file, and the key it had there.
