@@ -3,8 +3,11 @@ package main
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd"
 )
@@ -52,7 +55,7 @@ func registerPostgresFile(s *optionSet, dsn *string) {
 // /status.
 func transportWarnings(o runOptions, getenv func(string) string) []string {
 	var out []string
-	if mode := outboxd.SSLMode(o.Postgres, getenv); mode != "verify-full" && mode != "socket" && !o.PostgresAllowInsecure {
+	if mode := outboxd.SSLMode(o.Postgres, getenv); mode != "verify-full" && mode != "socket" && !o.PostgresAllowInsecure && crossesNetwork(o.Postgres) {
 		out = append(out, fmt.Sprintf("PostgreSQL sslmode is %s: the connection (events, and the password) can be read or altered on the network, "+
 			"and the server is not authenticated; use sslmode=verify-full&sslrootcert=<CA file> (or --postgres-allow-insecure to accept this)", mode))
 	}
@@ -60,6 +63,31 @@ func transportWarnings(o runOptions, getenv func(string) string) []string {
 		out = append(out, "Kafka SASL "+o.Kafka.SASLMechanism+" without TLS: the session (and the events) cross the network in the clear; add --kafka-tls or --kafka-tls-ca")
 	}
 	return out
+}
+
+// crossesNetwork reports whether a connection string names a host other than
+// the loopback interface or a Unix socket: only then can a weak sslmode be
+// read or altered by anyone else. A string that does not parse names no host
+// at all (the connection attempt reports that), so nothing is warned about.
+func crossesNetwork(dsn string) bool {
+	cfg, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		return false
+	}
+	hosts := []string{cfg.Host}
+	for _, f := range cfg.Fallbacks {
+		hosts = append(hosts, f.Host)
+	}
+	for _, h := range hosts {
+		if strings.HasPrefix(h, "/") || h == "localhost" {
+			continue
+		}
+		if ip := net.ParseIP(h); ip != nil && ip.IsLoopback() {
+			continue
+		}
+		return true
+	}
+	return false
 }
 
 // checkSASLPlain refuses SASL PLAIN without TLS: it sends the password

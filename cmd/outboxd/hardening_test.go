@@ -112,3 +112,29 @@ func TestSetupPrintRefusesDollarQuoteBreakout(t *testing.T) {
 		}
 	}
 }
+
+// Issue 26 item 7: the warning is for connections that cross a network; a
+// loopback host, a Unix socket or a string that names no host at all (the
+// connection attempt reports that) is not warned about. Every host of a
+// multi-host string counts.
+func TestTransportWarningOnlyAcrossANetwork(t *testing.T) {
+	for dsn, warn := range map[string]bool{
+		"postgres://u@127.0.0.1:5432/app":                  false,
+		"postgres://u@localhost/app":                       false,
+		"postgres://u@[::1]:5432/app":                      false,
+		"host=127.0.0.2 dbname=app":                        false,
+		"host=/var/run/postgresql dbname=app":              false,
+		"x":                                                false,
+		"postgres://u@db.internal/app":                     true,
+		"postgres://u@10.0.0.5/app":                        true,
+		"postgres://u@127.0.0.1:5432,pg-b:5432/app":        true,
+		"postgres://u@db.internal/app?sslmode=verify-full": false,
+		"postgres://u@db.internal/app?sslmode=require":     true,
+		"host=db.internal dbname=app sslmode=disable":      true,
+	} {
+		w := transportWarnings(runOptions{Postgres: dsn}, noEnv)
+		if got := len(w) == 1 && strings.Contains(w[0], "--postgres-allow-insecure"); got != warn || len(w) > 1 {
+			t.Errorf("%q: warnings %q, want a warning naming --postgres-allow-insecure: %v", dsn, w, warn)
+		}
+	}
+}

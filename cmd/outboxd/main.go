@@ -73,7 +73,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 		return 0
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "outboxd %s: %v\n", args[0], err)
+		fmt.Fprintf(stderr, "outboxd %s: %v\n", args[0], rootCauseFirst(err))
 		return 1
 	}
 	return 0

@@ -148,7 +148,7 @@ func (o *runOptions) validate() error {
 	case o.Postgres != "" && o.PostgresFile != "":
 		errs = append(errs, errors.New("--postgres and --postgres-file exclude each other"))
 	case o.Postgres == "" && o.PostgresFile == "":
-		errs = append(errs, errors.New("--postgres (OUTBOXD_POSTGRES) or --postgres-file is required"))
+		errs = append(errs, errors.New("--postgres (OUTBOXD_POSTGRES) or --postgres-file is required, or libpq's PGHOST/PGDATABASE/PGUSER/PGSERVICE variables"))
 	}
 	if len(o.KafkaBrokers) == 0 {
 		errs = append(errs, errors.New("--kafka-brokers (OUTBOXD_KAFKA_BROKERS) is required"))
@@ -208,6 +208,9 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 			set.usage(e.stdout, runSummary)
 		}
 		return err
+	}
+	if o.Postgres == "" && o.PostgresFile == "" {
+		o.Postgres = libpqDSN(e.getenv) // as psql does (libpq.go)
 	}
 	if err := o.validate(); err != nil {
 		return err

@@ -85,6 +85,9 @@ func setupCommand(ctx context.Context, e env, args []string) (err error) {
 		}
 		return err
 	}
+	if o.Postgres == "" && !o.Print {
+		o.Postgres = libpqDSN(e.getenv) // as psql does (libpq.go)
+	}
 	if err := o.validate(); err != nil {
 		return err
 	}

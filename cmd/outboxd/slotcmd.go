@@ -66,6 +66,9 @@ func slotDropCommand(ctx context.Context, e env, args []string) (err error) {
 	}
 	var errs []error
 	if o.Postgres == "" {
+		o.Postgres = libpqDSN(e.getenv) // as psql does (libpq.go)
+	}
+	if o.Postgres == "" {
 		errs = append(errs, errors.New("--postgres (OUTBOXD_POSTGRES) is required"))
 	}
 	if o.Slot == "" {

@@ -51,7 +51,10 @@ func statusCommand(ctx context.Context, e env, args []string) (err error) {
 		return err
 	}
 	if o.Postgres == "" {
-		return errors.New("--postgres (OUTBOXD_POSTGRES) is required")
+		o.Postgres = libpqDSN(e.getenv) // as psql does (libpq.go)
+	}
+	if o.Postgres == "" {
+		return errors.New("--postgres (OUTBOXD_POSTGRES) is required, or libpq's PGHOST/PGDATABASE/PGUSER/PGSERVICE variables")
 	}
 	conn, err := outboxd.ConnectPlain(ctx, o.Postgres, "outboxd status")
 	if err != nil {
