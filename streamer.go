@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -33,6 +34,7 @@ type streamer struct {
 	wm       *slot.Watermark
 	errc     chan error // first produce failure of the session
 	rejected *rejections
+	updates  rateLog // the skipped-UPDATE warning's rate limit
 	lastSent wal.LSN
 	sentAt   time.Time
 	txn      *slot.Txn
@@ -262,10 +264,16 @@ func (s *streamer) update(msg *wal.Msg) error {
 	case "fatal":
 		return &holdError{pos: eventPos{commit: s.tx.CommitLSN, n: s.ordinal}, table: table,
 			cause: errors.New("UPDATE on an outbox table and table.op.invalid.behavior is fatal (outbox rows are insert-only): delete or fix the UPDATE's cause, set table.op.invalid.behavior to warn, and restart")}
-	case "error":
-		s.log.Error("skipped UPDATE on outbox table: outbox rows are insert-only", "table", table, "commit_lsn", s.tx.CommitLSN.String())
-	default:
-		s.log.Warn("skipped UPDATE on outbox table: outbox rows are insert-only", "table", table, "commit_lsn", s.tx.CommitLSN.String())
+	default: // "error" logs at error level, "warn" at warn; at most once a minute (ratelog.go)
+		s.updates.every = skippedUpdateLogEvery
+		if ok, held := s.updates.allow(time.Now()); ok {
+			level := slog.LevelWarn
+			if s.router.InvalidOpBehavior(msg.Row.Relation) == "error" {
+				level = slog.LevelError
+			}
+			s.log.Log(context.Background(), level, "skipped UPDATE on outbox table: outbox rows are insert-only (logged at most once a minute; outboxd_events_skipped_total{reason=\"update\"} counts every row)",
+				"table", table, "commit_lsn", s.tx.CommitLSN.String(), "skipped_since_last_report", held)
+		}
 	}
 	s.m.skipped.WithLabelValues("update").Inc()
 	return nil

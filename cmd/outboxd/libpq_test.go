@@ -40,7 +40,9 @@ func TestLibpqEnvironment(t *testing.T) {
 	if err := o.validate(); err != nil {
 		t.Fatalf("validate with the libpq environment: %v", err)
 	}
-	getenv := func(k string) string { return map[string]string{"PGHOST": "127.0.0.1", "PGPORT": "1", "PGUSER": "nobody", "PGDATABASE": "app"}[k] }
+	getenv := func(k string) string {
+		return map[string]string{"PGHOST": "127.0.0.1", "PGPORT": "1", "PGUSER": "nobody", "PGDATABASE": "app"}[k]
+	}
 	var stdout, stderr bytes.Buffer
 	if code := dispatch(context.Background(), []string{"status"}, &stdout, &stderr, getenv); code != 1 ||
 		strings.Contains(stderr.String(), "required") || !strings.Contains(stderr.String(), "127.0.0.1") {
