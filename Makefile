@@ -20,8 +20,10 @@ all: build
 build: ## static binary with version information → bin/outboxd
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/outboxd ./cmd/outboxd
 
-run: ## demo: throwaway PostgreSQL + embedded Kafka + outboxd + sample writes
-	$(GO) run ./test/cmd/demo
+run: ## demo: throwaway PostgreSQL + embedded Kafka + outboxd + sample writes; Ctrl-C (or killing make) removes it all; RUN_ARGS='-http-addr 127.0.0.1:9188' moves the HTTP port (default 9187, or a free one if taken)
+	@mkdir -p bin
+	$(GO) build -o bin/demo ./test/cmd/demo
+	bin/demo $(RUN_ARGS)
 
 vet:
 	$(GO) vet ./...

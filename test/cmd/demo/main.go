@@ -8,6 +8,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"os/signal"
 	"strings"
@@ -25,11 +26,22 @@ import (
 func main() {
 	once := flag.Bool("once", false, "exit after the first batch of sample orders has been printed")
 	every := flag.Duration("every", 3*time.Second, "interval between further sample orders")
-	httpAddr := flag.String("http-addr", "127.0.0.1:9187", "outboxd's metrics and status address")
+	httpAddr := flag.String("http-addr", defaultHTTPAddr, "outboxd's metrics and status address (default: "+defaultHTTPAddr+", or a free port if that is taken)")
 	flag.Parse()
+	// SIGTERM when the parent (make) dies, however it dies: a SIGKILL of
+	// make must not leave this process, outboxd or PostgreSQL behind. The
+	// signal runs the same cleanup as Ctrl-C.
+	dieWithParent()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *once, *every, *httpAddr); err != nil {
+	explicit := false
+	flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "http-addr" })
+	addr, err := pickHTTPAddr(*httpAddr, explicit)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(1)
+	}
+	if err := run(ctx, *once, *every, addr); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
@@ -180,6 +192,30 @@ func printLag(ctx context.Context, conn *pgx.Conn) error {
 	}
 	say(fmt.Sprintf("slot outboxd: confirmed_flush_lsn=%s wal=%s lag=%d bytes", confirmed, current, lag))
 	return nil
+}
+
+const defaultHTTPAddr = "127.0.0.1:9187"
+
+// pickHTTPAddr checks that outboxd will be able to listen on addr. The
+// default moves to a free port when taken (saying so); an address given
+// with -http-addr does not, and the error names the flag that moves it.
+func pickHTTPAddr(addr string, explicit bool) (string, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err == nil {
+		ln.Close()
+		return addr, nil
+	}
+	if explicit {
+		return "", fmt.Errorf("-http-addr %s is taken (%v): pick another, e.g. make run RUN_ARGS='-http-addr 127.0.0.1:9188'", addr, err)
+	}
+	ln, lerr := net.Listen("tcp", "127.0.0.1:0")
+	if lerr != nil {
+		return "", fmt.Errorf("%s is taken (%v), and no free port on 127.0.0.1: %v", addr, err, lerr)
+	}
+	free := ln.Addr().String()
+	ln.Close()
+	say(fmt.Sprintf("%s is taken: outboxd's HTTP endpoints use %s instead (make run RUN_ARGS='-http-addr ADDR' picks one)", addr, free))
+	return free, nil
 }
 
 func say(s string) { fmt.Printf("%s  %s\n", time.Now().Format("15:04:05"), s) }
