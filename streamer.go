@@ -494,8 +494,12 @@ func (s *streamer) finish(ctx context.Context, connAlive bool) {
 	if err := s.commit.end(tctx, true, s.txn == nil); err != nil {
 		s.log.Warn("exactly-once: final Kafka commit failed; the next run resumes from the last checkpoint", "err", err)
 	}
-	if !waitDrained(tctx, s.wm) {
-		s.log.Warn("shutdown timeout: events still unacked; they will be re-sent from the slot on restart", "inflight", s.wm.Stats().InflightEvents)
+	if !waitDrainedOrHeld(tctx, s.wm, s.state.hasTopicHolds, heldShutdownQuiet) { // shutdownheld.go
+		if tctx.Err() != nil {
+			s.log.Warn("shutdown timeout: events still unacked; they will be re-sent from the slot on restart", "inflight", s.wm.Stats().InflightEvents)
+		} else {
+			s.log.Info("shutdown: only events of held topics are unacked; not waiting for them: they will be re-sent from the slot on restart", "inflight", s.wm.Stats().InflightEvents)
+		}
 	}
 	if connAlive {
 		if err := s.sendStatus(false); err == nil {

@@ -1,0 +1,48 @@
+package outboxd
+
+import (
+	"context"
+	"time"
+
+	"github.com/outboxd/outboxd/slot"
+)
+
+// heldShutdownQuiet is how long a shutdown waits without a single ack,
+// while topics are held, before it stops waiting for the in-flight events.
+// The events of a held topic are never sent until someone creates the topic,
+// so waiting the whole --shutdown-timeout for them only delays the exit;
+// leaving earlier loses nothing (nothing past them is confirmed, and the
+// slot re-sends them on restart), and the acks of the events of other
+// topics keep the wait going as long as they arrive.
+const heldShutdownQuiet = time.Second
+
+// hasTopicHolds reports whether the sink holds any topic's events.
+func (s *state) hasTopicHolds() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.topicHolds) > 0
+}
+
+// waitDrainedOrHeld waits until no event of wm is in flight, or ctx ends,
+// or held reports held topics and no ack has come for quiet.
+func waitDrainedOrHeld(ctx context.Context, wm *slot.Watermark, held func() bool, quiet time.Duration) bool {
+	t := time.NewTimer(quiet)
+	defer t.Stop()
+	for {
+		drained, changed := wm.Drained()
+		if drained {
+			return true
+		}
+		select {
+		case <-changed:
+			t.Reset(quiet)
+		case <-t.C:
+			if held() {
+				return false
+			}
+			t.Reset(quiet)
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
