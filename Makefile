@@ -13,7 +13,10 @@ E2E_CORE    := TestStartupCheck|TestSlotHeldByAnotherProcess|TestRoutingAndSkipp
 # failover test runs on the local backend (the first line of `test`) only.
 DOCKER_SKIP := TestPGFailover
 
-.PHONY: all build run test test-short test-docker test-pg-versions test-apache vet bench soak parity docker clean
+# Packages that need no PostgreSQL, Kafka or JVM: make check's unit tests.
+UNIT_PKGS := . ./wal/... ./router/... ./sink/... ./slot/... ./migrations/... ./pgquote/... ./cmd/outboxd/ ./results/
+
+.PHONY: all build run check test test-short test-docker test-pg-versions test-apache vet bench soak parity docker clean
 
 all: build
 
@@ -25,11 +28,15 @@ run: ## demo: throwaway PostgreSQL + embedded Kafka + outboxd + sample writes; C
 	$(GO) build -o bin/demo ./test/cmd/demo
 	bin/demo $(RUN_ARGS)
 
-vet:
+check: vet ## the inner loop (about a minute): vet, gofmt, staticcheck if installed, unit tests with -race; no PostgreSQL, no Kafka
+	@if command -v staticcheck >/dev/null 2>&1; then staticcheck ./...; else echo "staticcheck not installed (go install honnef.co/go/tools/cmd/staticcheck@latest): skipped"; fi
+	$(GO) test -count=1 -short -race $(UNIT_PKGS)
+
+vet: ## go vet and the gofmt check
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
 
-test: vet ## unit, integration, end-to-end (kfake, Apache Kafka, containers; PostgreSQL 15-18), Debezium parity, fault (kfake in both modes, then a 3-node Apache cluster) and alert-rule tests (about 17 min on 2 cores)
+test: vet ## unit, integration, end-to-end (kfake, Apache Kafka, containers; PostgreSQL 15-18), Debezium parity, fault (kfake in both modes, then a 3-node Apache cluster) and alert-rule tests (about 17 min on 2 busy cores; must stay under 25)
 	$(GO) test -count=1 -timeout 20m ./...
 	$(GO) test -count=1 -timeout 10m -run TestFaultsShort ./test/fault/ -mode exactly-once
 	$(MAKE) --no-print-directory test-apache
@@ -53,17 +60,17 @@ test-apache: ## only the Apache Kafka runs of make test: e2e on one node, short 
 	OUTBOXD_TEST_KAFKA_KIND=apache $(GO) test -count=1 -timeout 20m ./test/e2e/
 	$(GO) test -count=1 -timeout 20m -run TestFaultsShort ./test/fault/ -kafka apache-cluster
 
-bench: ## throughput/latency/resources beside baselines and Debezium, on kfake, one Apache node and a 3-node cluster (~30 min on a busy 2-core machine; BENCH_ARGS='-brokers apache' for one column, BENCH_ARGS='-cases debezium -brokers apache' beside Debezium only)
-	$(GO) run ./test/cmd/bench $(BENCH_ARGS)
+bench: ## throughput/latency/resources beside baselines and Debezium, on kfake, one Apache node and a 3-node cluster; writes results/bench-*.json (~30 min on a busy 2-core machine; BENCH_ARGS='-brokers apache' for one column, BENCH_ARGS='-cases debezium -brokers apache' beside Debezium only)
+	$(GO) run ./test/cmd/bench -results $(CURDIR)/results $(BENCH_ARGS)
 
 parity: ## Debezium 3.6 (Kafka Connect) beside outboxd: the full corpus in three converter setups, README's difference table checked, and the cutover (Java; jars from .ci/debezium.sh or fetched on demand)
 	$(GO) test -count=1 -timeout 30m -v -run 'TestParity|TestCutover' ./test/parity/ -full
 
-soak: ## fault-injection soak under load on kfake and on a 3-node Apache cluster, at-least-once then exactly-once (4 runs of 10-12 min)
-	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -mode at-least-once
-	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -mode exactly-once
-	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -mode at-least-once -kafka apache-cluster
-	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -mode exactly-once -kafka apache-cluster
+soak: ## fault-injection soak under load on kfake and on a 3-node Apache cluster, at-least-once then exactly-once (4 runs of 9-13 min); writes results/fault-*.json
+	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -results $(CURDIR)/results -mode at-least-once
+	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -results $(CURDIR)/results -mode exactly-once
+	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -results $(CURDIR)/results -mode at-least-once -kafka apache-cluster
+	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -results $(CURDIR)/results -mode exactly-once -kafka apache-cluster
 
 docker: ## container image (needs a Docker engine with BuildKit); DOCKER_BUILD_ARGS="--build-arg BUILDER_IMAGE=..."
 	docker build -f deploy/Dockerfile --build-arg VERSION=$(VERSION) $(DOCKER_BUILD_ARGS) -t outboxd:$(VERSION) .

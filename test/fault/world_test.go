@@ -804,6 +804,7 @@ func (w *world) run() *runResult {
 	res.failures = append(res.failures, w.unexpectedExits...)
 
 	t.Log(w.summary(res))
+	w.writeResults(res) // results_test.go
 	for _, f := range res.failures {
 		t.Error(f)
 	}

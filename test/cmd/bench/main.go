@@ -28,6 +28,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/outboxd/outboxd/results"
 	"github.com/outboxd/outboxd/test/bench"
 	"github.com/outboxd/outboxd/test/harness"
 )
@@ -42,6 +43,7 @@ func main() {
 		noPolling   = flag.Bool("no-polling", false, "skip the polling publisher in the drain cases")
 		timeout     = flag.Duration("timeout", 45*time.Minute, "give up after this long")
 		allowMiss   = flag.Bool("allow-miss", false, "exit 0 even when a measurement misses its target")
+		resultsDir  = flag.String("results", "", "also write the run as a results file (bench-<date>-<time>.json) into this directory, the one source README quotes (make bench: results/)")
 		brokers     = flag.String("brokers", strings.Join(bench.DefaultBrokers(), ","), "comma-separated broker columns, run in this order: "+strings.Join(bench.AllBrokers, ", ")+" (or external, with "+harness.EnvKafka+")")
 	)
 	flag.Usage = func() {
@@ -109,6 +111,13 @@ apache-cluster ~7 min); -quick took ~4 min. Exits 1 when a measurement misses it
 	}
 	fmt.Println()
 	missed := res.Table(os.Stdout)
+	if *resultsDir != "" {
+		if p, err := results.Write(*resultsDir, res.ResultsFile(strings.Join(os.Args[1:], " "))); err != nil {
+			fmt.Fprintln(os.Stderr, "bench: results file:", err)
+		} else {
+			fmt.Fprintln(os.Stderr, "bench: wrote", p)
+		}
+	}
 	if res.Failed() {
 		fmt.Fprintln(os.Stderr, "bench: some cases failed to run (see ERROR rows)")
 		os.Exit(1)

@@ -1,0 +1,62 @@
+package bench
+
+import (
+	"bytes"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/outboxd/outboxd/results"
+)
+
+// ResultsFile is the run as a results file (package results): the tables
+// Table prints, with the machine, load and settings printed above them, so
+// that README quotes exactly what was measured. args is the command line.
+func (r *Results) ResultsFile(args string) *results.File {
+	var buf bytes.Buffer
+	r.Table(&buf)
+	m := r.Machine
+	f := &results.File{
+		Name:     "bench-" + r.Started.UTC().Format("2006-01-02-1504"),
+		Source:   strings.TrimSpace("go run ./test/cmd/bench " + args),
+		Date:     r.Started.UTC().Format("2006-01-02T15:04:05Z"),
+		Machine:  fmt.Sprintf("%d cores (%s), %s RAM, Linux %s, %s, PostgreSQL %s", m.NProc, m.CPUModel, m.MemTotal, m.Kernel, m.Go, m.Postgres),
+		Load:     fmt.Sprintf("load average %s at start, %s at end", m.LoadAvg, r.LoadEnd),
+		Busy:     busy(m.LoadAvg, m.NProc) || busy(r.LoadEnd, m.NProc),
+		Settings: settingsLine(buf.String()),
+		Tables:   map[string][][]string{},
+	}
+	for i, t := range results.ParseMarkdownTables(buf.String()) {
+		name := "main"
+		if i > 0 {
+			name = "table-" + strconv.Itoa(i+1) // the Debezium case's, in print order
+		}
+		f.Tables[name] = t
+	}
+	return f
+}
+
+// busy: a 1-minute load average above three quarters of the cores means
+// other work competed for the CPU the figures were measured on.
+func busy(load string, nproc int) bool {
+	fields := strings.Fields(load)
+	if len(fields) == 0 {
+		return false
+	}
+	v, err := strconv.ParseFloat(fields[0], 64)
+	return err == nil && nproc > 0 && v > 0.75*float64(nproc)
+}
+
+// settingsLine is the kafka:/outboxd: lines of the printed header.
+func settingsLine(printed string) string {
+	var parts []string
+	for _, l := range strings.Split(printed, "\n") {
+		if strings.HasPrefix(l, "kafka:") || strings.HasPrefix(l, "outboxd:") {
+			parts = append(parts, strings.Join(strings.Fields(l), " "))
+		}
+	}
+	if len(parts) == 0 {
+		return "not printed"
+	}
+	return strings.Join(parts, "; ")
+}

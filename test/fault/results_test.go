@@ -1,0 +1,62 @@
+package fault
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/outboxd/outboxd/results"
+)
+
+var resultsDir = flag.String("results", "", "write each run's summary as a results file (fault-<scenario>-<mode>-<kafka>-<date>-<time>.json) into this directory (make soak: results/)")
+
+// writeResults writes the run's summary figures in the results format that
+// README quotes (package results). The run's wall-clock start is w.started.
+func (w *world) writeResults(res *runResult) {
+	if *resultsDir == "" || res.rep == nil {
+		return
+	}
+	kind, _ := worldKafkaKind()
+	load := "?"
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		load = strings.Join(strings.Fields(string(b))[:3], " ")
+	}
+	total := 0
+	for _, n := range w.faultsDone {
+		total += n
+	}
+	verdict := "PASS"
+	if len(res.failures) > 0 {
+		verdict = fmt.Sprintf("FAIL (%d problems)", len(res.failures))
+	}
+	var one float64
+	fmt.Sscan(load, &one)
+	f := &results.File{
+		Name:     fmt.Sprintf("fault-%s-%s-%s-%s", w.sc.name, w.mode.name, kind, w.started.UTC().Format("2006-01-02-150405")),
+		Source:   "go test ./test/fault/ (scenario " + w.sc.name + ")",
+		Date:     w.started.UTC().Format(time.RFC3339),
+		Machine:  fmt.Sprintf("%d cores, %s", runtime.NumCPU(), runtime.Version()),
+		Load:     "load average " + load + " at the end",
+		Busy:     one > 0.75*float64(runtime.NumCPU()),
+		Settings: fmt.Sprintf("mode %s, kafka %s, seed %d, outboxd %s", w.mode.name, kind, w.seed, strings.Join(w.sc.relayArgs, " ")),
+		Figures: map[string]string{
+			"wall":       res.wall.Round(time.Second).String(),
+			"faults":     fmt.Sprint(total),
+			"events":     fmt.Sprint(res.rep.eventsCommitted),
+			"lost":       fmt.Sprint(len(res.rep.lost)),
+			"duplicates": fmt.Sprint(res.rep.duplicates),
+			"max-lag":    fmtBytes(res.maxLag),
+			"checks":     fmt.Sprint(res.rep.pairs),
+			"violations": fmt.Sprint(res.rep.violations),
+			"verdict":    verdict,
+		},
+	}
+	if p, err := results.Write(*resultsDir, f); err != nil {
+		w.t.Logf("results file: %v", err)
+	} else {
+		w.t.Logf("results file: %s", p)
+	}
+}
