@@ -2,6 +2,8 @@ package outboxd
 
 import (
 	"encoding/json"
+	"os"
+	"strings"
 	"regexp"
 	"testing"
 	"time"
@@ -80,5 +82,38 @@ func TestStatusAndStatusJSONOneSchema(t *testing.T) {
 				t.Errorf("slot_server_view has %d keys: %v", len(view), view)
 			}
 		})
+	}
+}
+
+// README's list of /status keys is every key /status can show: a state
+// with everything set is rendered and each key looked up in the list.
+func TestStatusKeysDocumented(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := strings.Index(string(readme), "`/status` keys (snake_case;")
+	if i < 0 {
+		t.Fatal("README.md has no list of /status keys")
+	}
+	list := string(readme)[i:]
+	list = list[:strings.Index(list, "\n\n")]
+	st := &state{slotName: "outboxd", warnings: []string{"w"}, unprotected: []string{"s"}, holder: "PID 1",
+		topicHolds: map[string]string{"t": "held"}, lastErr: "e", lastErrAt: time.Now(),
+		slot: newSlotView(slot.Slot{Name: "outboxd"}, true, time.Now())}
+	st.wm = slot.NewWatermark(100)
+	doc := jsonMap(t, st.status())
+	view := doc["slot_server_view"].(map[string]any)
+	for _, m := range []map[string]any{doc, view} {
+		for k := range m {
+			if !strings.Contains(list, "`"+k+"`") {
+				t.Errorf("/status key %q is not in README's list", k)
+			}
+		}
+	}
+	for _, k := range []string{"role", "streaming", "starting", "waiting_for_kafka"} {
+		if !strings.Contains(list, "`"+k+"`") {
+			t.Errorf("starting /status key %q is not in README's list", k)
+		}
 	}
 }
