@@ -3,8 +3,8 @@ package outboxd
 import (
 	"encoding/json"
 	"os"
-	"strings"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
