@@ -15,6 +15,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/outboxd/outboxd"
 )
 
 // version is set at build time: -ldflags "-X main.version=…".
@@ -73,7 +75,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 		return 0
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "outboxd %s: %v\n", args[0], rootCauseFirst(err))
+		fmt.Fprintf(stderr, "outboxd %s: %v\n", args[0], outboxd.RootCauseFirst(err))
 		return 1
 	}
 	return 0

@@ -1,8 +1,8 @@
-package main
+package outboxd
 
 import "strings"
 
-// rootCauseFirst reorders pgx's report of a failed connection so that the
+// RootCauseFirst reorders pgx's report of a failed connection so that the
 // attempt that says what is wrong comes first. With sslmode=prefer (libpq's
 // default) pgx first tries TLS, and a server without TLS refuses it; pgx
 // then tries without TLS and fails for the real reason (a wrong password, a
@@ -14,8 +14,10 @@ import "strings"
 //
 // which reads as a TLS problem. Here the server's own answer (FATAL, an
 // SQLSTATE) leads, the TLS fallback noise goes last, and the attempts stay on
-// one line each. It works on the text, so it is safe after redaction.
-func rootCauseFirst(err error) error {
+// one line each. It works on the text, so it is safe after redaction. The
+// commands print their final error through it; the relay's reconnect log
+// line can use it too.
+func RootCauseFirst(err error) error {
 	if err == nil {
 		return nil
 	}
