@@ -6,6 +6,7 @@ import (
 	"os"
 	"runtime"
 	"strings"
+	"testing"
 	"time"
 
 	"github.com/outboxd/outboxd/results"
@@ -58,5 +59,34 @@ func (w *world) writeResults(res *runResult) {
 		w.t.Logf("results file: %v", err)
 	} else {
 		w.t.Logf("results file: %s", p)
+	}
+}
+
+// A run's summary becomes a results file with the figures of the summary.
+func TestFaultRunResultsFile(t *testing.T) {
+	dir := t.TempDir()
+	old := *resultsDir
+	*resultsDir = dir
+	defer func() { *resultsDir = old }()
+	w := &world{t: t, sc: scenario{name: "short", relayArgs: []string{"--replication-timeout", "5s"}}, mode: deliveryMode{name: "at-least-once"},
+		seed: 7, started: time.Date(2026, 12, 2, 1, 0, 0, 0, time.UTC), faultsDone: map[faultKind]int{faultKill: 2, faultBrokerStop: 1}}
+	w.writeResults(&runResult{rep: &report{eventsCommitted: 1234, duplicates: 5, pairs: 99}, wall: 61 * time.Second, maxLag: 2048})
+	files, err := results.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) != 1 {
+		t.Fatalf("%d results files", len(files))
+	}
+	for name, f := range files {
+		if !strings.HasPrefix(name, "fault-short-at-least-once-") || f.Date != "2026-12-02T01:00:00Z" {
+			t.Fatalf("%s: %+v", name, f)
+		}
+		want := map[string]string{"wall": "1m1s", "faults": "3", "events": "1234", "lost": "0", "duplicates": "5", "checks": "99", "violations": "0", "verdict": "PASS"}
+		for k, v := range want {
+			if f.Figures[k] != v {
+				t.Errorf("figure %s = %q, want %q", k, f.Figures[k], v)
+			}
+		}
 	}
 }
