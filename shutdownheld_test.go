@@ -29,7 +29,7 @@ func TestShutdownDoesNotWaitForHeldTopics(t *testing.T) {
 // Without a held topic the shutdown waits for the acks as before, up to
 // --shutdown-timeout.
 func TestShutdownWaitsForAcksWithoutHolds(t *testing.T) {
-	h := newHarness(t, 100, func(c *Config) { c.ShutdownTimeout = 2500 * time.Millisecond })
+	h := newHarness(t, 100, func(c *Config) { c.ShutdownTimeout = 1500 * time.Millisecond })
 	h.start()
 	h.stream.push(txn(200, 210, uuid(1))...)
 	h.sink.waitProduced(t, 1)
@@ -37,7 +37,7 @@ func TestShutdownWaitsForAcksWithoutHolds(t *testing.T) {
 	h.cancel()
 	h.loopErr(10 * time.Second)
 	h.s.finish(canceled, true)
-	if took := time.Since(start); took < 2500*time.Millisecond {
+	if took := time.Since(start); took < 1500*time.Millisecond {
 		t.Fatalf("shutdown returned after %s, before --shutdown-timeout, with an event in flight and no hold", took)
 	}
 	h.neverSentAbove(100)
