@@ -14,7 +14,7 @@ E2E_CORE    := TestStartupCheck|TestSlotHeldByAnotherProcess|TestRoutingAndSkipp
 DOCKER_SKIP := TestPGFailover
 
 # Packages that need no PostgreSQL, Kafka or JVM: make check's unit tests.
-UNIT_PKGS := . ./wal/... ./router/... ./sink/... ./slot/... ./migrations/... ./pgquote/... ./cmd/outboxd/ ./results/ ./deploy/
+UNIT_PKGS := . ./wal/... ./router/... ./sink/... ./slot/... ./migrations/... ./pgquote/... ./cmd/outboxd/ ./results/
 
 .PHONY: all build run check test test-short test-docker test-pg-versions test-apache vet bench soak parity docker clean
 
@@ -33,6 +33,7 @@ STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
 check: vet ## the inner loop (about a minute; no PostgreSQL, no Kafka): vet, gofmt, unit tests with -race, then staticcheck over the whole tree
 	$(GO) test -count=1 -short -race $(UNIT_PKGS)
+	$(GO) test -count=1 ./deploy/
 	$(STATICCHECK) ./...
 
 vet: ## go vet and the gofmt check
