@@ -31,7 +31,7 @@ run: ## demo: throwaway PostgreSQL + embedded Kafka + outboxd + sample writes; C
 # staticcheck, pinned; `go run` fetches it through the module proxy once and caches it.
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-check: vet ## the inner loop (about a minute; no PostgreSQL, no Kafka): vet, gofmt, unit tests with -race, then staticcheck over the whole tree
+check: vet ## the inner loop (about 2 min on a busy 2-core machine; no PostgreSQL, no Kafka): vet, gofmt, unit tests with -race, then staticcheck over the whole tree
 	$(GO) test -count=1 -short -race $(UNIT_PKGS)
 	$(GO) test -count=1 ./deploy/
 	$(STATICCHECK) ./...
