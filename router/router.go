@@ -45,6 +45,9 @@ type Record struct {
 	Headers   []Header
 	Timestamp time.Time
 	Partition int32 // -1: the producer picks the partition from the key
+	// Trace is set, with Config.Tracing, for an event a tracing sink spans
+	// (tracing.go); nil otherwise.
+	Trace *Trace
 }
 
 // Size approximates the record's memory and wire footprint: its bytes plus
@@ -140,6 +143,7 @@ func (e *InvalidError) Is(target error) bool { return target == ErrInvalid }
 // goroutine (or with external synchronisation).
 type Router struct {
 	lsnHeaders bool
+	tracing    bool
 	msgPrefix  string
 	msgTable   string // "message:<prefix>"
 	defaults   *settings
@@ -167,6 +171,7 @@ func New(cfg Config) (*Router, error) {
 	var errs []error
 	r := &Router{
 		lsnHeaders: cfg.LSNHeaders,
+		tracing:    cfg.Tracing,
 		msgPrefix:  cfg.MessagePrefix,
 		msgTable:   "message:" + cfg.MessagePrefix,
 		tables:     make(map[string]*settings, len(cfg.Tables)),
