@@ -38,8 +38,8 @@ func TestParseProperties(t *testing.T) {
 		{"k==v\nj = = w\n", map[string]string{"k": "=v", "j": "= w"}},
 		{"a=1\na=2", map[string]string{"a": "2"}},
 		{"a=\\\\\nb=2", map[string]string{"a": "\\", "b": "2"}}, // an even run of backslashes does not continue
-		{"#c \\\nb=2", map[string]string{"b": "2"}},               // comments are never continued
-		{"a=1\nb=\\u00G1\nc=3", map[string]string{"a": "1"}},     // Java throws at a malformed \u
+		{"#c \\\nb=2", map[string]string{"b": "2"}},             // comments are never continued
+		{"a=1\nb=\\u00G1\nc=3", map[string]string{"a": "1"}},    // Java throws at a malformed \u
 		{"justakey", map[string]string{"justakey": ""}},
 	} {
 		got := parseProperties(tc.in)
