@@ -119,7 +119,7 @@ func testProvider(t *testing.T, endpoint string, env ...string) *Provider {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 		defer cancel()
 		p.Shutdown(ctx)
 	})
