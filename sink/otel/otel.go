@@ -83,11 +83,35 @@ func Wrap(s sink.Sink, tp trace.TracerProvider, opts ...Option) *Sink {
 // event is produced again from the same record, and its next span must be
 // a child of the row's context again, not of this attempt.
 func (s *Sink) Produce(ctx context.Context, rec *router.Record, done func(error)) {
-	t := rec.Trace
-	if t == nil {
+	if rec.Trace == nil {
 		s.Sink.Produce(ctx, rec, done)
 		return
 	}
+	ctx, out, span := s.start(ctx, rec)
+	s.Sink.Produce(ctx, out, func(err error) {
+		end := time.Now()
+		done(err) // the relay first: the span waits, never the watermark
+		finish(span, end, err)
+	})
+}
+
+// Probe is Produce waiting for the outcome: a held event's probe lands in
+// the topic too (at least once), so it gets a span and a traceparent of its
+// own the same way.
+func (s *Sink) Probe(ctx context.Context, rec *router.Record) error {
+	if rec.Trace == nil {
+		return s.Sink.Probe(ctx, rec)
+	}
+	ctx, out, span := s.start(ctx, rec)
+	err := s.Sink.Probe(ctx, out)
+	finish(span, time.Now(), err)
+	return err
+}
+
+// start starts rec's span and returns the record to send: a copy with the
+// span's traceparent and tracestate.
+func (s *Sink) start(ctx context.Context, rec *router.Record) (context.Context, *router.Record, trace.Span) {
+	t := rec.Trace
 	if t.Parent.IsValid() {
 		ctx = trace.ContextWithRemoteSpanContext(ctx, t.Parent)
 	} else {
@@ -104,16 +128,17 @@ func (s *Sink) Produce(ctx context.Context, rec *router.Record, done func(error)
 	}
 	out := *rec
 	out.Headers = s.inject(ctx, rec.Headers)
-	s.Sink.Produce(ctx, &out, func(err error) {
-		end := time.Now()
-		done(err) // the relay first: the span waits, never the watermark
-		if err != nil {
-			span.RecordError(err)
-			span.SetStatus(codes.Error, err.Error())
-			span.SetAttributes(semconv.ErrorTypeKey.String(sink.KindOf(err).String()))
-		}
-		span.End(trace.WithTimestamp(end))
-	})
+	return ctx, &out, span
+}
+
+// finish ends span at the broker's answer.
+func finish(span trace.Span, end time.Time, err error) {
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+		span.SetAttributes(semconv.ErrorTypeKey.String(sink.KindOf(err).String()))
+	}
+	span.End(trace.WithTimestamp(end))
 }
 
 func (s *Sink) attributes(rec *router.Record, t *router.Trace) []attribute.KeyValue {

@@ -391,3 +391,48 @@ func mustSpanID(s string) trace.SpanID {
 	}
 	return id
 }
+
+// probeSink answers Probe with err.
+type probeSink struct {
+	fakeSink
+	err error
+}
+
+func (p *probeSink) Probe(_ context.Context, rec *router.Record) error {
+	p.recs = append(p.recs, rec)
+	return p.err
+}
+
+// TestProbeSpan: a held event's probe, which lands in the topic when it
+// succeeds, gets a span and its traceparent too; an untraced one passes.
+func TestProbeSpan(t *testing.T) {
+	rcv := newReceiver(t)
+	p := testProvider(t, rcv.srv.URL)
+	inner := &probeSink{err: &sink.Error{Kind: sink.Transient, Err: errors.New("broker down")}}
+	s := Wrap(inner, p)
+	parent := trace.NewSpanContext(trace.SpanContextConfig{TraceID: mustTraceID("4bf92f3577b34da6a3ce929d0e0e4736"), SpanID: mustSpanID("00f067aa0ba902b7"), TraceFlags: trace.FlagsSampled, Remote: true})
+	rec := &router.Record{Topic: "t", Headers: []router.Header{{Key: "id", Value: []byte("held")}}, Trace: &router.Trace{Parent: parent, CommitTime: time.Now()}}
+	if err := s.Probe(context.Background(), rec); sink.KindOf(err) != sink.Transient {
+		t.Fatalf("Probe: %v", err)
+	}
+	inner.err = nil
+	if err := s.Probe(context.Background(), rec); err != nil {
+		t.Fatal(err)
+	}
+	plain := &router.Record{Topic: "t"}
+	s.Probe(context.Background(), plain)
+	if inner.recs[2] != plain || len(rec.Headers) != 1 {
+		t.Fatal("an untraced probe was copied, or the caller's record changed")
+	}
+	spans := waitSpans(t, rcv, 2)
+	for i, sp := range spans {
+		tp, _ := header(inner.recs[i].Headers, "traceparent")
+		m := tpRE.FindStringSubmatch(tp)
+		if m == nil || hex.EncodeToString(sp.SpanId) != m[2] || hex.EncodeToString(sp.ParentSpanId) != "00f067aa0ba902b7" {
+			t.Errorf("probe %d: span %x parent %x, traceparent %q", i, sp.SpanId, sp.ParentSpanId, tp)
+		}
+	}
+	if spans[0].Status.GetCode() != tracepb.Status_STATUS_CODE_ERROR || spans[1].Status.GetCode() != tracepb.Status_STATUS_CODE_UNSET {
+		t.Errorf("statuses %v, %v", spans[0].Status, spans[1].Status)
+	}
+}
