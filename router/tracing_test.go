@@ -214,3 +214,20 @@ func BenchmarkRouteSpanContext(b *testing.B) {
 		}
 	}
 }
+
+// TestRouteMessageTrace: a logical message's traceparent header is its
+// span's parent, with Config.Tracing.
+func TestRouteMessageTrace(t *testing.T) {
+	r := mustNew(t, Config{Tracing: true, MessagePrefix: "outbox"})
+	rec, ok, err := r.RouteMessage(msg("outbox", `{"id": "e1", "aggregatetype": "Order", "payload": {}, "headers": {"traceparent": "`+parentTP+`"}}`), testTx)
+	if !ok || err != nil || rec.Trace == nil || rec.Trace.Parent.SpanID().String() != "00f067aa0ba902b7" || rec.Trace.CommitLSN != testTx.CommitLSN {
+		t.Fatalf("ok %v err %v Trace %+v", ok, err, rec.Trace)
+	}
+	if tp, n := traceHeader(rec, "traceparent"); n != 1 || tp != parentTP {
+		t.Errorf("headers %q", rec.Headers)
+	}
+	rec, _, _ = r.RouteMessage(msg("outbox", `{"id": "e2", "aggregatetype": "Order", "payload": {}}`), testTx)
+	if rec.Trace != nil {
+		t.Errorf("a message without a traceparent: Trace %+v", rec.Trace)
+	}
+}
