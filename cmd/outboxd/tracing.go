@@ -68,4 +68,6 @@ func (t *tracing) stop() {
 	if err := t.p.Shutdown(ctx); err != nil {
 		t.log.Warn("tracing: spans not exported at exit", "err", err)
 	}
+	st := t.p.Stats()
+	t.log.Info("tracing: stopped", "spans_exported", st.Exported, "spans_dropped", st.Dropped, "spans_export_failed", st.ExportFailed)
 }

@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.opentelemetry.io/otel/trace"
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
@@ -290,8 +289,8 @@ func TestSpanOutcomes(t *testing.T) {
 	if found != 2 || len(span.Events) != 1 || span.Events[0].Name != "exception" {
 		t.Errorf("attributes %v events %v", span.Attributes, span.Events)
 	}
-	if n := testutil.ToFloat64(p.Exported); n != 1 {
-		t.Errorf("exported %v, want 1", n)
+	if st := p.Stats(); st != (Stats{Exported: 1}) {
+		t.Errorf("stats %+v, want 1 exported", st)
 	}
 }
 
@@ -357,11 +356,12 @@ func TestCollectorDown(t *testing.T) {
 			if slowest > 500*time.Millisecond {
 				t.Errorf("the slowest Produce or ack took %v with the collector %s", slowest, tc.name)
 			}
-			dropped, failed := testutil.ToFloat64(p.QueueFull), testutil.ToFloat64(p.ExportFailed)
-			if exported := testutil.ToFloat64(p.Exported); exported != 0 {
-				t.Errorf("exported %v", exported)
+			st := p.Stats()
+			dropped, failed := st.Dropped, st.ExportFailed
+			if st.Exported != 0 {
+				t.Errorf("exported %v", st.Exported)
 			}
-			if inflight := p.g.inflight.Load(); dropped+failed+float64(inflight) != n || inflight > 16 || dropped < n/2 {
+			if inflight := p.g.inflight.Load(); dropped+failed+inflight != n || inflight > 16 || dropped < n/2 {
 				t.Errorf("dropped %v, failed %v, waiting %d: want %d in all, at most 16 waiting, most dropped", dropped, failed, inflight, n)
 			}
 		})

@@ -8,12 +8,21 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+)
+
+// outboxd's batch span processor defaults, where OTEL_BSP_MAX_QUEUE_SIZE,
+// OTEL_BSP_MAX_EXPORT_BATCH_SIZE and OTEL_BSP_SCHEDULE_DELAY are not set.
+const (
+	DefaultMaxQueueSize       = 16384
+	DefaultMaxExportBatchSize = 2048
+	DefaultScheduleDelay      = time.Second
 )
 
 // Enabled says whether getenv configures an OTLP trace exporter: an OTLP
@@ -30,21 +39,32 @@ func Enabled(getenv func(string) string) bool {
 }
 
 // Provider is a tracer provider exporting over OTLP/HTTP in the background,
-// and the counts of what its export lost.
+// with the counts of what its export lost.
 type Provider struct {
 	*sdktrace.TracerProvider
-	// Exported, QueueFull and ExportFailed count spans: handed to the
-	// collector, dropped because the queue was full (the collector is slow
-	// or down: spans are dropped, never waited for), and lost in an export
-	// the collector refused or never answered.
-	Exported, QueueFull, ExportFailed prometheus.Counter
-
 	g *gate
 }
 
-// Collectors are the Provider's Prometheus series.
+// Stats count spans: handed to the collector, dropped because the queue
+// was full (the collector is slow or down: spans are dropped, never waited
+// for), and lost in exports the collector refused or never answered.
+type Stats struct{ Exported, Dropped, ExportFailed int64 }
+
+// Stats returns the counts so far.
+func (p *Provider) Stats() Stats {
+	return Stats{Exported: p.g.exported.Load(), Dropped: p.g.dropped.Load(), ExportFailed: p.g.failed.Load()}
+}
+
+// Collectors are the counts as Prometheus series, read at scrape time.
 func (p *Provider) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{p.Exported, p.QueueFull, p.ExportFailed}
+	c := func(name, help string, v *atomic.Int64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(v.Load()) })
+	}
+	return []prometheus.Collector{
+		c("outboxd_trace_spans_exported_total", "Spans of outboxd's own the collector accepted.", &p.g.exported),
+		c("outboxd_trace_spans_dropped_total", "Spans dropped, never exported, because OTEL_BSP_MAX_QUEUE_SIZE spans were waiting for a slow or unreachable collector.", &p.g.dropped),
+		c("outboxd_trace_spans_export_failed_total", "Spans lost in exports the collector refused or did not answer in time.", &p.g.failed),
+	}
 }
 
 // NewProvider builds the tracer provider from the standard OTEL_*
@@ -56,7 +76,7 @@ func (p *Provider) Collectors() []prometheus.Collector {
 // OTEL_RESOURCE_ATTRIBUTES (service.name defaults to "outboxd").
 //
 // Spans leave through a BatchSpanProcessor that never blocks: a span
-// ended while OTEL_BSP_MAX_QUEUE_SIZE (2048) spans wait is dropped and
+// ended while OTEL_BSP_MAX_QUEUE_SIZE (DefaultMaxQueueSize) spans wait is dropped and
 // counted, so a slow or unreachable collector costs spans, never delivery.
 func NewProvider(ctx context.Context, version string) (*Provider, error) {
 	return newProvider(ctx, version, getenvOS)
@@ -74,13 +94,25 @@ func newProvider(ctx context.Context, version string, getenv func(string) string
 	if v := strings.TrimSpace(getenv("OTEL_TRACES_EXPORTER")); v != "" && v != "otlp" && v != "none" {
 		return nil, fmt.Errorf("OTEL_TRACES_EXPORTER=%q: outboxd supports otlp (the default) and none", v)
 	}
-	queue := sdktrace.DefaultMaxQueueSize
+	// The SDK's defaults (a queue of 2048, batches of 512 every 5 s) hold
+	// 0.4 s of spans at 5,000 events/s: a collector pausing that long, or
+	// a busy machine, would cost spans. outboxd's own defaults hold a few
+	// seconds; each variable set wins.
+	var bsp []sdktrace.BatchSpanProcessorOption
+	queue := DefaultMaxQueueSize
 	if v := strings.TrimSpace(getenv("OTEL_BSP_MAX_QUEUE_SIZE")); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n <= 0 {
 			return nil, fmt.Errorf("OTEL_BSP_MAX_QUEUE_SIZE=%q: want a positive number of spans", v)
 		}
 		queue = n
+	}
+	bsp = append(bsp, sdktrace.WithMaxQueueSize(queue))
+	if getenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE") == "" {
+		bsp = append(bsp, sdktrace.WithMaxExportBatchSize(min(DefaultMaxExportBatchSize, queue)))
+	}
+	if getenv("OTEL_BSP_SCHEDULE_DELAY") == "" {
+		bsp = append(bsp, sdktrace.WithBatchTimeout(DefaultScheduleDelay))
 	}
 	exp, err := otlptracehttp.New(ctx)
 	if err != nil {
@@ -93,14 +125,9 @@ func newProvider(ctx context.Context, version string, getenv func(string) string
 	if err != nil && !errors.Is(err, resource.ErrPartialResource) {
 		return nil, fmt.Errorf("OTEL_RESOURCE_ATTRIBUTES: %w", err)
 	}
-	p := &Provider{
-		Exported:     prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_trace_spans_exported_total", Help: "Spans of outboxd's own the collector accepted."}),
-		QueueFull:    prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_trace_spans_dropped_total", Help: "Spans dropped, never exported, because OTEL_BSP_MAX_QUEUE_SIZE spans were waiting for a slow or unreachable collector."}),
-		ExportFailed: prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_trace_spans_export_failed_total", Help: "Spans lost in exports the collector refused or did not answer in time."}),
-	}
-	g := &gate{max: int64(queue), p: p}
-	p.g = g
-	g.bsp = sdktrace.NewBatchSpanProcessor(&countingExporter{SpanExporter: exp, g: g}, sdktrace.WithMaxQueueSize(queue))
+	g := &gate{max: int64(queue)}
+	p := &Provider{g: g}
+	g.bsp = sdktrace.NewBatchSpanProcessor(&countingExporter{SpanExporter: exp, g: g}, bsp...)
 	p.TracerProvider = sdktrace.NewTracerProvider(sdktrace.WithResource(res), sdktrace.WithSpanProcessor(g))
 	return p, nil
 }
@@ -113,7 +140,8 @@ type gate struct {
 	bsp      sdktrace.SpanProcessor
 	max      int64
 	inflight atomic.Int64
-	p        *Provider
+
+	exported, dropped, failed atomic.Int64
 }
 
 func (g *gate) OnStart(parent context.Context, s sdktrace.ReadWriteSpan) { g.bsp.OnStart(parent, s) }
@@ -124,7 +152,7 @@ func (g *gate) OnEnd(s sdktrace.ReadOnlySpan) {
 	}
 	if g.inflight.Add(1) > g.max {
 		g.inflight.Add(-1)
-		g.p.QueueFull.Inc()
+		g.dropped.Add(1)
 		return
 	}
 	g.bsp.OnEnd(s)
@@ -142,9 +170,9 @@ func (e *countingExporter) ExportSpans(ctx context.Context, spans []sdktrace.Rea
 	err := e.SpanExporter.ExportSpans(ctx, spans)
 	e.g.inflight.Add(-int64(len(spans)))
 	if err != nil {
-		e.g.p.ExportFailed.Add(float64(len(spans)))
+		e.g.failed.Add(int64(len(spans)))
 	} else {
-		e.g.p.Exported.Add(float64(len(spans)))
+		e.g.exported.Add(int64(len(spans)))
 	}
 	return err
 }

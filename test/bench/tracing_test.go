@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -102,6 +103,21 @@ func TestTracingOverhead(t *testing.T) {
 				t.Fatalf("traced=%v: %v\n%s", traced, err, tailOf(string(log), 4000))
 			}
 			res := result{cpuPerEvent: l.OutboxdCPU / time.Duration(l.Sent), p99: l.P99}
+			if traced { // outboxd's own count at exit, from its log
+				log, _ := os.ReadFile(filepath.Join(e.logDir, "outboxd-lat_outboxd_"+strconv.Itoa(rate)+".log"))
+				var lines []string // of this run: the log is appended to
+				for _, line := range strings.Split(string(log), "\n") {
+					switch {
+					case strings.Contains(line, "outboxd starting"):
+						lines = nil
+					case strings.Contains(line, "tracing: ") && !strings.Contains(line, "exporting"):
+						lines = append(lines, line)
+					}
+				}
+				for _, line := range lines {
+					t.Logf("rep %d: %s", rep, line)
+				}
+			}
 			got := spans.Load() - before
 			t.Logf("rep %d traced=%-5v: %d ev at %.0f ev/s: outboxd CPU %s (%s/event), p50 %s p99 %s; spans received %d",
 				rep, traced, l.Sent, l.Achieved, l.OutboxdCPU, res.cpuPerEvent, ms(l.P50), ms(l.P99), got)
