@@ -141,22 +141,23 @@ func finish(span trace.Span, end time.Time, err error) {
 	span.End(trace.WithTimestamp(end))
 }
 
+// attributes are OpenTelemetry's messaging attributes that a consumer of
+// the trace needs (system, operation, destination, message id) and the
+// commit LSN, no more: each attribute costs about 0.7 µs of CPU per event
+// from the span to the exported bytes, so the body size and the key are
+// left out (the key may also be what a trace backend should not hold).
 func (s *Sink) attributes(rec *router.Record, t *router.Trace) []attribute.KeyValue {
-	attrs := make([]attribute.KeyValue, 0, 9)
+	attrs := make([]attribute.KeyValue, 0, 8)
 	attrs = append(attrs, s.system,
 		semconv.MessagingOperationTypeSend,
-		semconv.MessagingOperationName("send"),
+		sendName,
 		semconv.MessagingDestinationName(rec.Topic),
-		semconv.MessagingMessageBodySize(len(rec.Value)),
 		AttrCommitLSN.String(t.CommitLSN.String()))
 	for _, h := range rec.Headers {
 		if h.Key == "id" {
 			attrs = append(attrs, semconv.MessagingMessageID(text(h.Value)))
 			break
 		}
-	}
-	if rec.Key != nil {
-		attrs = append(attrs, semconv.MessagingKafkaMessageKey(text(rec.Key)))
 	}
 	if rec.Value == nil {
 		attrs = append(attrs, semconv.MessagingKafkaMessageTombstone(true))
@@ -166,6 +167,8 @@ func (s *Sink) attributes(rec *router.Record, t *router.Trace) []attribute.KeyVa
 	}
 	return attrs
 }
+
+var sendName = semconv.MessagingOperationName("send")
 
 // text is b as an attribute value: OTLP's strings must be UTF-8, and one
 // invalid string (a bytea id or key) fails the encoding of a whole batch.
