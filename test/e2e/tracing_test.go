@@ -176,3 +176,59 @@ func TestTracing(t *testing.T) {
 		}
 	}
 }
+
+// TestTracingCollectorDown: a collector that accepts connections and never
+// answers changes nothing in delivery: every traced row is published with
+// its traceparent and confirmed, and outboxd still stops promptly (it gives
+// the queued spans 2 s).
+func TestTracingCollectorDown(t *testing.T) {
+	f := newFixture(t)
+	release := make(chan struct{})
+	hanging := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(hanging.Close)
+	t.Cleanup(func() { close(release) })
+	f.env = append(f.env, "OTEL_EXPORTER_OTLP_ENDPOINT="+hanging.URL, "OTEL_BSP_SCHEDULE_DELAY=10", "OTEL_BSP_MAX_QUEUE_SIZE=50")
+	f.exec(`ALTER TABLE outbox ADD COLUMN tracingspancontext text`)
+	r := f.startRelay()
+	const n = 500
+	tx, err := f.conn.Begin(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= n; i++ {
+		if _, err := tx.Exec(f.ctx, `INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, tracingspancontext) VALUES ($1, $2, $3, 'T', '{}', $4)`,
+			eventID(i), f.agg, "k", "traceparent=00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.waitConfirmed(f.walLSN(), 20*time.Second)
+	recs := f.readTopic(f.topic(), n)
+	for _, rec := range recs {
+		if tp, _ := header(rec, "traceparent"); !traceparentRE.MatchString(tp) {
+			t.Fatalf("record %s: traceparent %q", headerMap(rec)["id"], tp)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for r.metric(t, "outboxd_trace_spans_dropped_total") == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no span dropped with a queue of 50 and a collector that never answers")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := r.metric(t, "outboxd_trace_spans_exported_total"); got != 0 {
+		t.Errorf("%v spans exported to a collector that never answers", got)
+	}
+	start := time.Now()
+	r.stop(t, f.ctx)
+	if took := time.Since(start); took > 8*time.Second {
+		t.Errorf("outboxd took %v to stop with the collector hanging, want about 2 s for the spans at most", took)
+	}
+}
