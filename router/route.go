@@ -385,6 +385,9 @@ func (r *Router) Route(row *wal.Row, tx Tx) (Record, error) {
 	colAt := len(hdrs)
 	if nHdrCol > 0 {
 		buf, hdrs = decodeHeaderObject(hdrCol.data, buf, hdrs, r.internKey)
+		if sc.present {
+			hdrs = dropTraceHeaders(hdrs, colAt)
+		}
 	}
 	if r.tracing {
 		rec.Trace = r.traceFor(&p.s.tracing, &sc, hdrs[colAt:], tx)

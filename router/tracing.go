@@ -170,6 +170,20 @@ func (c *spanContext) appendHeaders(buf []byte, hdrs []Header) ([]byte, []Header
 	return buf, hdrs
 }
 
+// dropTraceHeaders removes traceparent and tracestate from hdrs[from:],
+// the headers column's, when the span context column gave them: one
+// traceparent per record, or a consumer reading the last one (OpenTelemetry
+// Java's Kafka instrumentation does) would skip the relay's span.
+func dropTraceHeaders(hdrs []Header, from int) []Header {
+	out := hdrs[:from]
+	for _, h := range hdrs[from:] {
+		if h.Key != headerTraceparent && h.Key != headerTracestate {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
 // headersParent is the span context of a traceparent (and tracestate) among
 // hdrs, the headers a row's headers column gave.
 func headersParent(hdrs []Header) (trace.SpanContext, bool) {

@@ -185,6 +185,24 @@ func TestRouteHeadersColumnTraceparent(t *testing.T) {
 	}
 }
 
+// TestRouteSpanContextWinsOverHeadersColumn: with both, the record has one
+// traceparent, the context column's child, and no stale tracestate.
+func TestRouteSpanContextWinsOverHeadersColumn(t *testing.T) {
+	both := rel("public.outbox", "id", tUUID, "aggregatetype", tText, "aggregateid", tText, "payload", tJSONB, "headers", tJSONB, "tracingspancontext", tText)
+	r := mustNew(t, Config{Tracing: true, Defaults: Options{optPlacement: ""}})
+	rec, err := r.Route(row(both, uuid1, "Order", "1", `{}`, `{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "tracestate": "x=y", "k": "v"}`, "traceparent="+parentTP), testTx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp, n := traceHeader(rec, "traceparent")
+	if _, ns := traceHeader(rec, "tracestate"); n != 1 || ns != 0 || !strings.Contains(tp, traceID) || len(rec.Headers) != 3 || rec.Headers[2].Key != "k" {
+		t.Errorf("headers %q", rec.Headers)
+	}
+	if rec.Trace == nil || rec.Trace.Parent.SpanID().String() != "00f067aa0ba902b7" {
+		t.Errorf("Trace %+v: want the context column's parent", rec.Trace)
+	}
+}
+
 // TestRouteSpanContextAllocs: a row without a context costs nothing more;
 // with one, Route costs its two allocations plus the context's parse (the
 // buffer is sized exactly, with tracestate too: it never grows).
