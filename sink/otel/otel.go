@@ -26,6 +26,8 @@ import (
 	"context"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -60,6 +62,8 @@ type Sink struct {
 	tracer trace.Tracer
 	system attribute.KeyValue
 	prop   propagation.TraceContext
+	names  sync.Map // topic → span name
+	nNames atomic.Int64
 }
 
 var _ sink.Sink = (*Sink)(nil)
@@ -120,7 +124,7 @@ func (s *Sink) start(ctx context.Context, rec *router.Record) (context.Context, 
 	}
 	name := t.Name
 	if name == "" {
-		name = "send " + rec.Topic
+		name = s.spanName(rec.Topic)
 	}
 	ctx, span := s.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindProducer), trace.WithTimestamp(t.CommitTime))
 	if span.IsRecording() {
@@ -152,7 +156,7 @@ func (s *Sink) attributes(rec *router.Record, t *router.Trace) []attribute.KeyVa
 		semconv.MessagingOperationTypeSend,
 		sendName,
 		semconv.MessagingDestinationName(rec.Topic),
-		AttrCommitLSN.String(t.CommitLSN.String()))
+		AttrCommitLSN.String(lsnText(uint64(t.CommitLSN))))
 	for _, h := range rec.Headers {
 		if h.Key == "id" {
 			attrs = append(attrs, semconv.MessagingMessageID(text(h.Value)))
@@ -169,6 +173,35 @@ func (s *Sink) attributes(rec *router.Record, t *router.Trace) []attribute.KeyVa
 }
 
 var sendName = semconv.MessagingOperationName("send")
+
+// spanName is "send <topic>", made once per topic.
+func (s *Sink) spanName(topic string) string {
+	if n, ok := s.names.Load(topic); ok {
+		return n.(string)
+	}
+	n := "send " + topic
+	if s.nNames.Add(1) <= maxNames {
+		s.names.Store(topic, n)
+	}
+	return n
+}
+
+// maxNames bounds the span name cache: topics come from row data.
+const maxNames = 1024
+
+// lsnText is the LSN as PostgreSQL writes it ("0/16B3748"), without fmt.
+func lsnText(lsn uint64) string {
+	var b [17]byte
+	out := strconv.AppendUint(b[:0], lsn>>32, 16)
+	out = append(out, '/')
+	out = strconv.AppendUint(out, lsn&0xffffffff, 16)
+	for i, c := range out {
+		if c >= 'a' && c <= 'f' {
+			out[i] = c - 'a' + 'A'
+		}
+	}
+	return string(out)
+}
 
 // text is b as an attribute value: OTLP's strings must be UTF-8, and one
 // invalid string (a bytea id or key) fails the encoding of a whole batch.

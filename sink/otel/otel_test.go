@@ -433,3 +433,11 @@ func TestProbeSpan(t *testing.T) {
 		t.Errorf("statuses %v, %v", spans[0].Status, spans[1].Status)
 	}
 }
+
+func TestLSNText(t *testing.T) {
+	for lsn, want := range map[uint64]string{0: "0/0", 0x16B3748: "0/16B3748", 0xAB_0000_00FF: "AB/FF", 1<<64 - 1: "FFFFFFFF/FFFFFFFF"} {
+		if got := lsnText(lsn); got != want {
+			t.Errorf("lsnText(%#x) = %q, want %q", lsn, got, want)
+		}
+	}
+}
