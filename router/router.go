@@ -9,7 +9,10 @@
 //   - value: the table.field.event.payload column's bytes verbatim (bytea
 //     decoded), or a JSON envelope when envelope placements are configured,
 //     or a tombstone with route.tombstone.on.empty.payload;
-//   - headers: "id" always, then table.fields.additional.placement headers
+//   - headers: the traceparent (and tracestate) of a child of the span
+//     context in tracing.span.context.field when the row has one (first,
+//     as Debezium's tracing runs before its router; tracing.go), "id"
+//     always, then table.fields.additional.placement headers
 //     (outboxd's default adds "type"), then the entries of the headers.field
 //     jsonb column (e.g. W3C traceparent), then optional outboxd.* LSN
 //     headers;
