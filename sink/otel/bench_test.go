@@ -67,9 +67,9 @@ func BenchmarkTracedProduce(b *testing.B) {
 				s.Produce(context.Background(), rec, func(error) {})
 				// Paced to what the exporter takes: flooding it would
 				// measure drops, not exports.
-				if i++; i%1024 == 0 {
+				if i++; i%4096 == 0 {
 					for p.g.inflight.Load() > p.g.max/2 {
-						time.Sleep(100 * time.Microsecond)
+						time.Sleep(time.Millisecond)
 					}
 				}
 			}

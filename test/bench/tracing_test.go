@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -137,6 +138,61 @@ func TestTracingOverhead(t *testing.T) {
 			}
 		}
 	}
+	// Drains of one backlog (10 events per transaction): where batching
+	// makes outboxd's own CPU per event smallest, a span's share is largest.
+	const drainEvents, perTxn = 50_000, 10
+	w, err := e.newWorld(ctx, "trace_drain")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.drop()
+	drainSlot := func(rep int, traced bool) string { return fmt.Sprintf("bench_trace_drain_%d_%v", rep, traced) }
+	for rep := range reps {
+		for _, traced := range []bool{false, true} {
+			if err := w.createSlot(ctx, drainSlot(rep, traced)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if _, err := w.writeBacklog(ctx, drainEvents, perTxn, 200); err != nil {
+		t.Fatal(err)
+	}
+	end, err := harness.CurrentWALLSN(ctx, w.conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var drainOff, drainOn []time.Duration
+	for rep := range reps {
+		for _, traced := range []bool{false, true} {
+			e.cfg.OutboxdArgs, e.cfg.OutboxdEnv = nil, nil
+			if traced {
+				e.cfg.OutboxdArgs = []string{"--config", conf}
+				e.cfg.OutboxdEnv = []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + rcv.URL, "OTEL_TRACES_SAMPLER=always_on"}
+			}
+			before := spans.Load()
+			r, err := e.drainOutboxd(ctx, w, drainSlot(rep, traced), drainEvents, end, caseTimeout(drainEvents), false)
+			if err != nil {
+				t.Fatalf("drain traced=%v: %v", traced, err)
+			}
+			perEvent := r.OutboxdCPU / drainEvents
+			t.Logf("drain rep %d traced=%-5v: %d ev at %d/txn in %s: outboxd CPU %s (%s/event, whole life); spans received %d",
+				rep, traced, drainEvents, perTxn, r.Elapsed.Round(time.Millisecond), r.OutboxdCPU, perEvent, spans.Load()-before)
+			if traced {
+				drainOn = append(drainOn, perEvent)
+			} else {
+				drainOff = append(drainOff, perEvent)
+			}
+		}
+	}
+	mean := func(ds []time.Duration) (m time.Duration) {
+		for _, d := range ds {
+			m += d
+		}
+		return m / time.Duration(len(ds))
+	}
+	t.Logf("drain of %d events at %d/txn, %d runs each: CPU per event %s off, %s on (%+.1f%%)",
+		drainEvents, perTxn, reps, mean(drainOff), mean(drainOn), 100*(float64(mean(drainOn))/float64(mean(drainOff))-1))
+
 	sum := func(rs []result) (cpu, p99 time.Duration) {
 		for _, r := range rs {
 			cpu += r.cpuPerEvent
