@@ -49,6 +49,9 @@ type Config struct {
 	MaxRecordBytes int
 	// MaxHeaders bounds a record's headers (0: DefaultMaxHeaders).
 	MaxHeaders int
+	// Tracing makes the router fill Record.Trace for a tracing sink
+	// (sink/otel): off, records carry Debezium's tracing headers only.
+	Tracing bool
 	// MessagePrefix, when not empty, makes transactional
 	// pg_logical_emit_message messages with exactly this prefix outbox
 	// events (see RouteMessage).
@@ -120,6 +123,9 @@ var debeziumDefaults = Options{
 	optHeadersField:   defaultHeadersCol,
 	optKeyFormat:      keyFormatRaw,
 	optValueFormat:    keyFormatRaw,
+	optSpanContext:    defaultSpanContextCol,
+	optOperation:      defaultOperation,
+	optContextOnly:    "true", // Debezium's effective default in the outbox router (tracing.go)
 }
 
 type placement uint8
@@ -159,6 +165,7 @@ type settings struct {
 	jsonKey        bool         // key.format json-string
 	jsonValue      bool         // value.format json-string
 	hdrGuard       *headerGuard // set by New
+	tracing        tracingSettings
 }
 
 // resolve merges layers (later wins) over Debezium's defaults and validates
@@ -173,6 +180,7 @@ func resolve(name string, layers ...Options) (*settings, []error) {
 		eff[k] = v
 	}
 	placementSet := false
+	set := map[string]bool{}
 	for _, l := range layers {
 		for _, k := range sortedKeys(l) {
 			if k == optMissingLegacy {
@@ -191,6 +199,7 @@ func resolve(name string, layers ...Options) (*settings, []error) {
 				continue
 			}
 			eff[k] = l[k]
+			set[k] = true
 			if k == optPlacement {
 				placementSet = true
 			}
@@ -247,6 +256,7 @@ func resolve(name string, layers ...Options) (*settings, []error) {
 		bad(optPlacement, "%v", err)
 	}
 	s.implicitFields = !placementSet
+	s.tracing = resolveTracing(eff, func(k string) bool { return set[k] }, bad)
 	if s.topic, err = compileTopicRule(eff[optTopicRegex], eff[optTopicReplace]); err != nil {
 		var te *topicRuleError
 		if errors.As(err, &te) {

@@ -261,8 +261,12 @@ func (r *Router) routeMessage(content []byte, tx Tx) (Record, error) {
 			hdrs = append(hdrs, Header{Key: typeAlias, Value: buf[start:len(buf):len(buf)]})
 		}
 	}
+	colAt := len(hdrs)
 	if nHdr > 0 {
 		buf, hdrs = decodeHeaderObject(f.headers, buf, hdrs, r.internKey)
+	}
+	if r.tracing { // a message has no span context column: its headers' traceparent, if any
+		rec.Trace = r.traceFor(&s.tracing, &spanContext{}, hdrs[colAt:], tx)
 	}
 	if r.lsnHeaders {
 		_, hdrs = appendLSNHeaders(buf, hdrs, tx)

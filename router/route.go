@@ -27,6 +27,7 @@ type plan struct {
 	table string
 
 	id, key, payload, route, ts, hdrs int // column positions; -1: none
+	spanCtx                           int // tracing.span.context.field's position; -1: none
 	idOID, keyOID, payloadOID, tsOID  uint32
 
 	fields     []fieldPlan // placements present in the relation, in order
@@ -73,7 +74,7 @@ func (r *Router) planFor(rel *wal.Relation) *plan {
 func (r *Router) buildPlan(rel *wal.Relation) *plan {
 	table := rel.QualifiedName()
 	s := r.settingsFor(table)
-	p := &plan{rel: rel, s: s, table: table, ts: -1, hdrs: -1, partition: -1}
+	p := &plan{rel: rel, s: s, table: table, ts: -1, hdrs: -1, partition: -1, spanCtx: -1}
 	col := func(name string) (int, uint32) {
 		i := rel.ColumnIndex(name)
 		if i < 0 {
@@ -116,6 +117,9 @@ func (r *Router) buildPlan(rel *wal.Relation) *plan {
 	}
 	if s.headersCol != "" {
 		p.hdrs, _ = col(s.headersCol)
+	}
+	if s.tracing.col != "" {
+		p.spanCtx, _ = col(s.tracing.col) // no such column: no tracing, as in Debezium
 	}
 	for _, f := range s.fields {
 		i, oid := col(f.col)
@@ -229,6 +233,12 @@ func (r *Router) Route(row *wal.Row, tx Tx) (Record, error) {
 			}
 		}
 	}
+	var sc spanContext
+	if p.spanCtx >= 0 {
+		if v := get(vals, p.spanCtx); !v.null {
+			sc = parseSpanContext(v.data)
+		}
+	}
 	payload := get(vals, p.payload)
 	tombstone := p.s.tombstone && blankPayload(p.payloadOID, payload)
 	key := get(vals, p.key)
@@ -270,6 +280,11 @@ func (r *Router) Route(row *wal.Row, tx Tx) (Record, error) {
 	n += len(hdrCol.data)
 	nh := 1 + p.nHeaders + nHdrCol
 	keyBytes := len("id") + p.aliasBytes // header names not counted in n
+	if scN, scSize := sc.headers(); scN > 0 {
+		nh += scN
+		n += scSize
+		keyBytes += sc.keyBytes()
+	}
 	if r.lsnHeaders {
 		n += lsnHeadersMax
 		nh += 3
@@ -343,6 +358,9 @@ func (r *Router) Route(row *wal.Row, tx Tx) (Record, error) {
 			rec.Value = buf[start:len(buf):len(buf)]
 		}
 	}
+	// Debezium's tracing runs before the router adds "id": its headers
+	// come first.
+	buf, hdrs = sc.appendHeaders(buf, hdrs)
 	start = len(buf)
 	if buf, ok = appendRaw(buf, p.idOID, id.data); !ok {
 		return Record{}, p.invalid(id, "event id column holds malformed bytea text")
@@ -364,8 +382,15 @@ func (r *Router) Route(row *wal.Row, tx Tx) (Record, error) {
 		}
 		hdrs = append(hdrs, Header{Key: f.alias, Value: buf[start:len(buf):len(buf)]})
 	}
+	colAt := len(hdrs)
 	if nHdrCol > 0 {
 		buf, hdrs = decodeHeaderObject(hdrCol.data, buf, hdrs, r.internKey)
+		if sc.present {
+			hdrs = dropTraceHeaders(hdrs, colAt)
+		}
+	}
+	if r.tracing {
+		rec.Trace = r.traceFor(&p.s.tracing, &sc, hdrs[colAt:], tx)
 	}
 	if r.lsnHeaders {
 		buf, hdrs = appendLSNHeaders(buf, hdrs, tx)

@@ -9,7 +9,10 @@
 //   - value: the table.field.event.payload column's bytes verbatim (bytea
 //     decoded), or a JSON envelope when envelope placements are configured,
 //     or a tombstone with route.tombstone.on.empty.payload;
-//   - headers: "id" always, then table.fields.additional.placement headers
+//   - headers: the traceparent (and tracestate) of a child of the span
+//     context in tracing.span.context.field when the row has one (first,
+//     as Debezium's tracing runs before its router; tracing.go), "id"
+//     always, then table.fields.additional.placement headers
 //     (outboxd's default adds "type"), then the entries of the headers.field
 //     jsonb column (e.g. W3C traceparent), then optional outboxd.* LSN
 //     headers;
@@ -45,6 +48,9 @@ type Record struct {
 	Headers   []Header
 	Timestamp time.Time
 	Partition int32 // -1: the producer picks the partition from the key
+	// Trace is set, with Config.Tracing, for an event a tracing sink spans
+	// (tracing.go); nil otherwise.
+	Trace *Trace
 }
 
 // Size approximates the record's memory and wire footprint: its bytes plus
@@ -140,6 +146,7 @@ func (e *InvalidError) Is(target error) bool { return target == ErrInvalid }
 // goroutine (or with external synchronisation).
 type Router struct {
 	lsnHeaders bool
+	tracing    bool
 	msgPrefix  string
 	msgTable   string // "message:<prefix>"
 	defaults   *settings
@@ -167,6 +174,7 @@ func New(cfg Config) (*Router, error) {
 	var errs []error
 	r := &Router{
 		lsnHeaders: cfg.LSNHeaders,
+		tracing:    cfg.Tracing,
 		msgPrefix:  cfg.MessagePrefix,
 		msgTable:   "message:" + cfg.MessagePrefix,
 		tables:     make(map[string]*settings, len(cfg.Tables)),

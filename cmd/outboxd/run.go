@@ -232,7 +232,14 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 	if err != nil {
 		return fmt.Errorf("config file: %w", err)
 	}
-	rt, err := router.New(routerConfig(o, defaults, tables))
+	tr, err := startTracing(ctx, e, log) // tracing.go
+	if err != nil {
+		return err
+	}
+	defer tr.stop()
+	rcfg := routerConfig(o, defaults, tables)
+	rcfg.Tracing = tr != nil
+	rt, err := router.New(rcfg)
 	if err != nil {
 		return fmt.Errorf("router options: %w", err)
 	}
@@ -292,7 +299,7 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 
 	cfg := outboxd.Config{
 		Postgres: o.Postgres, Slot: o.Slot, Publication: o.Publication,
-		Router: rt, Sink: sk, Logger: log, Version: version,
+		Router: rt, Sink: tr.wrap(sk), Logger: log, Version: version,
 		MaxInflightEvents: o.MaxInflightEvents, MaxInflightBytes: int64(o.MaxInflightBytes),
 		StatusInterval: o.StatusInterval, ConfirmInterval: o.ConfirmInterval, ShutdownTimeout: o.ShutdownTimeout,
 		ReplicationTimeout: o.ReplicationTimeout, MaxMessageBytes: int(o.MaxMessageBytes),
@@ -327,6 +334,7 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 		return err
 	}
 	held.relay.Store(relay)
+	tr.register(relay)
 	handler.set(relay.Handler(o.Pprof))
 	log.Info("outboxd starting", "version", version, "slot", o.Slot, "publication", o.Publication, "kafka", o.KafkaBrokers.String())
 	if err := relay.Run(ctx); err != nil {
