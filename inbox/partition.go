@@ -175,6 +175,9 @@ func (p *partition) stopping() bool {
 func (p *partition) run(ctx context.Context) {
 	defer close(p.done)
 	for {
+		if p.stopping() {
+			return
+		}
 		if batch := p.take(); len(batch) > 0 {
 			if err := p.apply(ctx, batch); err != nil {
 				return
