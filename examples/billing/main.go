@@ -29,6 +29,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxd/outboxd/inbox"
 	"github.com/outboxd/outboxd/migrations"
@@ -61,15 +62,20 @@ func main() {
 	batch := flag.Int("batch", 1, "events per database transaction")
 	delay := flag.Duration("handler-delay", 0, "sleep inside each effect's transaction (tests: widen the window for a kill mid-transaction)")
 	httpAddr := flag.String("http-addr", "", "serve /metrics here (e.g. 127.0.0.1:9188)")
+	session := flag.Duration("session-timeout", 0, "Kafka group session timeout (0: franz-go's 45s); how long a killed instance keeps its partitions")
 	flag.Parse()
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	if err := run(*dsn, *brokers, *topic, *group, *batch, *delay, *httpAddr, log); err != nil {
+	var kopts []kgo.Opt
+	if *session > 0 {
+		kopts = append(kopts, kgo.SessionTimeout(*session), kgo.HeartbeatInterval(*session/6))
+	}
+	if err := run(*dsn, *brokers, *topic, *group, *batch, *delay, *httpAddr, kopts, log); err != nil {
 		log.Error("billing: " + err.Error())
 		os.Exit(1)
 	}
 }
 
-func run(dsn, brokers, topic, group string, batch int, delay time.Duration, httpAddr string, log *slog.Logger) error {
+func run(dsn, brokers, topic, group string, batch int, delay time.Duration, httpAddr string, kopts []kgo.Opt, log *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	pool, err := pgxpool.New(ctx, dsn)
@@ -94,6 +100,7 @@ func run(dsn, brokers, topic, group string, batch int, delay time.Duration, http
 		DB:         pool,
 		BatchSize:  batch,
 		Registerer: reg,
+		KafkaOpts:  kopts,
 		Logger:     log,
 		Handler: func(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
 			var o Order
