@@ -62,6 +62,8 @@ soak: ## fault-injection soak under load on kfake and on a 3-node Apache cluster
 	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -mode exactly-once
 	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -mode at-least-once -kafka apache-cluster
 	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -mode exactly-once -kafka apache-cluster
+	$(GO) test -count=1 -timeout 30m -run 'TestEffectsExactlyOnce' ./test/inbox/ -soak 5m -v -mode at-least-once
+	$(GO) test -count=1 -timeout 30m -run 'TestEffectsExactlyOnce' ./test/inbox/ -soak 5m -v -mode exactly-once
 
 docker: ## container image (needs a Docker engine with BuildKit); DOCKER_BUILD_ARGS="--build-arg BUILDER_IMAGE=..."
 	docker build -f deploy/Dockerfile --build-arg VERSION=$(VERSION) $(DOCKER_BUILD_ARGS) -t outboxd:$(VERSION) .

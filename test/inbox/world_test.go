@@ -101,6 +101,13 @@ func (w *world) startRelay(extra ...string) {
 		"--http-addr", addr, "--confirm-interval", "20ms", "--status-interval", "1s",
 		"--shutdown-timeout", "10s",
 	}, extra...)
+	switch *mode {
+	case "at-least-once":
+	case "exactly-once":
+		args = append(args, "--exactly-once", "--checkpoint-topic", "outboxd.inbox_e2e.checkpoint")
+	default:
+		w.t.Fatalf("-mode %q: want at-least-once or exactly-once", *mode)
+	}
 	p, err := harness.StartProc(w.ctx, "outboxd", outboxdBin, args, nil, w.logs)
 	if err != nil {
 		w.t.Fatal(err)
