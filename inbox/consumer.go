@@ -118,6 +118,14 @@ func (c *Consumer) Run(ctx context.Context) error {
 			}
 		})
 		fetches.EachPartition(c.dispatch)
+		if fetches.NumRecords() == 0 && fetches.Err() != nil {
+			// An error franz-go returns at once (an authorisation failure,
+			// say) must not spin the loop.
+			select {
+			case <-ctx.Done():
+			case <-time.After(250 * time.Millisecond):
+			}
+		}
 	}
 	return c.shutdown()
 }
