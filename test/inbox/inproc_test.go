@@ -15,6 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxd/outboxd/inbox"
@@ -64,6 +66,7 @@ func newBench(t testing.TB) *bench {
 // publish writes n records as outboxd would (id header, key), ids from..from+n-1.
 func (b *bench) publish(topic string, from, n int) {
 	b.t.Helper()
+	b.createTopic(topic)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var first error
@@ -83,6 +86,19 @@ func (b *bench) publish(topic string, from, n int) {
 	wg.Wait()
 	if first != nil {
 		b.t.Fatal(first)
+	}
+}
+
+// createTopic creates topic with 3 partitions: Apache Kafka refuses produce
+// requests to a topic its auto-creation has not finished making.
+func (b *bench) createTopic(topic string) {
+	b.t.Helper()
+	resp, err := kadm.NewClient(b.cl).CreateTopics(b.ctx, 3, 1, nil, topic)
+	if err == nil {
+		_, err = resp.On(topic, nil)
+	}
+	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+		b.t.Fatalf("creating topic %s: %v", topic, err)
 	}
 }
 
@@ -189,6 +205,7 @@ func TestParkRetentionAndReplay(t *testing.T) {
 
 	// Dead-letter topic instead of the table.
 	b.publish("orders2", 100, 20)
+	b.createTopic("orders2.dlt")
 	stop = b.run(inbox.Config{Group: "g2", Topics: []string{"orders2"}, Handler: func(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
 		if ev.ID == "ev-105" {
 			return errors.New("bad payload")
