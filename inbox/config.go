@@ -146,9 +146,6 @@ func (c *Config) setDefaults() error {
 	if len(c.Topics) == 0 {
 		errs = append(errs, errors.New("Topics is empty: set the topics outboxd writes (outbox.event.<aggregatetype>)"))
 	}
-	if c.DB == nil {
-		errs = append(errs, errors.New("DB is nil: pass the consumer database's *pgxpool.Pool"))
-	}
 	if c.Handler == nil {
 		errs = append(errs, errors.New("Handler is nil"))
 	}

@@ -17,7 +17,8 @@ import (
 type Consumer struct {
 	cfg   Config
 	s     *settings
-	db    *pgStore
+	db    store    // what partitions apply through
+	pg    *pgStore // the same, for the table check and retention; nil in unit tests
 	m     *metrics
 	log   *slog.Logger
 	inbox string // quoted table name
@@ -39,7 +40,11 @@ type tp struct {
 
 // New checks cfg and prepares a Consumer; it does not connect.
 func New(cfg Config) (*Consumer, error) {
-	if err := cfg.setDefaults(); err != nil {
+	err := cfg.setDefaults()
+	if cfg.DB == nil {
+		err = errors.Join(err, errors.New("inbox: DB is nil: pass the consumer database's *pgxpool.Pool"))
+	}
+	if err != nil {
 		return nil, err
 	}
 	m, err := newMetrics(cfg.Registerer)
@@ -47,9 +52,16 @@ func New(cfg Config) (*Consumer, error) {
 		return nil, err
 	}
 	inboxT, parkedT := cfg.tables()
+	pg := newPGStore(cfg.DB, cfg.Name, inboxT, parkedT)
+	return newConsumer(cfg, m, pg, pg), nil
+}
+
+// newConsumer is New after the checks; the unit tests pass a fake store and
+// no pgStore.
+func newConsumer(cfg Config, m *metrics, db store, pg *pgStore) *Consumer {
+	inboxT, _ := cfg.tables()
 	c := &Consumer{
-		cfg: cfg, m: m, inbox: inboxT,
-		db:    newPGStore(cfg.DB, cfg.Name, inboxT, parkedT),
+		cfg: cfg, m: m, inbox: inboxT, db: db, pg: pg,
 		log:   cfg.Logger.With("consumer", cfg.Name),
 		parts: map[tp]*partition{},
 	}
@@ -60,7 +72,7 @@ func New(cfg Config) (*Consumer, error) {
 	if cfg.DeadLetterTopic != "" {
 		c.s.deadLetter = c.deadLetter
 	}
-	return c, nil
+	return c
 }
 
 // Run consumes until ctx ends, then finishes every partition's current batch,
@@ -68,8 +80,10 @@ func New(cfg Config) (*Consumer, error) {
 // It returns an error if the inbox tables are missing or Kafka refuses the
 // client's options.
 func (c *Consumer) Run(ctx context.Context) error {
-	if err := c.checkTables(ctx); err != nil {
-		return err
+	if c.pg != nil {
+		if err := c.checkTables(ctx); err != nil {
+			return err
+		}
 	}
 	opts := append([]kgo.Opt{
 		kgo.SeedBrokers(c.cfg.Brokers...),
@@ -101,7 +115,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer c.cancelWork()
 
 	var wg sync.WaitGroup
-	if c.cfg.Retention > 0 {
+	if c.cfg.Retention > 0 && c.pg != nil {
 		rctx, stopRetention := context.WithCancel(ctx)
 		defer func() { stopRetention(); wg.Wait() }()
 		wg.Go(func() { c.retain(rctx) })
@@ -194,7 +208,9 @@ func (c *Consumer) assigned(_ context.Context, cl *kgo.Client, assigned map[stri
 			go p.run(c.work)
 		}
 	}
-	c.log.Info("inbox: partitions assigned", "partitions", fmtParts(assigned))
+	if len(assigned) > 0 {
+		c.log.Info("inbox: partitions assigned", "partitions", fmtParts(assigned))
+	}
 }
 
 // revoked runs inside the rebalance: the partitions' goroutines finish their

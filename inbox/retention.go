@@ -25,7 +25,7 @@ func (c *Consumer) retain(ctx context.Context) {
 func (c *Consumer) expireOnce(ctx context.Context) int64 {
 	var total int64
 	for ctx.Err() == nil {
-		n, err := c.db.expire(ctx, c.inbox, c.cfg.Retention.Seconds(), c.cfg.RetentionBatch)
+		n, err := c.pg.expire(ctx, c.inbox, c.cfg.Retention.Seconds(), c.cfg.RetentionBatch)
 		if err != nil {
 			if ctx.Err() == nil {
 				c.log.Warn("inbox: deleting expired inbox rows failed; retrying next interval", "error", err)
