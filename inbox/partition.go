@@ -67,7 +67,7 @@ type partition struct {
 	// commit, never before: the offset committer.
 	mark func(*Event)
 	// pause/resume stop and restart fetching of the partition while the
-	// worker has a backlog (nil in unit tests).
+	// worker has a backlog past highWater (nil in unit tests).
 	pause, resume func()
 	m             *partitionMetrics
 	log           *slog.Logger
@@ -113,7 +113,7 @@ func (p *partition) push(evs []*Event, hwm int64) {
 	if hwm > p.hwm {
 		p.hwm = hwm
 	}
-	if len(p.pending) > 0 && !p.paused && p.pause != nil {
+	if len(p.pending) >= p.highWater() && !p.paused && p.pause != nil {
 		p.pause()
 		p.paused = true
 	}
@@ -124,8 +124,8 @@ func (p *partition) push(evs []*Event, hwm int64) {
 	}
 }
 
-// take removes up to the batch size from the queue, resuming fetches when
-// the queue is empty so that the next fetch overlaps the batch's work.
+// take removes up to the batch size from the queue, resuming fetches once the
+// backlog is down to half the high water mark.
 func (p *partition) take() []*Event {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -134,13 +134,21 @@ func (p *partition) take() []*Event {
 	p.pending = p.pending[n:]
 	if len(p.pending) == 0 {
 		p.pending = nil
-		if p.paused && p.resume != nil {
-			p.resume()
-			p.paused = false
-		}
+	}
+	if p.paused && p.resume != nil && len(p.pending) <= p.highWater()/2 {
+		p.resume()
+		p.paused = false
 	}
 	return batch
 }
+
+// highWater is the backlog at which fetching of the partition pauses; it
+// resumes at half of it. Pausing on every fetch would make a partition with a
+// backlog wait, after each resume, for the broker's long poll of the idle
+// partitions (franz-go adds a resumed partition to the next fetch, up to
+// FetchMaxWait later); the hysteresis keeps half a backlog to work on
+// meanwhile, and bounds the memory of a slow partition.
+func (p *partition) highWater() int { return max(512, 4*p.s.batch) }
 
 // stop asks run to return after its current batch and waits until it has.
 func (p *partition) stop() {

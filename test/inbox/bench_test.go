@@ -79,7 +79,7 @@ func TestBenchEffects(t *testing.T) {
 	measure("naive autocommit", func(topic string) func() { return b.naive(topic, apply) })
 
 	up, _ := exec.Command("uptime").Output()
-	fmt.Fprintf(os.Stderr, "effects/s, %d events, 3 partitions, kfake, PostgreSQL 15 (uptime: %s)\n", n, strings.TrimSpace(string(up)))
+	fmt.Fprintf(os.Stderr, "effects/s, %d events, 3 partitions, Kafka %s, PostgreSQL 15 (uptime: %s)\n", n, b.kafka.Kind(), strings.TrimSpace(string(up)))
 	for _, r := range results {
 		fmt.Fprintf(os.Stderr, "  %-20s %8.0f\n", r.name, r.rate)
 	}
