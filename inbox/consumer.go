@@ -101,6 +101,12 @@ func (c *Consumer) Run(ctx context.Context) error {
 		// only after its database transaction committed.
 		kgo.AutoCommitMarks(),
 		kgo.AutoCommitInterval(time.Second),
+		// A partition resumed after a backlog joins the next fetch to its
+		// broker only once the one in flight returns; with franz-go's 5s
+		// default, a fetch long-polling for idle partitions would hold it
+		// that long (measured: 100-event batches slower than single events
+		// on Apache Kafka). 250ms costs an idle consumer 4 fetches a second.
+		kgo.FetchMaxWait(250 * time.Millisecond),
 		kgo.OnPartitionsAssigned(c.assigned),
 		kgo.OnPartitionsRevoked(c.revoked),
 		kgo.OnPartitionsLost(c.lost),
