@@ -1,0 +1,221 @@
+package inbox_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestEffectsExactlyOnce: orders committed while every part of the pipeline
+// is killed or restarted once; every committed order charged exactly once, in
+// per-account order, no rolled-back order charged. With -soak the fault round
+// repeats until the duration has passed.
+func TestEffectsExactlyOnce(t *testing.T) {
+	within := 3 * time.Minute
+	if *soak > 0 {
+		within = *soak + 5*time.Minute
+	}
+	w := newWorld(t, within)
+	w.startRelay()
+	w.startConsumer("c1", 1)
+
+	pctx, stopProducing := context.WithCancel(w.ctx)
+	var producing sync.WaitGroup
+	producing.Go(func() { w.produce(pctx, 7) })
+	defer func() { stopProducing(); producing.Wait() }()
+
+	end := time.Now().Add(*soak)
+	for round := 1; ; round++ {
+		w.faultRound(round)
+		if time.Now().After(end) {
+			break
+		}
+	}
+	stopProducing()
+	producing.Wait()
+	w.drainAndCheck()
+}
+
+// faultRound is one of every fault, each once the pipeline made progress.
+// c1 is running when it starts and when it returns.
+func (w *world) faultRound(round int) {
+	t := w.t
+	step := func(what string) {
+		t.Logf("round %d: %s (effects so far %d)", round, what, w.applied())
+	}
+	w.progress(30, "start")
+
+	step("SIGKILL c1 mid-transaction, restart it with 10 events per transaction")
+	w.killMidTransaction("c1")
+	w.startConsumer("c1", 10)
+	w.progress(30, "c1 after its kill")
+
+	step("start c2: a cooperative rebalance hands it partitions c1 had")
+	w.startConsumer("c2", 1)
+	w.progress(30, "c1+c2")
+
+	step("SIGKILL c1 mid-transaction while c2 runs: its partitions move to c2 after the session timeout")
+	w.killMidTransaction("c1")
+	w.progress(30, "c2 alone")
+	w.startConsumer("c1", 1)
+	w.progress(30, "c1 back")
+
+	step("SIGTERM c2 during the rebalance that c1's return started")
+	w.stopConsumer("c2")
+	w.progress(20, "c1 after c2 left")
+
+	step("broker restart")
+	if err := w.kafka.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.kafka.Start(w.ctx); err != nil {
+		t.Fatal(err)
+	}
+	w.progress(30, "after the broker restart")
+
+	step("billing database crash restart (immediate)")
+	if err := w.billingPG.Restart(w.ctx, "immediate"); err != nil {
+		t.Fatal(err)
+	}
+	w.progress(30, "after the billing restart")
+
+	step("orders database restart (fast)")
+	if err := w.ordersPG.Restart(w.ctx, "fast"); err != nil {
+		t.Fatal(err)
+	}
+	w.progress(30, "after the orders restart")
+
+	step("SIGKILL outboxd, restart it")
+	if err := w.relay.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.relay.Wait(w.ctx); err != nil {
+		t.Fatal(err)
+	}
+	w.startRelay()
+	w.progress(30, "after the outboxd restart")
+}
+
+// drainAndCheck waits until every committed order is applied, stops the
+// consumer gracefully, and checks the effects.
+func (w *world) drainAndCheck() {
+	t := w.t
+	w.mu.Lock()
+	committed, rolled := slices.Clone(w.committed), slices.Clone(w.rolled)
+	w.mu.Unlock()
+	// A long soak leaves a backlog: wait while it shrinks, fail once it
+	// stalls for 60s.
+	last, lastMoved := w.applied(), time.Now()
+	for a := last; a < len(committed); a = w.applied() {
+		if a > last {
+			last, lastMoved = a, time.Now()
+		}
+		if time.Since(lastMoved) > 60*time.Second {
+			t.Errorf("only %d of %d committed orders applied, none more for 60s", a, len(committed))
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for name, p := range w.consumers {
+		if !p.Exited() {
+			w.stopConsumer(name)
+		}
+	}
+	t.Logf("%d orders committed, %d rolled back", len(committed), len(rolled))
+
+	type entry struct {
+		order   int64
+		account string
+		seq     int64
+		cents   int64
+	}
+	rows, err := w.billing.Query(w.ctx, `SELECT order_id, account, seq, cents FROM ledger ORDER BY entry`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ledger []entry
+	for rows.Next() {
+		var e entry
+		if err := rows.Scan(&e.order, &e.account, &e.seq, &e.cents); err != nil {
+			t.Fatal(err)
+		}
+		ledger = append(ledger, e)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Per id: exactly once, nothing rolled back, nothing unknown.
+	times := map[int64]int{}
+	for _, e := range ledger {
+		times[e.order]++
+	}
+	want := map[int64]order{}
+	var wantSum int64
+	for _, o := range committed {
+		want[o.id] = o
+		wantSum += o.cents
+	}
+	var doubled, missing, ghost []int64
+	for _, o := range committed {
+		switch n := times[o.id]; {
+		case n == 0:
+			missing = append(missing, o.id)
+		case n > 1:
+			doubled = append(doubled, o.id)
+		}
+	}
+	for id := range times {
+		if _, ok := want[id]; !ok {
+			ghost = append(ghost, id)
+		}
+	}
+	slices.Sort(ghost)
+	if len(doubled)+len(missing)+len(ghost) > 0 {
+		t.Errorf("effects: %d applied more than once %v, %d missing %v, %d never committed (rolled back or unknown) %v",
+			len(doubled), head(doubled), len(missing), head(missing), len(ghost), head(ghost))
+	}
+
+	// Sums: the ledger's and the balances', against the committed orders.
+	var ledgerSum, balanceSum int64
+	for _, e := range ledger {
+		ledgerSum += e.cents
+	}
+	if err := w.billing.QueryRow(w.ctx, `SELECT coalesce(sum(cents), 0) FROM balances`).Scan(&balanceSum); err != nil {
+		t.Fatal(err)
+	}
+	if ledgerSum != wantSum || balanceSum != wantSum {
+		t.Errorf("sum of charges: ledger %d, balances %d, committed orders %d", ledgerSum, balanceSum, wantSum)
+	}
+
+	// Order: each account's charges in the order the orders were placed.
+	prev := map[string]int64{}
+	for i, e := range ledger {
+		if e.seq != prev[e.account]+1 {
+			t.Errorf("ledger entry %d: account %s seq %d applied after seq %d", i+1, e.account, e.seq, prev[e.account])
+			break
+		}
+		prev[e.account] = e.seq
+	}
+	var inbox int
+	if err := w.billing.QueryRow(w.ctx, `SELECT count(*) FROM inbox WHERE consumer = 'billing'`).Scan(&inbox); err != nil {
+		t.Fatal(err)
+	}
+	if inbox != len(committed) {
+		t.Errorf("inbox rows %d, want %d (one per committed event)", inbox, len(committed))
+	}
+	if !t.Failed() {
+		t.Logf("%d effects, each exactly once, in per-account order; sum %d", len(ledger), wantSum)
+	}
+}
+
+func head(ids []int64) string {
+	if len(ids) > 10 {
+		return fmt.Sprint(ids[:10], "…")
+	}
+	return fmt.Sprint(ids)
+}
