@@ -135,7 +135,7 @@ func (o *runOptions) register(s *optionSet) {
 	fs.DurationVar(&o.TransactionTimeout, "transaction-timeout", time.Minute, "Kafka transaction timeout with --exactly-once (at most the brokers' transaction.max.timeout.ms, 15m by default); a PostgreSQL transaction that streams for longer than a quarter of it is split over several Kafka transactions")
 	fs.Var(&o.TopicAllow, "topic-allow", "comma-separated topic prefixes events may be routed to; an event routed elsewhere is invalid (--on-invalid). Empty: any topic")
 	o.ReservedPrefixes = listValue{"outboxd.", "__"}
-	fs.Var(&o.ReservedPrefixes, "reserved-topic-prefixes", "comma-separated topic prefixes no event may be routed to (the checkpoint and dead-letter topics always are)")
+	fs.Var(&o.ReservedPrefixes, "reserved-topic-prefixes", "comma-separated topic prefixes no event may be routed to (the checkpoint, progress and dead-letter topics always are)")
 	fs.IntVar(&o.MaxHeaders, "max-headers", router.DefaultMaxHeaders, "most headers one record may have; an event with more is invalid (--on-invalid)")
 	fs.StringVar(&o.ProgressTopic, "progress-topic", "outboxd.progress", "compacted topic holding the last confirmed LSN, system identifier and timeline per slot (at-least-once mode; --exactly-once uses the checkpoint): it outlives the slot, so a lost slot or a server behind it is reported as a gap")
 	fs.BoolVar(&o.AcceptGap, "accept-gap", false, "continue past a reported gap (a missing slot outboxd confirmed before, another cluster, a server behind what was published): set it once after checking, then remove it")
@@ -338,9 +338,11 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 func routerConfig(o runOptions, defaults router.Options, tables map[string]router.Options) router.Config {
 	return router.Config{
 		Defaults: defaults, Tables: tables, KeyFormat: o.KeyFormat, LSNHeaders: o.LSNHeaders, MessagePrefix: o.MessagePrefix,
-		// Reserved whether or not this instance runs exactly-once: another
-		// instance's checkpoints may live there.
-		ReservedTopics:        []string{o.CheckpointTopic, o.DeadLetterTopic},
+		// Reserved whether or not this instance runs exactly-once (or
+		// at-least-once): another instance's checkpoints or progress
+		// records may live there, and a forged progress record would
+		// silence the missing-slot check (0/0) or stop outboxd (a high LSN).
+		ReservedTopics:        []string{o.CheckpointTopic, o.DeadLetterTopic, o.ProgressTopic},
 		ReservedTopicPrefixes: o.ReservedPrefixes,
 		MaxHeaders:            o.MaxHeaders,
 		TopicAllow:            o.TopicAllow,
