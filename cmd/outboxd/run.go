@@ -61,6 +61,7 @@ type runOptions struct {
 	ReservedPrefixes      listValue
 	MaxHeaders            int
 	TransactionTimeout    time.Duration
+	TransactionalIDPrefix string
 	SlotFailover          string
 	ProgressTopic         string
 	AcceptGap             bool
@@ -133,6 +134,7 @@ func (o *runOptions) register(s *optionSet) {
 	fs.BoolVar(&o.ExactlyOnce, "exactly-once", false, "transactional producer: whole PostgreSQL transactions per Kafka transaction with a checkpoint; read_committed consumers see each event once")
 	fs.StringVar(&o.CheckpointTopic, "checkpoint-topic", "outboxd.checkpoints", "compacted topic holding the last committed LSN per slot, with --exactly-once")
 	fs.DurationVar(&o.TransactionTimeout, "transaction-timeout", time.Minute, "Kafka transaction timeout with --exactly-once (at most the brokers' transaction.max.timeout.ms, 15m by default); a PostgreSQL transaction that streams for longer than a quarter of it is split over several Kafka transactions")
+	fs.StringVar(&o.TransactionalIDPrefix, "transactional-id-prefix", kafka.DefaultTransactionalIDPrefix, "with --exactly-once, the Kafka transactional id is this prefix, the PostgreSQL system identifier, '.', and the slot (outboxd.<system id>.<slot>): what a prefixed transactional-id ACL names")
 	fs.Var(&o.TopicAllow, "topic-allow", "comma-separated topic prefixes events may be routed to; an event routed elsewhere is invalid (--on-invalid). Empty: any topic")
 	o.ReservedPrefixes = listValue{"outboxd.", "__"}
 	fs.Var(&o.ReservedPrefixes, "reserved-topic-prefixes", "comma-separated topic prefixes no event may be routed to (the checkpoint, progress and dead-letter topics always are)")
@@ -305,7 +307,10 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 		if err != nil {
 			return err
 		}
-		sk.UseCheckpoints(kafka.Checkpoints{Topic: o.CheckpointTopic, Key: key, Check: outboxd.CheckpointGuard(o.Postgres)})
+		if err := sk.UseCheckpoints(kafka.Checkpoints{Topic: o.CheckpointTopic, Key: key, Check: outboxd.CheckpointGuard(o.Postgres),
+			TransactionalID: transactionalID(o, key)}); err != nil {
+			return err
+		}
 		cfg.TxnSink, cfg.DeferInit, cfg.SplitAge = sk, true, o.TransactionTimeout/4
 	case o.ExactlyOnce:
 		done, err := prepareExactlyOnce(ctx, log, sk, o, func() { handler.set(startingHandler(waitingWhy, true)) })
@@ -354,7 +359,8 @@ func transactional(o runOptions) *kafka.Transactional {
 	if !o.ExactlyOnce {
 		return nil
 	}
-	return &kafka.Transactional{ID: kafka.TransactionalID(o.Slot), Timeout: o.TransactionTimeout}
+	// The id names the PostgreSQL system: set once it answered (Checkpoints).
+	return &kafka.Transactional{Timeout: o.TransactionTimeout}
 }
 
 // prepareExactlyOnce fences any previous instance (same transactional id),
@@ -364,14 +370,14 @@ func prepareExactlyOnce(ctx context.Context, log *slog.Logger, sk *kafka.Sink, o
 	cp := kafka.Checkpoints{Topic: o.CheckpointTopic, Check: outboxd.CheckpointGuard(o.Postgres)}
 	key := func(ctx context.Context) (string, error) { return outboxd.CheckpointKey(ctx, o.Postgres, o.Slot) }
 	done, err := outboxd.StartExactlyOnce(ctx, log, key, func(ctx context.Context, key string) (sink.Checkpoint, error) {
-		cp.Key = key
+		cp.Key, cp.TransactionalID = key, transactionalID(o, key)
 		if err := sk.InitTransactions(ctx, cp); err != nil {
 			return sink.Checkpoint{}, err
 		}
 		return sk.LoadCheckpoint(ctx)
 	}, waiting)
 	if err == nil {
-		log.Info("exactly-once mode", "transactional_id", kafka.TransactionalID(o.Slot), "checkpoint_topic", cp.Topic, "checkpoint_lsn", done.String(), "transaction_timeout", o.TransactionTimeout.String())
+		log.Info("exactly-once mode", "transactional_id", sk.TransactionalID(), "checkpoint_topic", cp.Topic, "checkpoint_lsn", done.String(), "transaction_timeout", o.TransactionTimeout.String())
 	}
 	return done, err
 }

@@ -26,11 +26,26 @@ type Checkpoints struct {
 	// believed: a checkpoint skips events, so one the server cannot have
 	// produced (beyond its WAL, say) must stop outboxd, not silence it.
 	Check func(ctx context.Context, lsn string) error
+	// TransactionalID, when set, becomes the producer's transactional id
+	// (TransactionalID: it names the PostgreSQL system, which is known only
+	// once PostgreSQL answered).
+	TransactionalID string
 }
 
-// TransactionalID derives the producer's transactional id from the slot, so
-// a second outboxd on the same slot fences the first.
-func TransactionalID(slot string) string { return "outboxd." + slot }
+// DefaultTransactionalIDPrefix starts every transactional id outboxd uses
+// (--transactional-id-prefix): the prefix a prefixed Kafka ACL names.
+const DefaultTransactionalIDPrefix = "outboxd."
+
+// TransactionalID is the producer's transactional id for a slot of one
+// PostgreSQL system: prefix, system identifier, ".", slot
+// (outboxd.7212345678901234567.outboxd). A second outboxd on the same slot
+// of the same database fences the first, as it must; outboxd instances of
+// other databases that use the same slot name (the default one, say) and
+// share the Kafka cluster never fence each other. Earlier versions used
+// outboxd.<slot>: docs/exactly-once.md says how to upgrade.
+func TransactionalID(prefix, systemID, slot string) string {
+	return prefix + systemID + "." + slot
+}
 
 // InitTransactions registers the transactional id with the coordinator now
 // rather than at the first record: that aborts whatever a previous instance
@@ -39,13 +54,11 @@ func TransactionalID(slot string) string { return "outboxd." + slot }
 // It also records where the checkpoints live, for Commit and LoadCheckpoint.
 func (s *Sink) InitTransactions(ctx context.Context, cp Checkpoints) error {
 	s.cp = cp
-	adm := kadm.NewClient(s.cl())
-	resp, err := adm.CreateTopic(ctx, 1, -1, map[string]*string{"cleanup.policy": ptr("compact")}, cp.Topic)
-	if err == nil {
-		err = resp.Err
+	if err := s.useTransactionalID(cp.TransactionalID); err != nil {
+		return err
 	}
-	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
-		return denied(fmt.Errorf("kafka: create checkpoint topic %s: %w", cp.Topic, err))
+	if err := s.ensureOwnTopic(ctx, cp.Topic, "checkpoint"); err != nil {
+		return denied(err)
 	}
 	if _, _, err := s.cl().ProducerID(ctx); err != nil {
 		return classify(fmt.Errorf("kafka: init transactional producer: %w", err), true)
@@ -56,7 +69,10 @@ func (s *Sink) InitTransactions(ctx context.Context, cp Checkpoints) error {
 // UseCheckpoints records where the checkpoints live without registering
 // the transactional id (InitTransactions does both): for an instance that
 // stands by, whose Reset registers it once it holds the slot.
-func (s *Sink) UseCheckpoints(cp Checkpoints) { s.cp = cp }
+func (s *Sink) UseCheckpoints(cp Checkpoints) error {
+	s.cp = cp
+	return s.useTransactionalID(cp.TransactionalID)
+}
 
 // Reset replaces the producer with a new one under the same transactional
 // id, after a transaction could not be committed or aborted cleanly (Kafka
