@@ -71,6 +71,9 @@ type Sink struct {
 	// transactional producer still commits the others, so Commit must
 	// refuse to (exactly-once mode).
 	failed atomic.Int64
+	// begun is when the open Kafka transaction began (Unix nanoseconds):
+	// classifyTxn tells the coordinator's timeout abort from fencing by it.
+	begun atomic.Int64
 	topics *topics // missing topics: created, or their records held
 }
 
@@ -177,7 +180,7 @@ func (s *Sink) Produce(ctx context.Context, rec *router.Record, done func(error)
 	cb := func(_ *kgo.Record, err error) {
 		if err != nil {
 			s.failed.Add(1)
-			err = classify(err, s.txn != nil)
+			err = s.classifyTxn(err)
 		}
 		done(err)
 	}

@@ -120,6 +120,7 @@ func untilKafkaAnswers(ctx context.Context, fn func() error, what string) error 
 // Begin opens a Kafka transaction.
 func (s *Sink) Begin() error {
 	s.failed.Store(0)
+	s.begun.Store(time.Now().UnixNano())
 	return classify(s.cl().BeginTransaction(), true)
 }
 
@@ -143,7 +144,7 @@ func (s *Sink) Commit(ctx context.Context, at sink.Checkpoint) error {
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 		defer cancel()
 		s.Abort(actx)
-		return classify(fmt.Errorf("kafka: commit transaction: %w", err), true)
+		return s.classifyTxn(fmt.Errorf("kafka: commit transaction: %w", err))
 	}
 	return nil
 }
