@@ -73,7 +73,7 @@ type Sink struct {
 	failed atomic.Int64
 	// begun is when the open Kafka transaction began (Unix nanoseconds):
 	// classifyTxn tells the coordinator's timeout abort from fencing by it.
-	begun atomic.Int64
+	begun  atomic.Int64
 	topics *topics // missing topics: created, or their records held
 }
 
