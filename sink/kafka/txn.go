@@ -218,19 +218,24 @@ func (s *Sink) loadCheckpoint(ctx context.Context, cp Checkpoints) (string, erro
 		return "", nil
 	}
 	// Every checkpoint of this slot lies below those end offsets: its own
-	// transactions are over (InitTransactions and Reset abort an open one).
-	// read_committed holds a record back until every transaction that began
-	// before it has ended, so on a topic shared by several slots another
-	// slot's open transaction hides this slot's newest checkpoint for as long
-	// as it stays open (at most its transaction timeout). So read until the
-	// record just below the end arrives, however long that takes; never
-	// stop on a quiet spell. Control records are kept for that: a
-	// transaction's last record is its commit or abort marker, so the
-	// record at end-1 always arrives, also after an aborted transaction.
+	// transactions are over (InitTransactions and Reset abort an open one,
+	// and the coordinator writes the abort markers before it answers). The
+	// topic is read uncommitted, markers included, and this slot's records
+	// are believed at their producer's commit marker: a read_committed read
+	// would wait for every transaction that began before this slot's newest
+	// checkpoint to end, another slot's (on a topic shared by several) and a
+	// hanging one (a transaction whose marker never reached the partition,
+	// which Kafka can leave after a broker stops during a commit) included:
+	// for as long as it stays open, or forever. Only this slot's own
+	// transactional id writes its key, so a record of the key with no
+	// marker after it is this slot's own hanging transaction: it is not
+	// believed (at worst its events are sent again, never skipped) and it
+	// is aborted, as kafka-transactions.sh abort does, so that
+	// read_committed readers of the partition get past it too.
 	opts := append([]kgo.Opt{
 		kgo.ConsumeTopics(cp.Topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.FetchIsolationLevel(kgo.ReadUncommitted()),
 		kgo.KeepControlRecords(),
 		kgo.FetchMaxWait(200 * time.Millisecond),
 	}, s.conn...)
@@ -239,7 +244,13 @@ func (s *Sink) loadCheckpoint(ctx context.Context, cp Checkpoints) (string, erro
 		return "", err
 	}
 	defer cl.Close()
-	last, start, warned, settled := "", time.Now(), false, 0
+	type open struct {
+		value  string
+		epoch  int16
+		part   int32
+		offset int64
+	}
+	last, pending, settled := "", map[int64]open{}, 0 // pending: producer id → this key's value in its open transaction
 	for len(want) > 0 {
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
 		fetches := cl.PollFetches(pctx)
@@ -261,18 +272,27 @@ func (s *Sink) loadCheckpoint(ctx context.Context, cp Checkpoints) (string, erro
 		}
 		settled = 0
 		fetches.EachRecord(func(r *kgo.Record) {
-			if !r.Attrs.IsControl() && string(r.Key) == cp.Key {
-				last = string(r.Value)
+			switch {
+			case r.Attrs.IsControl():
+				if o, ok := pending[r.ProducerID]; ok && o.part == r.Partition {
+					if isCommitMarker(r.Key) {
+						last = o.value
+					}
+					delete(pending, r.ProducerID)
+				}
+			case string(r.Key) != cp.Key:
+			case r.Attrs.IsTransactional():
+				pending[r.ProducerID] = open{value: string(r.Value), epoch: r.ProducerEpoch, part: r.Partition, offset: r.Offset}
+			default:
+				last = string(r.Value) // an operator's record (a tombstone, say)
 			}
 			if end, ok := want[r.Partition]; ok && r.Offset >= end-1 {
 				delete(want, r.Partition)
 			}
 		})
-		if len(want) > 0 && !warned && time.Since(start) > 5*time.Second && s.log != nil {
-			warned = true
-			s.log.Warn("waiting to read the checkpoint topic to its end: an open transaction (another slot's, if the topic is shared) holds read_committed back until it ends; a topic per slot (--checkpoint-topic) avoids the wait",
-				"topic", cp.Topic, "until_offsets", fmt.Sprint(want))
-		}
+	}
+	for pid, o := range pending {
+		s.abortHanging(ctx, adm, cp.Topic, pid, o.epoch, o.part, o.offset)
 	}
 	if last != "" && cp.Check != nil {
 		if err := cp.Check(ctx, last); err != nil {
@@ -280,6 +300,53 @@ func (s *Sink) loadCheckpoint(ctx context.Context, cp Checkpoints) (string, erro
 		}
 	}
 	return last, nil
+}
+
+// isCommitMarker reports whether a control record's key (version, type) is
+// a commit marker; type 0 is an abort.
+func isCommitMarker(key []byte) bool {
+	return len(key) >= 4 && key[2] == 0 && key[3] == 1
+}
+
+// abortHanging aborts this slot's own hanging transaction on the checkpoint
+// partition: a transaction of its transactional id that the coordinator no
+// longer has open (InitTransactions and Reset ended every open one) but
+// whose marker never reached the partition. It writes the abort marker
+// through the admin API, as kafka-transactions.sh abort does; should that
+// fail, it says how to do it by hand.
+func (s *Sink) abortHanging(ctx context.Context, adm *kadm.Client, topic string, pid int64, epoch int16, part int32, offset int64) {
+	manual := fmt.Sprintf("kafka-transactions.sh --bootstrap-server %s find-hanging --topic %s --partition %d; kafka-transactions.sh --bootstrap-server %s abort --topic %s --partition %d --start-offset %d",
+		s.topics.bootstrap(), topic, part, s.topics.bootstrap(), topic, part, offset)
+	coordEpoch := int32(-1)
+	if d, err := adm.DescribeProducers(ctx, kadm.TopicsSet{topic: {part: {}}}); err == nil {
+		d.EachProducer(func(p kadm.DescribedProducer) {
+			if p.Partition == part && p.ProducerID == pid && p.CurrentTxnStartOffset >= 0 {
+				coordEpoch, epoch = p.CoordinatorEpoch, p.ProducerEpoch
+			}
+		})
+	}
+	err := errors.New("the partition does not list the transaction as open")
+	if coordEpoch >= 0 {
+		var resp kadm.TxnMarkersResponses
+		resp, err = adm.WriteTxnMarkers(ctx, kadm.TxnMarkers{ProducerID: pid, ProducerEpoch: epoch, CoordinatorEpoch: coordEpoch, Topics: kadm.TopicsSet{topic: {part: {}}}})
+		if err == nil {
+			resp.EachPartition(func(p kadm.TxnMarkersPartitionResponse) {
+				if p.Err != nil && err == nil {
+					err = p.Err
+				}
+			})
+		}
+	}
+	if s.log == nil {
+		return
+	}
+	if err != nil {
+		s.log.Error("kafka: a hanging transaction of this slot's transactional id holds the checkpoint partition (its records are not believed); abort it by hand",
+			"topic", topic, "partition", part, "producer_id", pid, "start_offset", offset, "err", err, "fix", manual)
+		return
+	}
+	s.log.Warn("kafka: aborted a hanging transaction of this slot's transactional id on the checkpoint partition (its checkpoint is not believed: at worst its events are sent again)",
+		"topic", topic, "partition", part, "producer_id", pid, "producer_epoch", epoch, "start_offset", offset)
 }
 
 // stable reports whether the last stable offset of every partition in want
