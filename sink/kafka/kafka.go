@@ -73,8 +73,11 @@ type Sink struct {
 	failed atomic.Int64
 	// begun is when the open Kafka transaction began (Unix nanoseconds):
 	// classifyTxn tells the coordinator's timeout abort from fencing by it.
-	begun  atomic.Int64
-	topics *topics // missing topics: created, or their records held
+	begun atomic.Int64
+	// probeOpen: a probe's abort failed, so the client may still be inside
+	// its transaction; the next probe aborts it first.
+	probeOpen atomic.Bool
+	topics    *topics // missing topics: created, or their records held
 }
 
 // New builds the producer. It does not contact the brokers: a broker that is

@@ -173,10 +173,15 @@ func (s *Sink) produceWithin(ctx context.Context, rec *kgo.Record) error {
 
 // Abort drops the open transaction and its buffered records. Should it not
 // complete (Kafka unreachable), the caller resets the producer.
-func (s *Sink) Abort(ctx context.Context) {
+func (s *Sink) Abort(ctx context.Context) { _ = s.abort(ctx) }
+
+func (s *Sink) abort(ctx context.Context) error {
 	s.topics.failPending(errors.New("kafka: transaction aborted"))
-	_ = s.cl().AbortBufferedRecords(ctx)
-	_ = s.cl().EndTransaction(ctx, kgo.TryAbort)
+	err := s.cl().AbortBufferedRecords(ctx)
+	if e := s.cl().EndTransaction(ctx, kgo.TryAbort); err == nil {
+		err = e
+	}
+	return err
 }
 
 // LoadCheckpoint reads the checkpoint topic (as given to InitTransactions)
@@ -373,13 +378,28 @@ func ptr(s string) *string { return &s }
 // the probe; the record is produced for real when the relay streams on.
 func (s *Sink) Probe(ctx context.Context, rec *router.Record) error {
 	if s.txn != nil {
+		if s.probeOpen.Load() {
+			if err := s.abort(ctx); err != nil {
+				return classify(fmt.Errorf("kafka: abort the previous probe's transaction: %w", err), true)
+			}
+			s.probeOpen.Store(false)
+		}
 		if err := s.Begin(); err != nil {
 			return err
 		}
 		defer func() {
 			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
-			s.Abort(actx)
+			if err := s.abort(actx); err != nil {
+				// The client is still inside the transaction: every later
+				// Begin would fail, and the hold would never end. The next
+				// probe aborts it first. (Not a new producer: a hold has
+				// no slot, and only the slot's holder may fence.)
+				s.probeOpen.Store(true)
+				if s.log != nil {
+					s.log.Warn("kafka: the probe's transaction could not be aborted; the next probe aborts it first", "err", err)
+				}
+			}
 		}()
 	}
 	done := make(chan error, 1)
