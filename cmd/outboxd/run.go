@@ -308,7 +308,7 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 			return err
 		}
 		if err := sk.UseCheckpoints(kafka.Checkpoints{Topic: o.CheckpointTopic, Key: key, Check: outboxd.CheckpointGuard(o.Postgres),
-			TransactionalID: transactionalID(o, key)}); err != nil {
+			TransactionalID: transactionalID(o, key), MessagePrefix: o.MessagePrefix}); err != nil {
 			return err
 		}
 		cfg.TxnSink, cfg.DeferInit, cfg.SplitAge = sk, true, o.TransactionTimeout/4
@@ -367,7 +367,7 @@ func transactional(o runOptions) *kafka.Transactional {
 // and reads the checkpoint: where the events already in Kafka end. waiting
 // runs once Kafka has failed to answer (/status then says so).
 func prepareExactlyOnce(ctx context.Context, log *slog.Logger, sk *kafka.Sink, o runOptions, waiting func()) (sink.Checkpoint, error) {
-	cp := kafka.Checkpoints{Topic: o.CheckpointTopic, Check: outboxd.CheckpointGuard(o.Postgres)}
+	cp := kafka.Checkpoints{Topic: o.CheckpointTopic, Check: outboxd.CheckpointGuard(o.Postgres), MessagePrefix: o.MessagePrefix}
 	key := func(ctx context.Context) (string, error) { return outboxd.CheckpointKey(ctx, o.Postgres, o.Slot) }
 	done, err := outboxd.StartExactlyOnce(ctx, log, key, func(ctx context.Context, key string) (sink.Checkpoint, error) {
 		cp.Key, cp.TransactionalID = key, transactionalID(o, key)

@@ -151,3 +151,48 @@ func TestLoadCheckpointAfterAnAbortedTransaction(t *testing.T) {
 		t.Fatalf("LoadCheckpoint = %v, %v; want %v", got, err, want)
 	}
 }
+
+// A split checkpoint X/Y+N counts the transaction's events, and logical
+// messages are events only under --message-prefix: after the prefix
+// changed, N names other events (a message now counted would be skipped,
+// never published). The load then skips none of the split transaction's
+// events: its first N are sent again, none is lost (issue 22, item 8). A
+// whole-transaction checkpoint does not depend on the prefix.
+func TestSplitCheckpointUnderAnotherMessagePrefix(t *testing.T) {
+	c := newCluster(t)
+	ctx := context.Background()
+	cfg := Config{Transactional: &Transactional{ID: "outboxd.prefix", Timeout: time.Minute}}
+	cp := Checkpoints{Topic: "cp", Key: "slot", MessagePrefix: "outbox"}
+	a := newSink(t, c, cfg)
+	if err := a.InitTransactions(ctx, cp); err != nil {
+		t.Fatal(err)
+	}
+	split := sink.Checkpoint{LSN: 0x200, Events: 2}
+	commitCheckpoint(t, a, split)
+	for _, tc := range []struct {
+		prefix string
+		want   sink.Checkpoint
+	}{{"outbox", split}, {"other", sink.Checkpoint{LSN: 0x200}}, {"", sink.Checkpoint{LSN: 0x200}}} {
+		b := newSink(t, c, cfg)
+		cp.MessagePrefix = tc.prefix
+		if err := b.InitTransactions(ctx, cp); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := b.LoadCheckpoint(ctx); err != nil || got != tc.want {
+			t.Fatalf("--message-prefix %q: LoadCheckpoint = %v, %v; want %v", tc.prefix, got, err, tc.want)
+		}
+		if tc.prefix == "" {
+			whole := sink.Checkpoint{LSN: 0x300}
+			commitCheckpoint(t, b, whole)
+			cp.MessagePrefix = "outbox"
+			d := newSink(t, c, cfg)
+			if err := d.InitTransactions(ctx, cp); err != nil {
+				t.Fatal(err)
+			}
+			if got, err := d.LoadCheckpoint(ctx); err != nil || got != whole {
+				t.Fatalf("whole checkpoint under another prefix: %v, %v; want %v", got, err, whole)
+			}
+			return
+		}
+	}
+}

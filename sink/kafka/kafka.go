@@ -67,6 +67,10 @@ type Sink struct {
 	partitions partitionCache
 	txn        *Transactional // nil unless exactly-once
 	cp         Checkpoints    // where exactly-once checkpoints live (InitTransactions)
+	// lastPrefix is the message prefix the checkpoint loadCheckpoint found
+	// was written under (lastPrefixKnown: the record said; older ones do not).
+	lastPrefix      string
+	lastPrefixKnown bool
 	// failed counts records of the open Kafka transaction that failed: a
 	// transactional producer still commits the others, so Commit must
 	// refuse to (exactly-once mode).

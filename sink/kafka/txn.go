@@ -26,6 +26,11 @@ type Checkpoints struct {
 	// believed: a checkpoint skips events, so one the server cannot have
 	// produced (beyond its WAL, say) must stop outboxd, not silence it.
 	Check func(ctx context.Context, lsn string) error
+	// MessagePrefix is --message-prefix: a split checkpoint (X/Y+N) counts
+	// the transaction's events, and logical messages count as events only
+	// under the prefix, so N means other events under another one. Each
+	// checkpoint record carries it (header outboxd.message_prefix).
+	MessagePrefix string
 	// TransactionalID, when set, becomes the producer's transactional id
 	// (TransactionalID: it names the PostgreSQL system, which is known only
 	// once PostgreSQL answered).
@@ -150,7 +155,8 @@ func (s *Sink) Commit(ctx context.Context, at sink.Checkpoint) error {
 }
 
 func (s *Sink) commit(ctx context.Context, at sink.Checkpoint) error {
-	rec := &kgo.Record{Topic: s.cp.Topic, Key: []byte(s.cp.Key), Value: []byte(at.String())}
+	rec := &kgo.Record{Topic: s.cp.Topic, Key: []byte(s.cp.Key), Value: []byte(at.String()),
+		Headers: []kgo.RecordHeader{{Key: prefixHeader, Value: []byte(s.cp.MessagePrefix)}}}
 	if err := s.produceWithin(ctx, rec); err != nil {
 		return err
 	}
@@ -195,6 +201,16 @@ func (s *Sink) LoadCheckpoint(ctx context.Context) (sink.Checkpoint, error) {
 	c, err := sink.ParseCheckpoint(text)
 	if err != nil {
 		return sink.Checkpoint{}, fmt.Errorf("kafka: checkpoint %q in %s: %w", text, s.cp.Topic, err)
+	}
+	if prefix, known := s.lastPrefix, s.lastPrefixKnown; c.Events > 0 && known && prefix != s.cp.MessagePrefix {
+		// The count names other events now: skip none of the split
+		// transaction's rather than the wrong ones (duplicates, never a
+		// loss).
+		if s.log != nil {
+			s.log.Warn("exactly-once: the checkpoint splits a transaction, counting its events under another --message-prefix; its first events are sent again",
+				"checkpoint", text, "checkpoint_message_prefix", prefix, "message_prefix", s.cp.MessagePrefix)
+		}
+		c.Events = 0
 	}
 	return c, nil
 }
@@ -251,11 +267,13 @@ func (s *Sink) loadCheckpoint(ctx context.Context, cp Checkpoints) (string, erro
 	defer cl.Close()
 	type open struct {
 		value  string
+		prefix []byte // the prefix header, nil if none
 		epoch  int16
 		part   int32
 		offset int64
 	}
 	last, pending, settled := "", map[int64]open{}, 0 // pending: producer id → this key's value in its open transaction
+	var lastPrefix []byte
 	for len(want) > 0 {
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
 		fetches := cl.PollFetches(pctx)
@@ -281,15 +299,15 @@ func (s *Sink) loadCheckpoint(ctx context.Context, cp Checkpoints) (string, erro
 			case r.Attrs.IsControl():
 				if o, ok := pending[r.ProducerID]; ok && o.part == r.Partition {
 					if isCommitMarker(r.Key) {
-						last = o.value
+						last, lastPrefix = o.value, o.prefix
 					}
 					delete(pending, r.ProducerID)
 				}
 			case string(r.Key) != cp.Key:
 			case r.Attrs.IsTransactional():
-				pending[r.ProducerID] = open{value: string(r.Value), epoch: r.ProducerEpoch, part: r.Partition, offset: r.Offset}
+				pending[r.ProducerID] = open{value: string(r.Value), prefix: header(r, prefixHeader), epoch: r.ProducerEpoch, part: r.Partition, offset: r.Offset}
 			default:
-				last = string(r.Value) // an operator's record (a tombstone, say)
+				last, lastPrefix = string(r.Value), nil // an operator's record (a tombstone, say)
 			}
 			if end, ok := want[r.Partition]; ok && r.Offset >= end-1 {
 				delete(want, r.Partition)
@@ -304,7 +322,24 @@ func (s *Sink) loadCheckpoint(ctx context.Context, cp Checkpoints) (string, erro
 			return "", err
 		}
 	}
+	s.lastPrefix, s.lastPrefixKnown = string(lastPrefix), lastPrefix != nil
 	return last, nil
+}
+
+// prefixHeader carries Checkpoints.MessagePrefix on each checkpoint record.
+const prefixHeader = "outboxd.message_prefix"
+
+// header is the value of r's header key, nil if it has none.
+func header(r *kgo.Record, key string) []byte {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			if h.Value == nil {
+				return []byte{}
+			}
+			return h.Value
+		}
+	}
+	return nil
 }
 
 // isCommitMarker reports whether a control record's key (version, type) is
