@@ -32,8 +32,9 @@ func ConnectPlain(ctx context.Context, dsn, app string) (*pgx.Conn, error) {
 // PGSSLMODE, or default to "prefer" (which silently falls back to no TLS,
 // and never checks the server's certificate), and only the parse says which
 // one pgx uses. A DSN for a Unix socket reports "socket": no network is
-// crossed.
-func SSLMode(dsn string) string {
+// crossed. pgx reads PGSSLMODE (and the other PG* variables) from the
+// process environment itself, so that is what counts; getenv is not used.
+func SSLMode(dsn string, _ func(string) string) string {
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		return "prefer" // as before; the connection itself reports the parse error

@@ -49,7 +49,7 @@ func TestSSLMode(t *testing.T) {
 	} {
 		t.Run(tc.dsn, func(t *testing.T) {
 			t.Setenv("PGSSLMODE", tc.env)
-			if got := SSLMode(tc.dsn); got != tc.want {
+			if got := SSLMode(tc.dsn, os.Getenv); got != tc.want {
 				t.Errorf("SSLMode(%q, PGSSLMODE=%q) = %q, want %q", tc.dsn, tc.env, got, tc.want)
 			}
 		})

@@ -52,7 +52,7 @@ func registerPostgresFile(s *optionSet, dsn *string) {
 // /status.
 func transportWarnings(o runOptions, getenv func(string) string) []string {
 	var out []string
-	if mode := outboxd.SSLMode(o.Postgres); mode != "verify-full" && mode != "socket" && !o.PostgresAllowInsecure {
+	if mode := outboxd.SSLMode(o.Postgres, getenv); mode != "verify-full" && mode != "socket" && !o.PostgresAllowInsecure {
 		out = append(out, fmt.Sprintf("PostgreSQL sslmode is %s: the connection (events, and the password) can be read or altered on the network, "+
 			"and the server is not authenticated; use sslmode=verify-full&sslrootcert=<CA file> (or --postgres-allow-insecure to accept this)", mode))
 	}
