@@ -32,6 +32,10 @@ type committer interface {
 	txnCommitted(ctx context.Context, txn *slot.Txn, end wal.LSN) error
 	// quiet is called when the stream is quiet between transactions.
 	quiet(ctx context.Context) error
+	// tick is called when the read loop wakes inside a PostgreSQL
+	// transaction without producing (a quiet tick, a keepalive, a change
+	// that is not an event); pos is the next event's position.
+	tick(ctx context.Context, pos eventPos) error
 	// end closes the session: on shutdown between transactions it commits
 	// what is complete; whatever is still open is dropped.
 	end(ctx context.Context, shutdown, betweenTxns bool) error
@@ -47,6 +51,7 @@ func (atLeastOnce) afterProduce(context.Context, eventPos) error { return nil }
 func (atLeastOnce) beforeProbe(context.Context, eventPos) error  { return nil }
 func (atLeastOnce) probeDelivers() bool                          { return true }
 func (atLeastOnce) quiet(context.Context) error                  { return nil }
+func (atLeastOnce) tick(context.Context, eventPos) error         { return nil }
 func (atLeastOnce) end(context.Context, bool, bool) error        { return nil }
 func (a atLeastOnce) txnCommitted(_ context.Context, txn *slot.Txn, end wal.LSN) error {
 	a.wm.Commit(txn, end)

@@ -72,6 +72,28 @@ func (e *eos) afterProduce(ctx context.Context, pos eventPos) error {
 	return nil
 }
 
+// tick commits a split once it is due, also when no event comes: while the
+// walsender decodes the rest of a long PostgreSQL transaction with no
+// further events (a bulk change to another table after the outbox INSERT),
+// only ticks and keepalives reach the read loop for as long as that takes,
+// and a split checked only after a produced event would never come: the
+// coordinator would abort the Kafka transaction at its timeout, and the
+// same PostgreSQL transaction would fail that way after every restart.
+func (e *eos) tick(ctx context.Context, pos eventPos) error {
+	if !e.splitDue() {
+		return nil
+	}
+	if !e.inTxn {
+		// Only whole transactions wait in the open Kafka one.
+		return e.commit(ctx, e.wm, false, sink.Checkpoint{})
+	}
+	if err := e.commit(ctx, e.wm, true, sink.Checkpoint{LSN: pos.commit, Events: pos.n}); err != nil {
+		return err
+	}
+	e.inTxn = false
+	return nil
+}
+
 func (e *eos) beforeProbe(ctx context.Context, pos eventPos) error {
 	if !e.open {
 		return nil

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"regexp"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -27,23 +26,45 @@ func ConnectPlain(ctx context.Context, dsn, app string) (*pgx.Conn, error) {
 	return conn, nil
 }
 
-var kvSSLMode = regexp.MustCompile(`(?i)(?:^|[\s?&])sslmode\s*=\s*'?([a-z-]+)`)
-
-// SSLMode is the sslmode a connection string asks for, as libpq reads it:
-// the DSN, else PGSSLMODE, else "prefer" (which silently falls back to no
-// TLS, and never checks the server's certificate). A DSN for a Unix socket
-// reports "socket": no network is crossed.
-func SSLMode(dsn string, getenv func(string) string) string {
-	if cfg, err := pgx.ParseConfig(dsn); err == nil && strings.HasPrefix(cfg.Host, "/") {
+// SSLMode is the sslmode pgx will connect with, derived from the TLS
+// settings of pgx's parsed configuration rather than from the text: a DSN
+// may name sslmode twice (pgx keeps the last, in both forms), take it from
+// PGSSLMODE, or default to "prefer" (which silently falls back to no TLS,
+// and never checks the server's certificate), and only the parse says which
+// one pgx uses. A DSN for a Unix socket reports "socket": no network is
+// crossed. pgx reads PGSSLMODE (and the other PG* variables) from the
+// process environment itself, so that is what counts; getenv is not used.
+func SSLMode(dsn string, _ func(string) string) string {
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return "prefer" // as before; the connection itself reports the parse error
+	}
+	if strings.HasPrefix(cfg.Host, "/") {
 		return "socket"
 	}
-	if m := kvSSLMode.FindStringSubmatch(dsn); m != nil {
-		return strings.ToLower(m[1])
+	plainFallback, tlsFallback := false, false
+	for _, f := range cfg.Fallbacks {
+		if f.TLSConfig == nil {
+			plainFallback = true
+		} else {
+			tlsFallback = true
+		}
 	}
-	if v := getenv("PGSSLMODE"); v != "" {
-		return strings.ToLower(v)
+	t := cfg.TLSConfig
+	switch {
+	case t == nil && tlsFallback:
+		return "allow"
+	case t == nil:
+		return "disable"
+	case plainFallback:
+		return "prefer"
+	case !t.InsecureSkipVerify:
+		return "verify-full" // pgx verifies the chain and the host name
+	case t.VerifyPeerCertificate != nil:
+		return "verify-ca" // pgx verifies the chain only
+	default:
+		return "require"
 	}
-	return "prefer"
 }
 
 // CheckEmitMessagePublic warns when any role with CONNECT may publish

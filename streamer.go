@@ -155,6 +155,9 @@ func (s *streamer) loop(ctx context.Context) error {
 				if err := s.txnErr(s.commit.quiet(ctx)); err != nil {
 					return err
 				}
+			} else if err := s.txnErr(s.commit.tick(ctx, s.nextPos())); err != nil {
+				// Quiet inside a transaction: split it once that is due.
+				return err
 			}
 			continue
 		}
@@ -171,8 +174,19 @@ func (s *streamer) loop(ctx context.Context) error {
 		if err := s.handle(ctx, msg, now); err != nil {
 			return err
 		}
+		// Inside a transaction, what is not an INSERT produces nothing (an
+		// event's produce checks the split itself): keepalives and
+		// unpublished changes may be all that comes for a long time.
+		if s.txn != nil && msg.Kind != wal.KindInsert && s.commit.pending() {
+			if err := s.txnErr(s.commit.tick(ctx, s.nextPos())); err != nil {
+				return err
+			}
+		}
 	}
 }
+
+// nextPos is the position the current transaction's next event will have.
+func (s *streamer) nextPos() eventPos { return eventPos{commit: s.tx.CommitLSN, n: s.ordinal} }
 
 // waitForRoom blocks while the in-flight bound is reached, until deadline.
 func (s *streamer) waitForRoom(ctx context.Context, deadline time.Time) error {

@@ -565,3 +565,56 @@ func TestStreamerExactlyOnceSplitsALargeTransaction(t *testing.T) {
 		t.Fatalf("checkpoints %v, want %v", cps, want)
 	}
 }
+
+// Exactly-once: while the walsender decodes the rest of a long PostgreSQL
+// transaction with no further events (a bulk change to another table
+// after the outbox INSERT), only quiet ticks or keepalives reach the read
+// loop. The split must still be committed once it is due, or the
+// coordinator aborts the Kafka transaction at its timeout and the same
+// transaction fails so after every restart (issue 22, item 4). On main the
+// split was checked only after a produced event: no checkpoint came.
+func TestStreamerExactlyOnceSplitsOnTicksInsideALongTransaction(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		keepalives bool
+	}{{"quiet", false}, {"keepalives", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := &fakeTxnSink{}
+			h := newHarness(t, 100, nil)
+			h.s.commit = &eos{sink: ts, wm: h.s.wm, splitAge: 50 * time.Millisecond}
+			h.start()
+			msgs := txn(200, 210, uuid(1))
+			h.stream.push(msgs[:2]...) // BEGIN and the event; the COMMIT comes later
+			h.sink.waitProduced(t, 1)
+			h.sink.ack(0, nil)
+			stop := make(chan struct{})
+			defer close(stop)
+			if tc.keepalives {
+				go func() {
+					for {
+						select {
+						case <-stop:
+							return
+						case <-time.After(2 * time.Millisecond): // more often than the loop's tick
+						}
+						h.stream.push(keepalive(150, false))
+					}
+				}()
+			}
+			want := []sink.Checkpoint{{LSN: 200, Events: 1}}
+			deadline := time.Now().Add(5 * time.Second)
+			for fmt.Sprint(ts.checkpoints()) != fmt.Sprint(want) {
+				if time.Now().After(deadline) {
+					t.Fatalf("checkpoints %v, want %v: no split inside the transaction", ts.checkpoints(), want)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			h.neverSentAbove(100) // the transaction is not over
+			h.stream.push(msgs[2])
+			h.waitSent(210)
+			if cps := ts.checkpoints(); fmt.Sprint(cps) != fmt.Sprint(want) {
+				t.Fatalf("checkpoints %v, want only %v (nothing of the transaction was left to commit)", cps, want)
+			}
+		})
+	}
+}

@@ -35,7 +35,8 @@ type Config struct {
 	// UTC) to every routed record.
 	LSNHeaders bool
 	// ReservedTopics are outboxd's own topics (the exactly-once checkpoint
-	// topic, the dead-letter topic): an event routed to one is invalid.
+	// topic, the progress topic, the dead-letter topic): an event routed to
+	// one is invalid.
 	ReservedTopics []string
 	// ReservedTopicPrefixes: an event whose topic starts with one of them is
 	// invalid (outboxd's default: "outboxd." and Kafka's internal "__").

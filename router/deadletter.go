@@ -45,7 +45,7 @@ func (r *Router) DeadLetter(topic string, row *wal.Row, tx Tx, cause error) Reco
 	fixed := len(errText) + len(p.table) + lsnHeadersMax + len(id.data) + len(topic) + 6*(HeaderOverhead+len(HeaderValueOmitted))
 	n := 2
 	for i, c := range cols {
-		n += jsonStringLen([]byte(c.Name)) + 2 + jsonValueLen(0, get(row.Values, i), false)
+		n += jacksonStringLen([]byte(c.Name)) + 2 + jsonValueLen(0, get(row.Values, i), false)
 	}
 	// A dead letter too large to publish keeps its headers only; deciding
 	// before building it keeps a huge row from costing its size again.
@@ -61,7 +61,7 @@ func (r *Router) DeadLetter(topic string, row *wal.Row, tx Tx, cause error) Reco
 			if i > 0 {
 				buf = append(buf, ',')
 			}
-			buf = appendJSONString(buf, []byte(c.Name))
+			buf = appendJacksonString(buf, []byte(c.Name))
 			buf = append(buf, ':')
 			buf, _ = appendJSONValue(buf, 0, get(row.Values, i), false) // oid 0: always text
 		}
@@ -96,11 +96,11 @@ func (r *Router) DeadLetterMessage(topic string, m *wal.Message, tx Tx, cause er
 	if len(id) > maxIDText {
 		id = id[:maxIDText]
 	}
-	fixed := len(`{"prefix":,"content_base64":}`) + jsonStringLen([]byte(m.Prefix)) + len(errText) + len(source) + lsnHeadersMax + len(id) +
+	fixed := len(`{"prefix":,"content_base64":}`) + jacksonStringLen([]byte(m.Prefix)) + len(errText) + len(source) + lsnHeadersMax + len(id) +
 		len(topic) + 6*(HeaderOverhead+len(HeaderValueOmitted))
 	n := 0
 	if textual {
-		n += jsonStringLen(m.Content)
+		n += jacksonStringLen(m.Content)
 	} else {
 		n += base64.StdEncoding.EncodedLen(len(m.Content)) + 2
 	}
@@ -112,10 +112,10 @@ func (r *Router) DeadLetterMessage(topic string, m *wal.Message, tx Tx, cause er
 	rec := Record{Topic: topic, Timestamp: tx.CommitTime, Partition: -1}
 	if !omit {
 		buf = append(buf, `{"prefix":`...)
-		buf = appendJSONString(buf, []byte(m.Prefix))
+		buf = appendJacksonString(buf, []byte(m.Prefix))
 		if textual {
 			buf = append(buf, `,"content":`...)
-			buf = appendJSONString(buf, m.Content)
+			buf = appendJacksonString(buf, m.Content)
 		} else {
 			buf = append(buf, `,"content_base64":"`...)
 			buf = base64.StdEncoding.AppendEncode(buf, m.Content)

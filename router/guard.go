@@ -31,7 +31,7 @@ const ReservedHeaderPrefix = "outboxd."
 func (r *Router) topicRefusal(topic string) string {
 	for _, t := range r.reservedTopics {
 		if topic == t {
-			return "the topic is one of outboxd's own (checkpoint or dead-letter topic): an event may never be routed there"
+			return "the topic is one of outboxd's own (checkpoint, progress or dead-letter topic): an event may never be routed there"
 		}
 	}
 	for _, p := range r.reservedPrefixes {

@@ -225,7 +225,7 @@ func (r *Router) routeMessage(content []byte, tx Tx) (Record, error) {
 		case r.defaults.jsonKey:
 			buf = appendUnquoted(buf, f.aggID[1:len(f.aggID)-1])
 			plain := len(buf)
-			buf = appendJSONString(buf, buf[start:plain])
+			buf = appendJacksonString(buf, buf[start:plain])
 			buf = append(buf[:start], buf[plain:]...)
 		default:
 			buf = scalarText(buf, f.aggID)

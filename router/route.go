@@ -136,7 +136,7 @@ func (r *Router) buildPlan(rel *wal.Relation) *plan {
 			p.aliasBytes += len(f.alias)
 		case placeEnvelope:
 			p.envelope = true
-			fp.jsonName = append(appendJSONString([]byte{','}, []byte(f.alias)), ':')
+			fp.jsonName = append(appendJacksonString([]byte{','}, []byte(f.alias)), ':')
 		case placePartition:
 			if !isIntOID(oid) {
 				fail("column " + strconv.Quote(f.col) + " placed as partition has type OID " +
@@ -479,7 +479,7 @@ func keyJSONLen(oid uint32, data []byte) int {
 	case oid == oidBytea:
 		return base64.StdEncoding.EncodedLen(rawLen(oid, data)) + 2
 	}
-	return jsonStringLen(data)
+	return jacksonStringLen(data)
 }
 
 // appendKeyJSON writes the key as Kafka's JsonConverter (schemas.enable=false)
@@ -492,7 +492,7 @@ func appendKeyJSON(dst []byte, oid uint32, data []byte) ([]byte, bool) {
 	case oid == oidBytea:
 		return appendJSONValue(dst, oid, valueRef{data: data}, false)
 	}
-	return appendJSONString(dst, data), true
+	return appendJacksonString(dst, data), true
 }
 
 // internKey returns header key bytes as a string, reusing the string of a

@@ -3,7 +3,6 @@ package router
 import (
 	"encoding/base64"
 	"time"
-	"unicode/utf8"
 )
 
 // PostgreSQL type OIDs the router treats specially. Every other type is
@@ -109,91 +108,6 @@ func unhex(c byte) (byte, bool) {
 
 // ---- JSON encoding ----
 
-// jsonStringLen is the exact length appendJSONString produces for src.
-func jsonStringLen(src []byte) int {
-	n := 2
-	for i := 0; i < len(src); {
-		b := src[i]
-		if b < utf8.RuneSelf {
-			switch {
-			case b >= 0x20 && b != '"' && b != '\\':
-				n++
-			case b == '"', b == '\\', b == '\b', b == '\f', b == '\n', b == '\r', b == '\t':
-				n += 2
-			default:
-				n += 6
-			}
-			i++
-			continue
-		}
-		c, size := utf8.DecodeRune(src[i:])
-		if (c == utf8.RuneError && size == 1) || c == '\u2028' || c == '\u2029' {
-			n += 6
-		} else {
-			n += size
-		}
-		i += size
-	}
-	return n
-}
-
-const hexDigits = "0123456789abcdef"
-
-// appendJSONString appends src as a JSON string exactly as encoding/json does
-// with HTML escaping off: control characters escaped, invalid UTF-8 replaced
-// by \ufffd, U+2028 and U+2029 escaped.
-func appendJSONString(dst, src []byte) []byte {
-	dst = append(dst, '"')
-	start := 0
-	for i := 0; i < len(src); {
-		b := src[i]
-		if b < utf8.RuneSelf {
-			if b >= 0x20 && b != '"' && b != '\\' {
-				i++
-				continue
-			}
-			dst = append(dst, src[start:i]...)
-			switch b {
-			case '\\', '"':
-				dst = append(dst, '\\', b)
-			case '\b':
-				dst = append(dst, '\\', 'b')
-			case '\f':
-				dst = append(dst, '\\', 'f')
-			case '\n':
-				dst = append(dst, '\\', 'n')
-			case '\r':
-				dst = append(dst, '\\', 'r')
-			case '\t':
-				dst = append(dst, '\\', 't')
-			default:
-				dst = append(dst, '\\', 'u', '0', '0', hexDigits[b>>4], hexDigits[b&0xF])
-			}
-			i++
-			start = i
-			continue
-		}
-		c, size := utf8.DecodeRune(src[i:])
-		if c == utf8.RuneError && size == 1 {
-			dst = append(dst, src[start:i]...)
-			dst = append(dst, `\ufffd`...)
-			i += size
-			start = i
-			continue
-		}
-		if c == '\u2028' || c == '\u2029' {
-			dst = append(dst, src[start:i]...)
-			dst = append(dst, '\\', 'u', '2', '0', '2', hexDigits[c&0xF])
-			i += size
-			start = i
-			continue
-		}
-		i += size
-	}
-	dst = append(dst, src[start:]...)
-	return append(dst, '"')
-}
-
 // isJSONNumber reports whether b is a JSON number (RFC 8259 grammar), so
 // that PostgreSQL's "NaN" or "Infinity" are not embedded as numbers.
 func isJSONNumber(b []byte) bool {
@@ -250,11 +164,11 @@ func jsonValueLen(oid uint32, v valueRef, numbers bool) int {
 	case oid == oidBool && numbers:
 		return 5
 	case isNumericOID(oid) && numbers:
-		return jsonStringLen(v.data) // covers both the bare and the quoted form
+		return jacksonStringLen(v.data) // covers both the bare and the quoted form
 	case oid == oidBytea:
 		return base64.StdEncoding.EncodedLen(rawLen(oid, v.data)) + 2
 	}
-	return jsonStringLen(v.data)
+	return jacksonStringLen(v.data)
 }
 
 // appendJSONValue appends a column value as JSON: NULL as null, json and
@@ -288,7 +202,7 @@ func appendJSONValue(dst []byte, oid uint32, v valueRef, numbers bool) ([]byte, 
 		dst = base64.StdEncoding.AppendEncode(dst, raw)
 		return append(dst, '"'), true
 	}
-	return appendJSONString(dst, v.data), true
+	return appendJacksonString(dst, v.data), true
 }
 
 // valueRef is a column value: its text bytes, or NULL.

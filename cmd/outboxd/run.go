@@ -61,6 +61,7 @@ type runOptions struct {
 	ReservedPrefixes      listValue
 	MaxHeaders            int
 	TransactionTimeout    time.Duration
+	TransactionalIDPrefix string
 	SlotFailover          string
 	ProgressTopic         string
 	AcceptGap             bool
@@ -133,9 +134,10 @@ func (o *runOptions) register(s *optionSet) {
 	fs.BoolVar(&o.ExactlyOnce, "exactly-once", false, "transactional producer: whole PostgreSQL transactions per Kafka transaction with a checkpoint; read_committed consumers see each event once")
 	fs.StringVar(&o.CheckpointTopic, "checkpoint-topic", "outboxd.checkpoints", "compacted topic holding the last committed LSN per slot, with --exactly-once")
 	fs.DurationVar(&o.TransactionTimeout, "transaction-timeout", time.Minute, "Kafka transaction timeout with --exactly-once (at most the brokers' transaction.max.timeout.ms, 15m by default); a PostgreSQL transaction that streams for longer than a quarter of it is split over several Kafka transactions")
+	fs.StringVar(&o.TransactionalIDPrefix, "transactional-id-prefix", kafka.DefaultTransactionalIDPrefix, "with --exactly-once, the Kafka transactional id is this prefix, the PostgreSQL system identifier, '.', and the slot (outboxd.<system id>.<slot>): what a prefixed transactional-id ACL names")
 	fs.Var(&o.TopicAllow, "topic-allow", "comma-separated topic prefixes events may be routed to; an event routed elsewhere is invalid (--on-invalid). Empty: any topic")
 	o.ReservedPrefixes = listValue{"outboxd.", "__"}
-	fs.Var(&o.ReservedPrefixes, "reserved-topic-prefixes", "comma-separated topic prefixes no event may be routed to (the checkpoint and dead-letter topics always are)")
+	fs.Var(&o.ReservedPrefixes, "reserved-topic-prefixes", "comma-separated topic prefixes no event may be routed to (the checkpoint, progress and dead-letter topics always are)")
 	fs.IntVar(&o.MaxHeaders, "max-headers", router.DefaultMaxHeaders, "most headers one record may have; an event with more is invalid (--on-invalid)")
 	fs.StringVar(&o.ProgressTopic, "progress-topic", "outboxd.progress", "compacted topic holding the last confirmed LSN, system identifier and timeline per slot (at-least-once mode; --exactly-once uses the checkpoint): it outlives the slot, so a lost slot or a server behind it is reported as a gap")
 	fs.BoolVar(&o.AcceptGap, "accept-gap", false, "continue past a reported gap (a missing slot outboxd confirmed before, another cluster, a server behind what was published): set it once after checking, then remove it")
@@ -315,7 +317,10 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 		if err != nil {
 			return err
 		}
-		sk.UseCheckpoints(kafka.Checkpoints{Topic: o.CheckpointTopic, Key: key, Check: outboxd.CheckpointGuard(o.Postgres)})
+		if err := sk.UseCheckpoints(kafka.Checkpoints{Topic: o.CheckpointTopic, Key: key, Check: outboxd.CheckpointGuard(o.Postgres),
+			TransactionalID: transactionalID(o, key), MessagePrefix: o.MessagePrefix}); err != nil {
+			return err
+		}
 		cfg.TxnSink, cfg.DeferInit, cfg.SplitAge = sk, true, o.TransactionTimeout/4
 	case o.ExactlyOnce:
 		done, err := prepareExactlyOnce(ctx, log, sk, o, func() { handler.set(startingHandler(waitingWhy, true)) })
@@ -349,9 +354,11 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 func routerConfig(o runOptions, defaults router.Options, tables map[string]router.Options) router.Config {
 	return router.Config{
 		Defaults: defaults, Tables: tables, KeyFormat: o.KeyFormat, LSNHeaders: o.LSNHeaders, MessagePrefix: o.MessagePrefix,
-		// Reserved whether or not this instance runs exactly-once: another
-		// instance's checkpoints may live there.
-		ReservedTopics:        []string{o.CheckpointTopic, o.DeadLetterTopic},
+		// Reserved whether or not this instance runs exactly-once (or
+		// at-least-once): another instance's checkpoints or progress
+		// records may live there, and a forged progress record would
+		// silence the missing-slot check (0/0) or stop outboxd (a high LSN).
+		ReservedTopics:        []string{o.CheckpointTopic, o.DeadLetterTopic, o.ProgressTopic},
 		ReservedTopicPrefixes: o.ReservedPrefixes,
 		MaxHeaders:            o.MaxHeaders,
 		TopicAllow:            o.TopicAllow,
@@ -363,24 +370,25 @@ func transactional(o runOptions) *kafka.Transactional {
 	if !o.ExactlyOnce {
 		return nil
 	}
-	return &kafka.Transactional{ID: kafka.TransactionalID(o.Slot), Timeout: o.TransactionTimeout}
+	// The id names the PostgreSQL system: set once it answered (Checkpoints).
+	return &kafka.Transactional{Timeout: o.TransactionTimeout}
 }
 
 // prepareExactlyOnce fences any previous instance (same transactional id),
 // and reads the checkpoint: where the events already in Kafka end. waiting
 // runs once Kafka has failed to answer (/status then says so).
 func prepareExactlyOnce(ctx context.Context, log *slog.Logger, sk *kafka.Sink, o runOptions, waiting func()) (sink.Checkpoint, error) {
-	cp := kafka.Checkpoints{Topic: o.CheckpointTopic, Check: outboxd.CheckpointGuard(o.Postgres)}
+	cp := kafka.Checkpoints{Topic: o.CheckpointTopic, Check: outboxd.CheckpointGuard(o.Postgres), MessagePrefix: o.MessagePrefix}
 	key := func(ctx context.Context) (string, error) { return outboxd.CheckpointKey(ctx, o.Postgres, o.Slot) }
 	done, err := outboxd.StartExactlyOnce(ctx, log, key, func(ctx context.Context, key string) (sink.Checkpoint, error) {
-		cp.Key = key
+		cp.Key, cp.TransactionalID = key, transactionalID(o, key)
 		if err := sk.InitTransactions(ctx, cp); err != nil {
 			return sink.Checkpoint{}, err
 		}
 		return sk.LoadCheckpoint(ctx)
 	}, waiting)
 	if err == nil {
-		log.Info("exactly-once mode", "transactional_id", kafka.TransactionalID(o.Slot), "checkpoint_topic", cp.Topic, "checkpoint_lsn", done.String(), "transaction_timeout", o.TransactionTimeout.String())
+		log.Info("exactly-once mode", "transactional_id", sk.TransactionalID(), "checkpoint_topic", cp.Topic, "checkpoint_lsn", done.String(), "transaction_timeout", o.TransactionTimeout.String())
 	}
 	return done, err
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 
@@ -55,4 +56,27 @@ func denied(err error) error {
 		return &sink.Error{Kind: sink.Denied, Err: err}
 	}
 	return err
+}
+
+// classifyTxn is classify for the transactional producer, which tells the
+// coordinator's own abort from fencing. A Kafka transaction left open
+// longer than its timeout is aborted by the coordinator, which bumps the
+// producer epoch: every later request of the transaction then fails with
+// INVALID_PRODUCER_EPOCH, the error a second producer taking over the
+// transactional id causes too. Only the first is cured by a new producer
+// session (the relay's Reset, once it holds the slot again), so an
+// INVALID_PRODUCER_EPOCH in a transaction open longer than the timeout is
+// Transient; PRODUCER_FENCED, and the epoch error of a younger transaction,
+// stay Fenced.
+func (s *Sink) classifyTxn(err error) error {
+	if err == nil || s.txn == nil {
+		return classify(err, s.txn != nil)
+	}
+	if begun := s.begun.Load(); begun != 0 && errors.Is(err, kerr.InvalidProducerEpoch) && !errors.Is(err, kerr.ProducerFenced) {
+		if open := time.Since(time.Unix(0, begun)); open >= s.txn.Timeout {
+			return &sink.Error{Kind: sink.Transient, Err: fmt.Errorf("kafka: the transaction coordinator aborted the Kafka transaction, open %s, at its timeout (--transaction-timeout %s); starting a new producer session: %w",
+				open.Round(time.Millisecond), s.txn.Timeout, err)}
+		}
+	}
+	return classify(err, true)
 }

@@ -40,8 +40,11 @@ type Config struct {
 
 // Transactional configures exactly-once mode's producer.
 type Transactional struct {
-	// ID is the transactional id: one per slot, so that a second outboxd on
-	// the same slot fences the first (see TransactionalID).
+	// ID is the transactional id: one per PostgreSQL system and slot, so
+	// that a second outboxd on the same slot fences the first while one on
+	// another database's slot of the same name does not (TransactionalID).
+	// Empty defers it to Checkpoints.TransactionalID: the system identifier
+	// is known only once PostgreSQL answered, after the sink is built.
 	ID string
 	// Timeout is the Kafka transaction timeout: the coordinator aborts a
 	// transaction left open longer. It must not exceed the brokers'
@@ -54,6 +57,8 @@ type Transactional struct {
 type Sink struct {
 	client atomic.Pointer[kgo.Client] // replaced by Reset
 	opts   []kgo.Opt                  // everything the client was built with
+	base   []kgo.Opt                  // opts without the transactional id and the test options
+	extra  []kgo.Opt                  // Config.Opts
 	manual context.Context            // marks records that carry an explicit partition
 	conn   []kgo.Opt                  // brokers, TLS and SASL: for the checkpoint reader
 	log    *slog.Logger               // may be nil
@@ -62,11 +67,21 @@ type Sink struct {
 	partitions partitionCache
 	txn        *Transactional // nil unless exactly-once
 	cp         Checkpoints    // where exactly-once checkpoints live (InitTransactions)
+	// lastPrefix is the message prefix the checkpoint loadCheckpoint found
+	// was written under (lastPrefixKnown: the record said; older ones do not).
+	lastPrefix      string
+	lastPrefixKnown bool
 	// failed counts records of the open Kafka transaction that failed: a
 	// transactional producer still commits the others, so Commit must
 	// refuse to (exactly-once mode).
 	failed atomic.Int64
-	topics *topics // missing topics: created, or their records held
+	// begun is when the open Kafka transaction began (Unix nanoseconds):
+	// classifyTxn tells the coordinator's timeout abort from fencing by it.
+	begun atomic.Int64
+	// probeOpen: a probe's abort failed, so the client may still be inside
+	// its transaction; the next probe aborts it first.
+	probeOpen atomic.Bool
+	topics    *topics // missing topics: created, or their records held
 }
 
 // New builds the producer. It does not contact the brokers: a broker that is
@@ -79,7 +94,7 @@ func New(cfg Config) (*Sink, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Sink{manual: context.WithValue(context.Background(), manualKey{}, true), txn: cfg.Transactional}
+	s := &Sink{manual: context.WithValue(context.Background(), manualKey{}, true)}
 	s.maxBatch = int(cfg.MaxMessageBytes)
 	if s.maxBatch == 0 {
 		s.maxBatch = 1000012
@@ -111,9 +126,10 @@ func New(cfg Config) (*Sink, error) {
 		opts = append(opts, kgo.WithLogger(logger{cfg.Logger}))
 	}
 	if t := cfg.Transactional; t != nil {
-		opts = append(opts, kgo.TransactionalID(t.ID), kgo.TransactionTimeout(t.Timeout))
+		s.txn = &Transactional{ID: t.ID, Timeout: t.Timeout}
 	}
-	s.opts = append(opts, cfg.Opts...)
+	s.base, s.extra = opts, cfg.Opts
+	s.opts = s.buildOpts()
 	client, err := kgo.NewClient(s.opts...)
 	if err != nil {
 		return nil, fmt.Errorf("kafka: %w", err)
@@ -126,6 +142,43 @@ func New(cfg Config) (*Sink, error) {
 
 func (s *Sink) cl() *kgo.Client { return s.client.Load() }
 
+// buildOpts is the client's options: the base ones, the transactional id
+// (once known) and the caller's extra options.
+func (s *Sink) buildOpts() []kgo.Opt {
+	opts := append([]kgo.Opt(nil), s.base...)
+	if s.txn != nil && s.txn.ID != "" {
+		opts = append(opts, kgo.TransactionalID(s.txn.ID), kgo.TransactionTimeout(s.txn.Timeout))
+	}
+	return append(opts, s.extra...)
+}
+
+// TransactionalID is the producer's transactional id ("" unless
+// exactly-once, or while it is deferred).
+func (s *Sink) TransactionalID() string {
+	if s.txn == nil {
+		return ""
+	}
+	return s.txn.ID
+}
+
+// useTransactionalID makes id the producer's transactional id, replacing
+// the client if it had another (or none). It runs before the first
+// transaction (InitTransactions, UseCheckpoints): the old client has
+// produced nothing.
+func (s *Sink) useTransactionalID(id string) error {
+	if s.txn == nil || id == "" || id == s.txn.ID {
+		return nil
+	}
+	s.txn = &Transactional{ID: id, Timeout: s.txn.Timeout}
+	s.opts = s.buildOpts()
+	client, err := kgo.NewClient(s.opts...)
+	if err != nil {
+		return fmt.Errorf("kafka: %w", err)
+	}
+	s.client.Swap(client).Close()
+	return nil
+}
+
 // Produce hands rec to the producer; done runs when Kafka has acked it, or
 // with a sink.Error saying how to handle the failure. The first record of a
 // topic waits until the topic exists (topics.go).
@@ -134,7 +187,7 @@ func (s *Sink) Produce(ctx context.Context, rec *router.Record, done func(error)
 	cb := func(_ *kgo.Record, err error) {
 		if err != nil {
 			s.failed.Add(1)
-			err = classify(err, s.txn != nil)
+			err = s.classifyTxn(err)
 		}
 		done(err)
 	}

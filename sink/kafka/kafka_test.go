@@ -29,6 +29,7 @@ func newCluster(t *testing.T) *kfake.Cluster {
 func newSink(t *testing.T, c *kfake.Cluster, cfg Config) *Sink {
 	t.Helper()
 	cfg.Brokers = c.ListenAddrs()
+	cfg.Topics.Create = true // outboxd's default (--create-topics)
 	s, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -10,7 +10,7 @@ import (
 // README: the producer is idempotent with acks=all, in both delivery modes
 // (read back from the client as built, without a broker).
 func TestProducerIdempotentAcksAll(t *testing.T) {
-	for _, txn := range []*Transactional{nil, {ID: TransactionalID("s"), Timeout: time.Minute}} {
+	for _, txn := range []*Transactional{nil, {ID: TransactionalID(DefaultTransactionalIDPrefix, "7212345678901234567", "s"), Timeout: time.Minute}} {
 		s, err := New(Config{Brokers: []string{"127.0.0.1:1"}, Transactional: txn})
 		if err != nil {
 			t.Fatal(err)
@@ -23,8 +23,8 @@ func TestProducerIdempotentAcksAll(t *testing.T) {
 			t.Errorf("transactional=%v: DisableIdempotentWrite %v, want false (idempotent)", txn != nil, got)
 		}
 		if txn != nil {
-			if got := cl.OptValue(kgo.TransactionalID); got != "outboxd.s" {
-				t.Errorf("TransactionalID %v, want outboxd.s", got)
+			if got := cl.OptValue(kgo.TransactionalID); got != "outboxd.7212345678901234567.s" {
+				t.Errorf("TransactionalID %v, want outboxd.7212345678901234567.s", got)
 			}
 		}
 		cl.Close()

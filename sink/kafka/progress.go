@@ -2,12 +2,10 @@ package kafka
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -41,16 +39,10 @@ func (t ProgressStore) WriteProgress(ctx context.Context, v []byte) error {
 // String names the record, for logs and errors.
 func (t ProgressStore) String() string { return "topic " + t.Topic + ", key " + t.Key }
 
-// EnsureProgressTopic creates the compacted progress topic if it is missing.
+// EnsureProgressTopic creates the compacted progress topic if it is missing
+// and --create-topics allows it (ensureOwnTopic).
 func (s *Sink) EnsureProgressTopic(ctx context.Context, p Progress) error {
-	resp, err := kadm.NewClient(s.cl()).CreateTopic(ctx, 1, -1, map[string]*string{"cleanup.policy": ptr("compact")}, p.Topic)
-	if err == nil {
-		err = resp.Err
-	}
-	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
-		return fmt.Errorf("kafka: create progress topic %s: %w", p.Topic, err)
-	}
-	return nil
+	return s.ensureOwnTopic(ctx, p.Topic, "progress")
 }
 
 // WriteProgress stores value as the slot's latest progress record.

@@ -27,7 +27,10 @@ import (
 
 // TopicConfig is how the sink creates missing topics.
 type TopicConfig struct {
-	Create            bool              // create missing topics (--create-topics)
+	// Create: create missing topics (--create-topics), outboxd's own
+	// compacted checkpoint and progress topics included (with Create
+	// false, those must exist: outboxd says how to create them).
+	Create            bool
 	Partitions        int32             // -1: the broker's num.partitions
 	ReplicationFactor int16             // -1: the broker's default.replication.factor
 	Configs           map[string]string // configs of created topics (--topic-config)

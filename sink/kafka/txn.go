@@ -26,11 +26,31 @@ type Checkpoints struct {
 	// believed: a checkpoint skips events, so one the server cannot have
 	// produced (beyond its WAL, say) must stop outboxd, not silence it.
 	Check func(ctx context.Context, lsn string) error
+	// MessagePrefix is --message-prefix: a split checkpoint (X/Y+N) counts
+	// the transaction's events, and logical messages count as events only
+	// under the prefix, so N means other events under another one. Each
+	// checkpoint record carries it (header outboxd.message_prefix).
+	MessagePrefix string
+	// TransactionalID, when set, becomes the producer's transactional id
+	// (TransactionalID: it names the PostgreSQL system, which is known only
+	// once PostgreSQL answered).
+	TransactionalID string
 }
 
-// TransactionalID derives the producer's transactional id from the slot, so
-// a second outboxd on the same slot fences the first.
-func TransactionalID(slot string) string { return "outboxd." + slot }
+// DefaultTransactionalIDPrefix starts every transactional id outboxd uses
+// (--transactional-id-prefix): the prefix a prefixed Kafka ACL names.
+const DefaultTransactionalIDPrefix = "outboxd."
+
+// TransactionalID is the producer's transactional id for a slot of one
+// PostgreSQL system: prefix, system identifier, ".", slot
+// (outboxd.7212345678901234567.outboxd). A second outboxd on the same slot
+// of the same database fences the first, as it must; outboxd instances of
+// other databases that use the same slot name (the default one, say) and
+// share the Kafka cluster never fence each other. Earlier versions used
+// outboxd.<slot>: docs/exactly-once.md says how to upgrade.
+func TransactionalID(prefix, systemID, slot string) string {
+	return prefix + systemID + "." + slot
+}
 
 // InitTransactions registers the transactional id with the coordinator now
 // rather than at the first record: that aborts whatever a previous instance
@@ -39,13 +59,11 @@ func TransactionalID(slot string) string { return "outboxd." + slot }
 // It also records where the checkpoints live, for Commit and LoadCheckpoint.
 func (s *Sink) InitTransactions(ctx context.Context, cp Checkpoints) error {
 	s.cp = cp
-	adm := kadm.NewClient(s.cl())
-	resp, err := adm.CreateTopic(ctx, 1, -1, map[string]*string{"cleanup.policy": ptr("compact")}, cp.Topic)
-	if err == nil {
-		err = resp.Err
+	if err := s.useTransactionalID(cp.TransactionalID); err != nil {
+		return err
 	}
-	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
-		return denied(fmt.Errorf("kafka: create checkpoint topic %s: %w", cp.Topic, err))
+	if err := s.ensureOwnTopic(ctx, cp.Topic, "checkpoint"); err != nil {
+		return denied(err)
 	}
 	if _, _, err := s.cl().ProducerID(ctx); err != nil {
 		return classify(fmt.Errorf("kafka: init transactional producer: %w", err), true)
@@ -56,7 +74,10 @@ func (s *Sink) InitTransactions(ctx context.Context, cp Checkpoints) error {
 // UseCheckpoints records where the checkpoints live without registering
 // the transactional id (InitTransactions does both): for an instance that
 // stands by, whose Reset registers it once it holds the slot.
-func (s *Sink) UseCheckpoints(cp Checkpoints) { s.cp = cp }
+func (s *Sink) UseCheckpoints(cp Checkpoints) error {
+	s.cp = cp
+	return s.useTransactionalID(cp.TransactionalID)
+}
 
 // Reset replaces the producer with a new one under the same transactional
 // id, after a transaction could not be committed or aborted cleanly (Kafka
@@ -104,6 +125,7 @@ func untilKafkaAnswers(ctx context.Context, fn func() error, what string) error 
 // Begin opens a Kafka transaction.
 func (s *Sink) Begin() error {
 	s.failed.Store(0)
+	s.begun.Store(time.Now().UnixNano())
 	return classify(s.cl().BeginTransaction(), true)
 }
 
@@ -127,13 +149,14 @@ func (s *Sink) Commit(ctx context.Context, at sink.Checkpoint) error {
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 		defer cancel()
 		s.Abort(actx)
-		return classify(fmt.Errorf("kafka: commit transaction: %w", err), true)
+		return s.classifyTxn(fmt.Errorf("kafka: commit transaction: %w", err))
 	}
 	return nil
 }
 
 func (s *Sink) commit(ctx context.Context, at sink.Checkpoint) error {
-	rec := &kgo.Record{Topic: s.cp.Topic, Key: []byte(s.cp.Key), Value: []byte(at.String())}
+	rec := &kgo.Record{Topic: s.cp.Topic, Key: []byte(s.cp.Key), Value: []byte(at.String()),
+		Headers: []kgo.RecordHeader{{Key: prefixHeader, Value: []byte(s.cp.MessagePrefix)}}}
 	if err := s.produceWithin(ctx, rec); err != nil {
 		return err
 	}
@@ -156,10 +179,15 @@ func (s *Sink) produceWithin(ctx context.Context, rec *kgo.Record) error {
 
 // Abort drops the open transaction and its buffered records. Should it not
 // complete (Kafka unreachable), the caller resets the producer.
-func (s *Sink) Abort(ctx context.Context) {
+func (s *Sink) Abort(ctx context.Context) { _ = s.abort(ctx) }
+
+func (s *Sink) abort(ctx context.Context) error {
 	s.topics.failPending(errors.New("kafka: transaction aborted"))
-	_ = s.cl().AbortBufferedRecords(ctx)
-	_ = s.cl().EndTransaction(ctx, kgo.TryAbort)
+	err := s.cl().AbortBufferedRecords(ctx)
+	if e := s.cl().EndTransaction(ctx, kgo.TryAbort); err == nil {
+		err = e
+	}
+	return err
 }
 
 // LoadCheckpoint reads the checkpoint topic (as given to InitTransactions)
@@ -173,6 +201,16 @@ func (s *Sink) LoadCheckpoint(ctx context.Context) (sink.Checkpoint, error) {
 	c, err := sink.ParseCheckpoint(text)
 	if err != nil {
 		return sink.Checkpoint{}, fmt.Errorf("kafka: checkpoint %q in %s: %w", text, s.cp.Topic, err)
+	}
+	if prefix, known := s.lastPrefix, s.lastPrefixKnown; c.Events > 0 && known && prefix != s.cp.MessagePrefix {
+		// The count names other events now: skip none of the split
+		// transaction's rather than the wrong ones (duplicates, never a
+		// loss).
+		if s.log != nil {
+			s.log.Warn("exactly-once: the checkpoint splits a transaction, counting its events under another --message-prefix; its first events are sent again",
+				"checkpoint", text, "checkpoint_message_prefix", prefix, "message_prefix", s.cp.MessagePrefix)
+		}
+		c.Events = 0
 	}
 	return c, nil
 }
@@ -201,19 +239,24 @@ func (s *Sink) loadCheckpoint(ctx context.Context, cp Checkpoints) (string, erro
 		return "", nil
 	}
 	// Every checkpoint of this slot lies below those end offsets: its own
-	// transactions are over (InitTransactions and Reset abort an open one).
-	// read_committed holds a record back until every transaction that began
-	// before it has ended, so on a topic shared by several slots another
-	// slot's open transaction hides this slot's newest checkpoint for as long
-	// as it stays open (at most its transaction timeout). So read until the
-	// record just below the end arrives, however long that takes; never
-	// stop on a quiet spell. Control records are kept for that: a
-	// transaction's last record is its commit or abort marker, so the
-	// record at end-1 always arrives, also after an aborted transaction.
+	// transactions are over (InitTransactions and Reset abort an open one,
+	// and the coordinator writes the abort markers before it answers). The
+	// topic is read uncommitted, markers included, and this slot's records
+	// are believed at their producer's commit marker: a read_committed read
+	// would wait for every transaction that began before this slot's newest
+	// checkpoint to end, another slot's (on a topic shared by several) and a
+	// hanging one (a transaction whose marker never reached the partition,
+	// which Kafka can leave after a broker stops during a commit) included:
+	// for as long as it stays open, or forever. Only this slot's own
+	// transactional id writes its key, so a record of the key with no
+	// marker after it is this slot's own hanging transaction: it is not
+	// believed (at worst its events are sent again, never skipped) and it
+	// is aborted, as kafka-transactions.sh abort does, so that
+	// read_committed readers of the partition get past it too.
 	opts := append([]kgo.Opt{
 		kgo.ConsumeTopics(cp.Topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.FetchIsolationLevel(kgo.ReadUncommitted()),
 		kgo.KeepControlRecords(),
 		kgo.FetchMaxWait(200 * time.Millisecond),
 	}, s.conn...)
@@ -222,7 +265,15 @@ func (s *Sink) loadCheckpoint(ctx context.Context, cp Checkpoints) (string, erro
 		return "", err
 	}
 	defer cl.Close()
-	last, start, warned, settled := "", time.Now(), false, 0
+	type open struct {
+		value  string
+		prefix []byte // the prefix header, nil if none
+		epoch  int16
+		part   int32
+		offset int64
+	}
+	last, pending, settled := "", map[int64]open{}, 0 // pending: producer id → this key's value in its open transaction
+	var lastPrefix []byte
 	for len(want) > 0 {
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
 		fetches := cl.PollFetches(pctx)
@@ -244,25 +295,98 @@ func (s *Sink) loadCheckpoint(ctx context.Context, cp Checkpoints) (string, erro
 		}
 		settled = 0
 		fetches.EachRecord(func(r *kgo.Record) {
-			if !r.Attrs.IsControl() && string(r.Key) == cp.Key {
-				last = string(r.Value)
+			switch {
+			case r.Attrs.IsControl():
+				if o, ok := pending[r.ProducerID]; ok && o.part == r.Partition {
+					if isCommitMarker(r.Key) {
+						last, lastPrefix = o.value, o.prefix
+					}
+					delete(pending, r.ProducerID)
+				}
+			case string(r.Key) != cp.Key:
+			case r.Attrs.IsTransactional():
+				pending[r.ProducerID] = open{value: string(r.Value), prefix: header(r, prefixHeader), epoch: r.ProducerEpoch, part: r.Partition, offset: r.Offset}
+			default:
+				last, lastPrefix = string(r.Value), nil // an operator's record (a tombstone, say)
 			}
 			if end, ok := want[r.Partition]; ok && r.Offset >= end-1 {
 				delete(want, r.Partition)
 			}
 		})
-		if len(want) > 0 && !warned && time.Since(start) > 5*time.Second && s.log != nil {
-			warned = true
-			s.log.Warn("waiting to read the checkpoint topic to its end: an open transaction (another slot's, if the topic is shared) holds read_committed back until it ends; a topic per slot (--checkpoint-topic) avoids the wait",
-				"topic", cp.Topic, "until_offsets", fmt.Sprint(want))
-		}
+	}
+	for pid, o := range pending {
+		s.abortHanging(ctx, adm, cp.Topic, pid, o.epoch, o.part, o.offset)
 	}
 	if last != "" && cp.Check != nil {
 		if err := cp.Check(ctx, last); err != nil {
 			return "", err
 		}
 	}
+	s.lastPrefix, s.lastPrefixKnown = string(lastPrefix), lastPrefix != nil
 	return last, nil
+}
+
+// prefixHeader carries Checkpoints.MessagePrefix on each checkpoint record.
+const prefixHeader = "outboxd.message_prefix"
+
+// header is the value of r's header key, nil if it has none.
+func header(r *kgo.Record, key string) []byte {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			if h.Value == nil {
+				return []byte{}
+			}
+			return h.Value
+		}
+	}
+	return nil
+}
+
+// isCommitMarker reports whether a control record's key (version, type) is
+// a commit marker; type 0 is an abort.
+func isCommitMarker(key []byte) bool {
+	return len(key) >= 4 && key[2] == 0 && key[3] == 1
+}
+
+// abortHanging aborts this slot's own hanging transaction on the checkpoint
+// partition: a transaction of its transactional id that the coordinator no
+// longer has open (InitTransactions and Reset ended every open one) but
+// whose marker never reached the partition. It writes the abort marker
+// through the admin API, as kafka-transactions.sh abort does; should that
+// fail, it says how to do it by hand.
+func (s *Sink) abortHanging(ctx context.Context, adm *kadm.Client, topic string, pid int64, epoch int16, part int32, offset int64) {
+	manual := fmt.Sprintf("kafka-transactions.sh --bootstrap-server %s find-hanging --topic %s --partition %d; kafka-transactions.sh --bootstrap-server %s abort --topic %s --partition %d --start-offset %d",
+		s.topics.bootstrap(), topic, part, s.topics.bootstrap(), topic, part, offset)
+	coordEpoch := int32(-1)
+	if d, err := adm.DescribeProducers(ctx, kadm.TopicsSet{topic: {part: {}}}); err == nil {
+		d.EachProducer(func(p kadm.DescribedProducer) {
+			if p.Partition == part && p.ProducerID == pid && p.CurrentTxnStartOffset >= 0 {
+				coordEpoch, epoch = p.CoordinatorEpoch, p.ProducerEpoch
+			}
+		})
+	}
+	err := errors.New("the partition does not list the transaction as open")
+	if coordEpoch >= 0 {
+		var resp kadm.TxnMarkersResponses
+		resp, err = adm.WriteTxnMarkers(ctx, kadm.TxnMarkers{ProducerID: pid, ProducerEpoch: epoch, CoordinatorEpoch: coordEpoch, Topics: kadm.TopicsSet{topic: {part: {}}}})
+		if err == nil {
+			resp.EachPartition(func(p kadm.TxnMarkersPartitionResponse) {
+				if p.Err != nil && err == nil {
+					err = p.Err
+				}
+			})
+		}
+	}
+	if s.log == nil {
+		return
+	}
+	if err != nil {
+		s.log.Error("kafka: a hanging transaction of this slot's transactional id holds the checkpoint partition (its records are not believed); abort it by hand",
+			"topic", topic, "partition", part, "producer_id", pid, "start_offset", offset, "err", err, "fix", manual)
+		return
+	}
+	s.log.Warn("kafka: aborted a hanging transaction of this slot's transactional id on the checkpoint partition (its checkpoint is not believed: at worst its events are sent again)",
+		"topic", topic, "partition", part, "producer_id", pid, "producer_epoch", epoch, "start_offset", offset)
 }
 
 // stable reports whether the last stable offset of every partition in want
@@ -289,13 +413,28 @@ func ptr(s string) *string { return &s }
 // the probe; the record is produced for real when the relay streams on.
 func (s *Sink) Probe(ctx context.Context, rec *router.Record) error {
 	if s.txn != nil {
+		if s.probeOpen.Load() {
+			if err := s.abort(ctx); err != nil {
+				return classify(fmt.Errorf("kafka: abort the previous probe's transaction: %w", err), true)
+			}
+			s.probeOpen.Store(false)
+		}
 		if err := s.Begin(); err != nil {
 			return err
 		}
 		defer func() {
 			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
-			s.Abort(actx)
+			if err := s.abort(actx); err != nil {
+				// The client is still inside the transaction: every later
+				// Begin would fail, and the hold would never end. The next
+				// probe aborts it first. (Not a new producer: a hold has
+				// no slot, and only the slot's holder may fence.)
+				s.probeOpen.Store(true)
+				if s.log != nil {
+					s.log.Warn("kafka: the probe's transaction could not be aborted; the next probe aborts it first", "err", err)
+				}
+			}
 		}()
 	}
 	done := make(chan error, 1)

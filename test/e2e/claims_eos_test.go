@@ -10,9 +10,9 @@ import (
 )
 
 // README's exactly-once mode: the producer's transactional id is
-// outboxd.<slot> (a producer registering that id fences outboxd, which then
-// exits rather than commit), and the checkpoint topic is created compacted
-// with one partition.
+// outboxd.<system identifier>.<slot> (a producer registering that id fences
+// outboxd, which then exits rather than commit), and the checkpoint topic is
+// created compacted with one partition.
 func TestExactlyOnceTransactionalIDAndCheckpointTopic(t *testing.T) {
 	f := newFixture(t)
 	cp := "cp." + f.agg
@@ -44,13 +44,21 @@ func TestExactlyOnceTransactionalIDAndCheckpointTopic(t *testing.T) {
 		t.Fatalf("checkpoint topic cleanup.policy %q, want compact", policy)
 	}
 
-	// Another producer with transactional id outboxd.<slot> commits a
+	// Another producer with outboxd's transactional id commits a
 	// transaction: outboxd's producer epoch is fenced.
+	var sysid string
+	if err := f.conn.QueryRow(f.ctx, `SELECT system_identifier::text FROM pg_control_system()`).Scan(&sysid); err != nil {
+		t.Fatal(err)
+	}
+	id := "outboxd." + sysid + "." + f.slot
+	if !strings.Contains(r.Log(), "transactional_id="+id) {
+		t.Fatalf("log does not name transactional_id=%s:\n%s", id, tailString(r.Log(), 3000))
+	}
 	opts, err := f.kafka.ClientOpts()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl, err := kgo.NewClient(append(opts, kgo.TransactionalID("outboxd."+f.slot), kgo.DefaultProduceTopic(f.topic()))...)
+	cl, err := kgo.NewClient(append(opts, kgo.TransactionalID(id), kgo.DefaultProduceTopic(f.topic()))...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +77,7 @@ func TestExactlyOnceTransactionalIDAndCheckpointTopic(t *testing.T) {
 	defer cancel()
 	code, err := r.Wait(ctx)
 	if err != nil {
-		t.Fatalf("outboxd kept running after its transactional id outboxd.%s was taken: %v", f.slot, err)
+		t.Fatalf("outboxd kept running after its transactional id %s was taken: %v", id, err)
 	}
 	if code == 0 || !strings.Contains(strings.ToLower(r.Log()), "fenced") {
 		t.Fatalf("exit code %d; want non-zero, fenced:\n%s", code, tailString(r.Log(), 3000))

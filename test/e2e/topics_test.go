@@ -67,6 +67,11 @@ func TestMissingTopicHeld(t *testing.T) {
 		t.Skip("needs a broker that does not auto-create topics")
 	}
 	f := newFixture(t, withKafka(k))
+	// outboxd's own progress topic follows the flag too: the operator
+	// made it (compacted, one partition), as outboxd's error says.
+	if _, err := f.admin().CreateTopic(f.ctx, 1, -1, map[string]*string{"cleanup.policy": kadm.StringPtr("compact")}, "outboxd.progress"); err != nil {
+		t.Fatal(err)
+	}
 	r := f.startRelay("--create-topics=false")
 	before := f.slotState().ConfirmedFlushLSN
 	end := f.commit(event{1, "a", "E", `{"held": true}`})

@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxd/outboxd"
 	"github.com/outboxd/outboxd/sink/kafka"
 	"github.com/outboxd/outboxd/test/harness"
 )
@@ -70,7 +72,12 @@ func (w *world) clusterFault(kind faultKind) (string, error) {
 		if !w.mode.transactional {
 			return "", fmt.Errorf("%s needs -mode exactly-once", kind)
 		}
-		nd, err := c.TxnCoordinator(ctx, kafka.TransactionalID(slotName))
+		key, err := outboxd.CheckpointKey(ctx, w.dsn, slotName) // "<system id>/<slot>"
+		if err != nil {
+			return "", err
+		}
+		sys, _, _ := strings.Cut(key, "/")
+		nd, err := c.TxnCoordinator(ctx, kafka.TransactionalID(kafka.DefaultTransactionalIDPrefix, sys, slotName))
 		if err != nil {
 			return "", err
 		}

@@ -154,6 +154,13 @@ func buildCorpus(orderEvents int) *corpus {
 	dbz("default-layout", "Customer", "c-1", "CustomerCreated", `{"name": "Ada"}`)
 	dbz("unicode-payload", "Order", "order-ü", "OrderCreated", `{"name": "Zoë ✓ 日本語 😀", "ключ": "значение"}`)
 	dbz("escaped-payload", "Order", `order-"q"\1`, "OrderCreated", `{"s": "quote \" backslash \\ newline \n tab \t ctl \u0001 slash /", "html": "<a href='x'>&amp;</a>"}`)
+	// Keys whose JSON bytes Jackson and encoding/json disagree on (beyond
+	// the BMP, U+2028/U+2029, control characters): under key.format
+	// json-string they must be Debezium's bytes, or they hash to another
+	// partition.
+	dbz("jackson-key-escapes", "Order", "order-😀", "OrderCreated", `{"k": 1}`)
+	dbz("jackson-key-escapes", "Order", "order-\u2028\u2029", "OrderCreated", `{"k": 2}`)
+	dbz("jackson-key-escapes", "Order", "order-\x1f\x01\t", "OrderCreated", `{"k": 3}`)
 	dbz("large-payload", "Order", "order-big", "OrderCreated", `{"blob": "`+strings.Repeat("0123456789abcdef", 300_000/16)+`"}`)
 	dbz("null-payload", "Order", "order-null", "OrderCreated", nil)
 	dbz("empty-object-array", "Order", "order-e", "OrderCreated", `{}`)
