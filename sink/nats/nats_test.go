@@ -327,3 +327,19 @@ func TestProgressStoreRoundTrip(t *testing.T) {
 	}
 	_ = errors.New
 }
+
+// Topics whose stream names collide (a.b and a_b) are not silently sent
+// to a stream that does not capture them: the second is rejected, saying
+// why.
+func TestStreamNameCollisionRejected(t *testing.T) {
+	srv := harness.NATSForTest(t)
+	ctx := ctxFor(t)
+	s := newSink(t, srv, natssink.Config{CreateStreams: true})
+	if err := s.Check(ctx, record("col.x", "k", "1", []byte("x"))); err != nil {
+		t.Fatal(err)
+	}
+	err := s.Check(ctx, record("col_x", "k", "2", []byte("x")))
+	if sink.KindOf(err) != sink.Rejected || !strings.Contains(fmt.Sprint(err), "stream col_x exists but does not capture col_x") {
+		t.Fatalf("colliding topic: %v (kind %v)", err, sink.KindOf(err))
+	}
+}

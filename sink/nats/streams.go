@@ -31,7 +31,7 @@ type streamCache struct {
 }
 
 // errNoStream is the lookup's answer for a topic no stream captures.
-var errNoStream = errors.New("no stream captures the subject")
+var errNoStream = errors.New("no JetStream stream captures subject")
 
 // get returns the topic's stream, looking it up (and creating it, with
 // CreateStreams) the first time.
@@ -47,9 +47,15 @@ func (c *streamCache) get(ctx context.Context, topic, subject string) (stream, e
 	name, err := c.s.js.StreamNameBySubject(ctx, subject)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		if !c.s.cfg.CreateStreams {
-			return stream{}, errNoStream
+			return stream{}, fmt.Errorf("%w %s: create one (nats stream add --subjects '%s,%s.>'), or run with --nats-create-streams", errNoStream, subject, topic, topic)
 		}
-		name, err = c.s.createStream(ctx, topic)
+		if name, err = c.s.createStream(ctx, topic); err == nil {
+			// A stream of that name may exist already with other subjects
+			// (topics a.b and a_b share a name): it must capture this one.
+			if got, lerr := c.s.js.StreamNameBySubject(ctx, subject); lerr != nil || got != name {
+				return stream{}, fmt.Errorf("%w %s: stream %s exists but does not capture %s: add the subject to it, or create a stream for it", errNoStream, subject, name, subject)
+			}
+		}
 	}
 	if err != nil {
 		return stream{}, err
@@ -121,7 +127,7 @@ func (s *Sink) Check(ctx context.Context, rec *router.Record) error {
 	st, err := s.streams.get(ctx, rec.Topic, subject)
 	switch {
 	case errors.Is(err, errNoStream):
-		return &sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("no JetStream stream captures subject %s: create one (nats stream add --subjects '%s,%s.>'), or run with --nats-create-streams", subject, rec.Topic, rec.Topic)}
+		return &sink.Error{Kind: sink.Rejected, Err: err}
 	case err != nil:
 		return nil // unknown yet: the publish fails and holds if the server is down
 	case st.maxMsgSize > 0 && size > int(st.maxMsgSize):
