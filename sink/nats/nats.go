@@ -190,8 +190,15 @@ func (s *Sink) Produce(ctx context.Context, rec *router.Record, done func(error)
 	m := s.Message(rec)
 	stream, err := s.streams.lookup(ctx, rec.Topic, m.Subject)
 	if err != nil {
-		s.fail(&sink.Error{Kind: sink.Transient, Err: err})
-		done(&sink.Error{Kind: sink.Transient, Err: err})
+		// No stream is a rejection here rather than in Check: the relay
+		// then retries the event alone with backoff (--on-invalid fail) and
+		// streams on as soon as someone creates the stream.
+		kind := sink.Transient
+		if errors.Is(err, errNoStream) {
+			kind = sink.Rejected
+		}
+		s.fail(err)
+		done(&sink.Error{Kind: kind, Err: err})
 		return
 	}
 	id := m.Header.Get(jetstream.MsgIDHeader)

@@ -159,7 +159,6 @@ func TestCheckRejects(t *testing.T) {
 		want string // "" accepted
 	}{
 		{"fits", record("small", "k", "1", make([]byte, 900)), ""},
-		{"no stream", record("nostream", "k", "2", []byte("x")), "no JetStream stream captures subject nostream.k"},
 		{"stream max_msg_size", record("small", "k", "3", make([]byte, 1024)), "max_msg_size 1024"},
 		{"server max_payload", record("small", "k", "4", make([]byte, 9000)), "max_payload 8192"},
 		{"wildcard key", record("small", "a*", "5", []byte("x")), ""},
@@ -172,6 +171,24 @@ func TestCheckRejects(t *testing.T) {
 		case c.want != "" && (sink.KindOf(err) != sink.Rejected || !strings.Contains(fmt.Sprint(err), c.want)):
 			t.Errorf("%s: got %v (kind %v), want a rejection saying %q", c.name, err, sink.KindOf(err), c.want)
 		}
+	}
+	// No stream: the publish is rejected (so the relay retries it alone,
+	// and streams on once the stream exists).
+	rec := record("nostream", "k", "2", []byte("x"))
+	if err := s.Check(ctx, rec); err != nil {
+		t.Fatalf("Check of a topic without a stream: %v", err)
+	}
+	if err := s.Probe(ctx, rec); sink.KindOf(err) != sink.Rejected || !strings.Contains(fmt.Sprint(err), "no JetStream stream captures subject nostream.k") {
+		t.Fatalf("publish without a stream: %v (kind %v)", err, sink.KindOf(err))
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "nostream", Subjects: []string{"nostream.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // the first is refused by the fence the rejection raised
+		err = s.Probe(ctx, rec)
+	}
+	if err != nil {
+		t.Fatalf("publish once the stream exists: %v", err)
 	}
 }
 
@@ -338,7 +355,11 @@ func TestStreamNameCollisionRejected(t *testing.T) {
 	if err := s.Check(ctx, record("col.x", "k", "1", []byte("x"))); err != nil {
 		t.Fatal(err)
 	}
-	err := s.Check(ctx, record("col_x", "k", "2", []byte("x")))
+	rec := record("col_x", "k", "2", []byte("x"))
+	if err := s.Check(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	err := s.Probe(ctx, rec)
 	if sink.KindOf(err) != sink.Rejected || !strings.Contains(fmt.Sprint(err), "stream col_x exists but does not capture col_x") {
 		t.Fatalf("colliding topic: %v (kind %v)", err, sink.KindOf(err))
 	}

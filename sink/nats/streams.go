@@ -111,10 +111,11 @@ func (s *Sink) createStream(ctx context.Context, topic string) (string, error) {
 }
 
 // Check says, before the record is published, whether JetStream would
-// refuse it for good: an invalid subject, no stream for it (without
-// CreateStreams), or a message larger than the server's max_payload or the
-// stream's max_msg_size. An unreachable server is no verdict: the publish
-// will fail and hold instead.
+// refuse it for good: an invalid subject, or a message larger than the
+// server's max_payload or the stream's max_msg_size. It creates the topic's
+// stream if it is missing (CreateStreams). A topic without a stream is
+// rejected by Produce instead, and an unreachable server is no verdict: the
+// publish will fail and hold.
 func (s *Sink) Check(ctx context.Context, rec *router.Record) error {
 	subject := s.Subject(rec)
 	if err := validSubject(subject); err != nil {
@@ -126,10 +127,11 @@ func (s *Sink) Check(ctx context.Context, rec *router.Record) error {
 	}
 	st, err := s.streams.get(ctx, rec.Topic, subject)
 	switch {
-	case errors.Is(err, errNoStream):
-		return &sink.Error{Kind: sink.Rejected, Err: err}
 	case err != nil:
-		return nil // unknown yet: the publish fails and holds if the server is down
+		// No stream (Produce rejects the event, so the relay retries it
+		// until one exists), or unknown yet (the server is down: the
+		// publish fails and holds).
+		return nil
 	case st.maxMsgSize > 0 && size > int(st.maxMsgSize):
 		return &sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("the message is %d bytes with its headers, more than stream %s's max_msg_size %d: raise it, or use --on-invalid dead-letter", size, st.name, st.maxMsgSize)}
 	}
