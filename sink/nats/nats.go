@@ -188,6 +188,18 @@ const KeyHeader = "Outboxd-Key"
 // sink.Error saying how to handle the failure.
 func (s *Sink) Produce(ctx context.Context, rec *router.Record, done func(error)) {
 	m := s.Message(rec)
+	// send keeps the socket's order the order of last; mu is never held
+	// while nats.go's publisher lock is taken (its timeout callback holds
+	// that lock and takes mu).
+	s.send.Lock()
+	defer s.send.Unlock()
+	s.mu.Lock()
+	err := s.admit()
+	s.mu.Unlock()
+	if err != nil {
+		done(err)
+		return
+	}
 	stream, err := s.streams.lookup(ctx, rec.Topic, m.Subject)
 	if err != nil {
 		// No stream is a rejection here rather than in Check: the relay
@@ -202,17 +214,7 @@ func (s *Sink) Produce(ctx context.Context, rec *router.Record, done func(error)
 		return
 	}
 	id := m.Header.Get(jetstream.MsgIDHeader)
-	// send keeps the socket's order the order of last; mu is never held
-	// while nats.go's publisher lock is taken (its timeout callback holds
-	// that lock and takes mu).
-	s.send.Lock()
-	defer s.send.Unlock()
 	s.mu.Lock()
-	if err := s.admit(); err != nil {
-		s.mu.Unlock()
-		done(err)
-		return
-	}
 	if prev := s.last[stream]; prev != "" {
 		m.Header[jetstream.ExpectedLastMsgIDHeader] = []string{prev}
 	}
