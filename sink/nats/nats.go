@@ -129,6 +129,11 @@ func New(cfg Config) (*Sink, error) {
 		// No reconnect buffer: a publish made while disconnected fails at
 		// once instead of being sent later, behind publishes that failed.
 		nats.ReconnectBufSize(-1),
+		// A connection that died silently (a cut network) is noticed after
+		// two unanswered pings, ~10 s, instead of nats.go's 2-minute pings;
+		// its publishes then fail and are replayed.
+		nats.PingInterval(5 * time.Second),
+		nats.MaxPingsOutstanding(2),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				s.log.Warn("nats: disconnected", "err", err)
