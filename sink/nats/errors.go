@@ -46,7 +46,10 @@ func classify(err error) error {
 	case errors.Is(err, nats.ErrBadSubject):
 		return &sink.Error{Kind: sink.Rejected, Err: err}
 	}
-	return &sink.Error{Kind: sink.Transient, Err: fmt.Errorf("nats: publish: %w", err)}
+	if errors.Is(err, nats.ErrReconnectBufExceeded) { // nats.go's way of saying: not connected, and no buffer
+		err = fmt.Errorf("nats: not connected to the server: %w", err)
+	}
+	return &sink.Error{Kind: sink.Transient, Err: fmt.Errorf("publish: %w", err)}
 }
 
 // isNoStream reports a publish no stream answered: no stream captures the

@@ -304,8 +304,11 @@ func (s *Sink) failed(_ jetstream.JetStream, m *nats.Msg, err error) {
 // Ping checks that the server answers and JetStream is enabled for the
 // account.
 func (s *Sink) Ping(ctx context.Context) error {
+	if !s.nc.IsConnected() {
+		return fmt.Errorf("nats: not connected to %s (%s)", redactURL(s.cfg.URL), s.nc.Status())
+	}
 	if _, err := s.js.AccountInfo(ctx); err != nil {
-		return fmt.Errorf("nats: %w", err)
+		return fmt.Errorf("nats: JetStream does not answer on %s: %w", redactURL(s.cfg.URL), err)
 	}
 	return nil
 }
