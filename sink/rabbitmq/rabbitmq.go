@@ -78,6 +78,9 @@ type Config struct {
 	// DialTimeout bounds one connection attempt (10s).
 	DialTimeout time.Duration
 	Logger      *slog.Logger
+	// Held, if set, hears that the exchange is missing (err) and that it
+	// exists again (nil), for /readyz and /status.
+	Held func(dest string, err error)
 }
 
 // Sink is a RabbitMQ publisher with confirms.
@@ -95,6 +98,8 @@ type Sink struct {
 	upc     chan struct{}
 	maxBody int // max_message_size, lowered if the server says it is lower
 	frame   int // the negotiated frame_max: the properties must fit one frame
+
+	holding bool // Config.Held was told the exchange is missing (run's)
 
 	stop chan struct{} // closed by Close
 	done chan struct{} // closed when the owner goroutine returns
@@ -321,6 +326,7 @@ func (s *Sink) run() {
 		default:
 		}
 		conn, ch, err := s.connect()
+		s.held(err)
 		if err != nil {
 			// Once per outage at Warn (the monitor reports the broker's
 			// state too); the retries at Debug.
@@ -389,12 +395,34 @@ func (s *Sink) connect() (*amqp.Connection, *amqp.Channel, error) {
 	return conn, ch, nil
 }
 
+// held tells Config.Held when the exchange goes missing or comes back.
+func (s *Sink) held(err error) {
+	if s.cfg.Held == nil {
+		return
+	}
+	var me *missingExchange
+	switch missing := errors.As(err, &me); {
+	case missing && !s.holding:
+		s.holding = true
+		s.cfg.Held("exchange "+s.exchange, err)
+	case err == nil && s.holding:
+		s.holding = false
+		s.cfg.Held("exchange "+s.exchange, nil)
+	}
+}
+
+// missingExchange is a connection attempt that found no exchange.
+type missingExchange struct{ err error }
+
+func (e *missingExchange) Error() string { return e.err.Error() }
+func (e *missingExchange) Unwrap() error { return e.err }
+
 func exchangeError(name string, declare bool, err error) error {
 	var ae *amqp.Error
 	if errors.As(err, &ae) {
 		switch ae.Code {
 		case amqp.NotFound:
-			return fmt.Errorf("exchange %q does not exist: declare it (a durable topic exchange), or let outboxd declare it (--rabbitmq-declare-exchange): %w", name, err)
+			return &missingExchange{fmt.Errorf("exchange %q does not exist: declare it (a durable topic exchange), or let outboxd declare it (--rabbitmq-declare-exchange): %w", name, err)}
 		case amqp.PreconditionFailed:
 			return fmt.Errorf("exchange %q exists with other settings than outboxd declares (durable, the configured type): %w", name, err)
 		case amqp.AccessRefused:
