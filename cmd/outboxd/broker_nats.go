@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -42,6 +43,9 @@ func (n *natsOptions) register(s *optionSet) {
 	fs.StringVar(&n.TLSKey, "nats-tls-key", "", "client key for NATS TLS")
 }
 
+// validBucket is JetStream's rule for key-value bucket names.
+var validBucket = regexp.MustCompile(`^[a-zA-Z0-9_-]+$`)
+
 func (n *natsOptions) validate(o *runOptions) error {
 	var errs []error
 	if o.ExactlyOnce {
@@ -54,6 +58,9 @@ func (n *natsOptions) validate(o *runOptions) error {
 	}
 	if n.DuplicateWindow <= 0 || n.AckTimeout <= 0 {
 		errs = append(errs, errors.New("--nats-duplicate-window and --nats-ack-timeout must be positive"))
+	}
+	if !validBucket.MatchString(n.ProgressBucket) {
+		errs = append(errs, fmt.Errorf("--nats-progress-bucket %q: a bucket name has only letters, digits, _ and -", n.ProgressBucket))
 	}
 	if (n.TLSCert == "") != (n.TLSKey == "") {
 		errs = append(errs, errors.New("--nats-tls-cert and --nats-tls-key go together"))

@@ -21,6 +21,7 @@ func TestBrokerFlag(t *testing.T) {
 		"both brokers":          {[]string{"--broker", "nats://h:4222", "--kafka-brokers", "k:9092"}, "--broker and --kafka-brokers exclude each other"},
 		"nats exactly-once":     {[]string{"--broker", "nats://h:4222", "--exactly-once"}, "--exactly-once is Kafka's transactional producer and has no NATS equivalent"},
 		"nats replicas":         {[]string{"--broker", "nats://h:4222", "--nats-stream-replicas", "0"}, "--nats-stream-replicas must be between 1 and 5"},
+		"nats bucket":           {[]string{"--broker", "nats://h:4222", "--nats-progress-bucket", "a.b"}, `--nats-progress-bucket "a.b": a bucket name has only letters`},
 		"kafka exactly-once ok": {[]string{"--kafka-brokers", "k:9092", "--exactly-once"}, ""},
 	} {
 		t.Run(name, func(t *testing.T) {
