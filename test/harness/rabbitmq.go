@@ -23,8 +23,9 @@ import (
 const RabbitMQServer = "/usr/lib/rabbitmq/bin/rabbitmq-server"
 
 // RabbitMQ is a private single RabbitMQ node: its own node name, data and
-// log directory, Erlang cookie and epmd, every listener on 127.0.0.1, no
-// plugins (management off). A reaper SIGKILLs it and removes its directory
+// log directory, Erlang cookie and epmd (on a private port, listening on
+// loopback: 127.0.0.1, and ::1, which epmd always adds), every listener on
+// 127.0.0.1, no plugins (management off). A reaper SIGKILLs it and removes its directory
 // if the test process dies without closing it.
 type RabbitMQ struct {
 	dir                      string
@@ -33,7 +34,6 @@ type RabbitMQ struct {
 	reaper                   *jvmReaper // the JVM reaper's mechanics, with rabbitmqReaperScript
 
 	mu   sync.Mutex
-	epmd *Proc
 	proc *Proc
 }
 
@@ -51,15 +51,15 @@ func StartRabbitMQ(ctx context.Context, conf ...string) (*RabbitMQ, error) {
 	if r.dir, err = os.MkdirTemp("", "outboxd-rabbitmq-"); err != nil {
 		return nil, fmt.Errorf("rabbitmq: %w", err)
 	}
-	if r.reaper, err = startRabbitMQReaper(r.dir); err != nil {
-		os.RemoveAll(r.dir)
-		return nil, err
-	}
 	for _, p := range []*int{&r.port, &r.distPort, &r.epmdPort} {
 		if *p, err = FreePort(); err != nil {
-			r.Close()
+			os.RemoveAll(r.dir)
 			return nil, err
 		}
+	}
+	if r.reaper, err = startRabbitMQReaper(r.dir, r.epmdPort); err != nil {
+		os.RemoveAll(r.dir)
+		return nil, err
 	}
 	r.name = fmt.Sprintf("outboxd-test-%d@localhost", r.port)
 	files := map[string]string{
@@ -150,18 +150,6 @@ func (r *RabbitMQ) env() []string {
 func (r *RabbitMQ) Start(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.epmd == nil || r.epmd.Exited() {
-		// Its own epmd, in the foreground, on a private port: the one
-		// RabbitMQ would start is a daemon on 4369 that outlives the test.
-		p, err := StartProc(ctx, "epmd", "epmd", []string{"-port", strconv.Itoa(r.epmdPort), "-address", "127.0.0.1"}, nil, r.dir)
-		if err != nil {
-			return fmt.Errorf("rabbitmq: %w", err)
-		}
-		r.epmd = p
-		if err := r.writePid("epmd", p); err != nil {
-			return err
-		}
-	}
 	if r.proc == nil || r.proc.Exited() {
 		p, err := StartProc(ctx, "rabbitmq", RabbitMQServer, nil, r.env(), r.dir)
 		if err != nil {
@@ -246,23 +234,33 @@ func (r *RabbitMQ) Close() {
 	if err := r.Stop(); err != nil {
 		_ = r.Kill()
 	}
-	r.mu.Lock()
-	if r.epmd != nil {
-		_ = r.epmd.Kill()
-		r.epmd = nil
-	}
-	r.mu.Unlock()
+	stopEpmd(r.epmdPort)
 	_ = os.RemoveAll(r.dir)
 	r.reaper.close()
 }
 
 // rabbitmqReaperScript SIGKILLs the process groups named in DIR/*.pid (the
-// node's script with its Erlang VM, and its epmd) and removes DIR once its
-// stdin closes. dash's kill takes "-PGID" but not "-- -PGID".
-const rabbitmqReaperScript = `read _; for f in "$1"/*.pid; do [ -f "$f" ] && kill -9 "-$(cat "$f")" 2>/dev/null; done; rm -rf "$1"`
+// node's script with its Erlang VM), then the node's epmd, and removes DIR
+// once its stdin closes. dash's kill takes "-PGID" but not "-- -PGID".
+const rabbitmqReaperScript = `read _; for f in "$1"/*.pid; do [ -f "$f" ] && kill -9 "-$(cat "$f")" 2>/dev/null; done; for i in 1 2 3 4 5 6 7 8 9 10; do epmd -port "$2" -kill >/dev/null 2>&1; epmd -port "$2" -names >/dev/null 2>&1 || break; sleep 0.5; done; rm -rf "$1"`
 
-func startRabbitMQReaper(dir string) (*jvmReaper, error) {
-	cmd := exec.Command("/bin/sh", "-c", rabbitmqReaperScript, "outboxd-rabbitmq-reaper", dir)
+// stopEpmd stops the epmd the node started on port (a daemon, outside any
+// process group of the harness). The node must be gone first, or its epmd
+// monitor would start another; epmd refuses -kill while it still lists the
+// node, so it is asked again until it is gone (-names fails), for 5 s.
+func stopEpmd(port int) {
+	p := strconv.Itoa(port)
+	for range 10 {
+		_ = exec.Command("epmd", "-port", p, "-kill").Run()
+		if exec.Command("epmd", "-port", p, "-names").Run() != nil {
+			return
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+func startRabbitMQReaper(dir string, epmdPort int) (*jvmReaper, error) {
+	cmd := exec.Command("/bin/sh", "-c", rabbitmqReaperScript, "outboxd-rabbitmq-reaper", dir, strconv.Itoa(epmdPort))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	in, err := cmd.StdinPipe()
 	if err != nil {
