@@ -147,7 +147,7 @@ func startWriter(f *fixture) *writer {
 			w.mu.Lock()
 			w.committed = append(w.committed, evs...)
 			w.mu.Unlock()
-			time.Sleep(2 * time.Millisecond) // ~ a few hundred events a second
+			time.Sleep(10 * time.Millisecond) // a few hundred events a second; a backlog builds while something is down
 		}
 	}()
 	return w
