@@ -41,6 +41,12 @@ var (
 // when the test binary exits; a test that stops or kills it gets its own.
 func startRabbitMQ(t *testing.T, own bool) broker {
 	t.Helper()
+	return newRabbitBroker(t, rabbitNode(t, own), "#")
+}
+
+// rabbitNode is the shared node, or one of the test's own.
+func rabbitNode(t *testing.T, own bool) *harness.RabbitMQ {
+	t.Helper()
 	var node *harness.RabbitMQ
 	if own {
 		node = harness.RabbitMQForTest(t)
@@ -55,6 +61,13 @@ func startRabbitMQ(t *testing.T, own bool) broker {
 		}
 		node = sharedRabbit
 	}
+	return node
+}
+
+// newRabbitBroker declares the test's exchange and its queue, bound for
+// each of keys.
+func newRabbitBroker(t *testing.T, node *harness.RabbitMQ, keys ...string) *rabbitBroker {
+	t.Helper()
 	b := &rabbitBroker{node: node, exchange: fmt.Sprintf("e2e-%d", rabbitSeq.Add(1))}
 	conn, err := amqp.Dial(node.URL())
 	if err != nil {
@@ -71,8 +84,8 @@ func startRabbitMQ(t *testing.T, own bool) broker {
 	if _, err := ch.QueueDeclare(b.exchange, true, false, false, false, nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := ch.QueueBind(b.exchange, "#", b.exchange, false, nil); err != nil {
-		t.Fatal(err)
+	for _, k := range keys {
+		b.bind(t, k)
 	}
 	t.Cleanup(func() {
 		if c, err := amqp.Dial(node.URL()); err == nil {
@@ -84,6 +97,23 @@ func startRabbitMQ(t *testing.T, own bool) broker {
 		}
 	})
 	return b
+}
+
+// bind binds the test's queue to its exchange for key.
+func (b *rabbitBroker) bind(t *testing.T, key string) {
+	t.Helper()
+	conn, err := amqp.Dial(b.node.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(b.exchange, key, b.exchange, false, nil); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func (b *rabbitBroker) flags() []string {
@@ -158,3 +188,54 @@ func (b *rabbitBroker) start(ctx context.Context) error { return b.node.Start(ct
 // dedups: RabbitMQ has no duplicate window; the replays of a restart reach
 // consumers again, after the first occurrences and in order.
 func (b *rabbitBroker) dedups() bool { return false }
+
+// An event no queue is bound for comes back (mandatory): under
+// --on-invalid fail the slot holds before it, nothing after it is
+// confirmed, and once a queue is bound outboxd streams on by itself, event
+// 1 first.
+func TestRabbitMQUnroutableHolds(t *testing.T) {
+	b := newRabbitBroker(t, rabbitNode(t, false)) // no binding yet
+	f := newFixture(t, b)
+	f.startRelay("--on-invalid", "fail")
+	before := f.walLSN()
+	f.commit(ev(1, "k1"))
+	end := f.commit(ev(2, "k1"))
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) {
+		if s := f.slotState(); s.ConfirmedFlushLSN > before {
+			t.Fatalf("confirmed_flush_lsn passed an unroutable event: %s > %s", harness.FormatLSN(s.ConfirmedFlushLSN), harness.FormatLSN(before))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	b.bind(t, f.topic())
+	f.waitConfirmed(end, 60*time.Second)
+	// The probe that found the queue delivered event 1; the session after
+	// the hold publishes it again: a duplicate, in order.
+	got := ids(f.read(f.topic(), 2))
+	var first []string
+	seen := map[string]bool{}
+	for _, id := range got {
+		if !seen[id] {
+			seen[id] = true
+			first = append(first, id)
+		}
+	}
+	if len(first) != 2 || first[0] != eventID(1) || first[1] != eventID(2) || len(got) > 3 {
+		t.Fatalf("queue holds %v, want events 1 and 2 in this order (1 may repeat)", got)
+	}
+}
+
+// Under --on-invalid dead-letter an unroutable event goes to the
+// dead-letter destination (which a queue is bound for).
+func TestRabbitMQUnroutableDeadLettered(t *testing.T) {
+	b := newRabbitBroker(t, rabbitNode(t, false))
+	f := newFixture(t, b)
+	dlq := "dlq." + f.agg
+	b.bind(t, dlq)
+	f.startRelay("--on-invalid", "dead-letter", "--dead-letter-topic", dlq)
+	end := f.commit(ev(1, "k1"))
+	f.waitConfirmed(end, 60*time.Second)
+	if dead := f.read(dlq, 1); len(dead) != 1 || dead[0].headers["id"] != eventID(1) {
+		t.Fatalf("dead-letter destination holds %v, want event 1", ids(dead))
+	}
+}
