@@ -459,3 +459,49 @@ func TestNodeKilled(t *testing.T) {
 	}
 	t.Logf("confirmed at the kill: %d of %d; messages in the queue: %d (%d duplicates)", atKill, n, len(got), len(got)-n)
 }
+
+// BenchmarkProduce: confirmed publishes per second of 200-byte records to
+// one durable classic queue on the loopback node (make bench territory; not
+// run by make test).
+func BenchmarkProduce(b *testing.B) {
+	conn, err := amqp.Dial(node.URL())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := ch.ExchangeDeclare("t-bench", "topic", true, false, false, false, nil); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare("q-bench", true, false, false, false, nil); err != nil {
+		b.Fatal(err)
+	}
+	if err := ch.QueueBind("q-bench", "#", "t-bench", false, nil); err != nil {
+		b.Fatal(err)
+	}
+	s, err := New(Config{URL: node.URL(), Exchange: "t-bench"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	value := []byte(strings.Repeat("x", 200))
+	var done atomic.Int64
+	b.ResetTimer()
+	for i := range b.N {
+		s.Produce(context.Background(), record("outbox.event.Order", "k", strconv.Itoa(i), value), func(err error) {
+			if err != nil {
+				b.Error(err)
+			}
+			done.Add(1)
+		})
+	}
+	for done.Load() < int64(b.N) {
+		time.Sleep(time.Millisecond)
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+	_, _ = ch.QueuePurge("q-bench", false)
+}
