@@ -99,7 +99,8 @@ type Sink struct {
 	maxBody int // max_message_size, lowered if the server says it is lower
 	frame   int // the negotiated frame_max: the properties must fit one frame
 
-	holding bool // Config.Held was told the exchange is missing (run's)
+	holding bool             // Config.Held was told the exchange is missing (run's)
+	conn    *amqp.Connection // serve's, for Close to unblock a publish the server stopped reading
 
 	stop chan struct{} // closed by Close
 	done chan struct{} // closed when the owner goroutine returns
@@ -301,8 +302,14 @@ func (s *Sink) Close() {
 		return
 	}
 	s.closed = true
+	conn := s.conn
 	s.mu.Unlock()
 	close(s.stop)
+	if conn != nil {
+		// A publish blocked on a server that stopped reading (a memory or
+		// disk alarm) fails once the socket's deadline passes.
+		go func() { _ = conn.CloseDeadline(time.Now().Add(time.Second)) }()
+	}
 	<-s.done
 	s.mu.Lock()
 	left := s.pending
@@ -345,7 +352,7 @@ func (s *Sink) run() {
 		}
 		backoff = 100 * time.Millisecond
 		err = s.serve(conn, ch)
-		_ = conn.Close()
+		_ = conn.CloseDeadline(time.Now().Add(time.Second)) // a no-op after serve's
 		if err != nil {
 			s.setDown(err)
 			s.log.Warn("rabbitmq: lost the publishing channel; publishing the unconfirmed messages again on a new one", "err", err)
@@ -470,7 +477,11 @@ func (s *Sink) serve(conn *amqp.Connection, ch *amqp.Channel) error {
 		room                 = make(chan struct{}, 1)
 	)
 	s.mu.Lock()
-	s.up, s.lastErr = true, nil
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.up, s.lastErr, s.conn = true, nil, conn
 	s.frame = conn.Config.FrameSize
 	close(s.upc)
 	s.mu.Unlock()
@@ -540,6 +551,9 @@ loop:
 	// may be gone without a word.
 	_ = conn.CloseDeadline(time.Now().Add(time.Second))
 	<-readerDone
+	s.mu.Lock()
+	s.conn = nil
+	s.mu.Unlock()
 	umu.Lock()
 	back := unconfirmed
 	unconfirmed = nil

@@ -505,3 +505,46 @@ func BenchmarkProduce(b *testing.B) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
 	_, _ = ch.QueuePurge("q-bench", false)
 }
+
+// TestCloseFailsPending: with no server, records wait; Close fails them,
+// Transient, each once, and later ones at once.
+func TestCloseFailsPending(t *testing.T) {
+	port, err := harness.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Config{URL: fmt.Sprintf("amqp://guest:secret@127.0.0.1:%d/", port), DialTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res results
+	for i := range 3 {
+		s.Produce(context.Background(), record("o", "k", strconv.Itoa(i), nil), res.cb(i))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	err = s.Ping(ctx)
+	cancel()
+	if err == nil || !strings.Contains(err.Error(), "connection refused") || strings.Contains(err.Error(), "secret") {
+		t.Fatalf("Ping without a server: %v, want the dial error without the password", err)
+	}
+	if n := res.n.Load(); n != 0 {
+		t.Fatalf("%d records failed before Close: they must wait for the server", n)
+	}
+	s.Close()
+	s.Produce(context.Background(), record("o", "k", "3", nil), res.cb(3))
+	for i, err := range res.wait(t, 4) {
+		if sink.KindOf(err) != sink.Transient || err == nil {
+			t.Fatalf("record %d: %v, want a Transient error", i, err)
+		}
+	}
+}
+
+func TestTooLargeReason(t *testing.T) {
+	err := &closedError{what: "channel", err: &amqp.Error{Code: amqp.PreconditionFailed, Reason: "PRECONDITION_FAILED - message size 2097152 is larger than configured max size 1048576"}}
+	if got := tooLarge(err); got != 1048576 {
+		t.Fatalf("tooLarge: %d", got)
+	}
+	if got := tooLarge(&closedError{what: "channel", err: &amqp.Error{Code: amqp.NotFound, Reason: "NOT_FOUND - no exchange"}}); got != 0 {
+		t.Fatalf("tooLarge of a 404: %d", got)
+	}
+}
