@@ -62,7 +62,7 @@ func (r *rabbitOptions) validate(o *runOptions) error {
 		errs = append(errs, errors.New("--rabbitmq-exchange is empty: the default exchange routes by queue name only; name an exchange"))
 	}
 	if r.ProgressQueue == "" || strings.HasPrefix(r.ProgressQueue, "amq.") {
-		errs = append(errs, errors.New("--rabbitmq-progress-queue must be a queue name not starting with amq."))
+		errs = append(errs, errors.New("--rabbitmq-progress-queue must be a queue name that does not start with amq. (reserved)"))
 	}
 	if (r.TLSCert == "") != (r.TLSKey == "") {
 		errs = append(errs, errors.New("--rabbitmq-tls-cert and --rabbitmq-tls-key go together"))

@@ -17,7 +17,7 @@ func TestRabbitMQFlags(t *testing.T) {
 		"amqps exactly-once": {[]string{"--broker", "amqps://h:5671/", "--exactly-once"}, "remove --exactly-once"},
 		"exchange type":      {[]string{"--broker", "amqp://h/", "--rabbitmq-exchange-type", "x-consistent-hash"}, `--rabbitmq-exchange-type "x-consistent-hash": one of topic, direct, fanout, headers`},
 		"default exchange":   {[]string{"--broker", "amqp://h/", "--rabbitmq-exchange", ""}, "--rabbitmq-exchange is empty"},
-		"progress queue":     {[]string{"--broker", "amqp://h/", "--rabbitmq-progress-queue", "amq.p"}, "--rabbitmq-progress-queue must be a queue name not starting with amq."},
+		"progress queue":     {[]string{"--broker", "amqp://h/", "--rabbitmq-progress-queue", "amq.p"}, "--rabbitmq-progress-queue must be a queue name that does not start with amq."},
 		"tls pair":           {[]string{"--broker", "amqps://h/", "--rabbitmq-tls-cert", "c.pem"}, "--rabbitmq-tls-cert and --rabbitmq-tls-key go together"},
 	} {
 		t.Run(name, func(t *testing.T) {
