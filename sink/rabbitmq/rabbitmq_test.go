@@ -482,27 +482,32 @@ func BenchmarkProduce(b *testing.B) {
 	if err := ch.QueueBind("q-bench", "#", "t-bench", false, nil); err != nil {
 		b.Fatal(err)
 	}
-	s, err := New(Config{URL: node.URL(), Exchange: "t-bench"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Close()
-	value := []byte(strings.Repeat("x", 200))
-	var done atomic.Int64
-	b.ResetTimer()
-	for i := range b.N {
-		s.Produce(context.Background(), record("outbox.event.Order", "k", strconv.Itoa(i), value), func(err error) {
+	for _, window := range []int{256, 1024, 4096} {
+		b.Run(fmt.Sprintf("window=%d", window), func(b *testing.B) {
+			s, err := New(Config{URL: node.URL(), Exchange: "t-bench", Window: window})
 			if err != nil {
-				b.Error(err)
+				b.Fatal(err)
 			}
-			done.Add(1)
+			defer s.Close()
+			value := []byte(strings.Repeat("x", 200))
+			var done atomic.Int64
+			b.ResetTimer()
+			for i := range b.N {
+				s.Produce(context.Background(), record("outbox.event.Order", "k", strconv.Itoa(i), value), func(err error) {
+					if err != nil {
+						b.Error(err)
+					}
+					done.Add(1)
+				})
+			}
+			for done.Load() < int64(b.N) {
+				time.Sleep(time.Millisecond)
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+			_, _ = ch.QueuePurge("q-bench", false)
 		})
 	}
-	for done.Load() < int64(b.N) {
-		time.Sleep(time.Millisecond)
-	}
-	b.StopTimer()
-	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
 	_, _ = ch.QueuePurge("q-bench", false)
 }
 
