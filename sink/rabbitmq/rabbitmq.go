@@ -350,8 +350,11 @@ func (s *Sink) run() {
 			backoff = min(2*backoff, 2*time.Second)
 			continue
 		}
-		backoff = 100 * time.Millisecond
+		served := time.Now()
 		err = s.serve(conn, ch)
+		if time.Since(served) > 10*time.Second {
+			backoff = 100 * time.Millisecond // a channel that lasted: the next outage starts afresh
+		}
 		_ = conn.CloseDeadline(time.Now().Add(time.Second)) // a no-op after serve's
 		if err != nil {
 			s.setDown(err)
@@ -568,6 +571,18 @@ func (s *Sink) requeue(back []*entry, cause error) {
 	if len(back) == 0 {
 		return
 	}
+	if denied := accessRefused(cause); denied != nil {
+		// Waiting cannot fix a permission: every record fails, Denied, and
+		// the relay stops with the error.
+		s.mu.Lock()
+		all := append(back, s.pending...)
+		s.pending = nil
+		s.mu.Unlock()
+		for _, e := range all {
+			e.done(denied)
+		}
+		return
+	}
 	limit := tooLarge(cause)
 	var refused []*entry
 	s.mu.Lock()
@@ -587,6 +602,16 @@ func (s *Sink) requeue(back []*entry, cause error) {
 	for _, e := range refused {
 		e.done(&sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("the message body is %d bytes, more than the server's max_message_size %d (%v): raise max_message_size, or use --on-invalid dead-letter", len(e.msg.Body), limit, cause)})
 	}
+}
+
+// accessRefused is the Denied error for a channel the server closed with
+// 403 ACCESS_REFUSED (no write permission on the exchange), nil otherwise.
+func accessRefused(cause error) error {
+	var ae *amqp.Error
+	if !errors.As(cause, &ae) || ae.Code != amqp.AccessRefused {
+		return nil
+	}
+	return &sink.Error{Kind: sink.Denied, Err: fmt.Errorf("%w: grant this user write permission on the exchange (rabbitmqctl set_permissions)", cause)}
 }
 
 // tooLarge is the server's max_message_size when cause is the channel

@@ -553,3 +553,27 @@ func TestTooLargeReason(t *testing.T) {
 		t.Fatalf("tooLarge of a 404: %d", got)
 	}
 }
+
+// TestWriteDenied: a user without write permission on the exchange gets
+// its records failed Denied (the relay stops), not retried forever.
+func TestWriteDenied(t *testing.T) {
+	ctx := context.Background()
+	for _, args := range [][]string{{"add_user", "nowrite", "nowrite"}, {"set_permissions", "-p", "/", "nowrite", ".*", "", ".*"}} {
+		if _, err := node.Ctl(ctx, args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { _, _ = node.Ctl(ctx, "delete_user", "nowrite") })
+	ch := admin(t)
+	bind(t, ch, "t-denied", "q-denied", "#", nil)
+	s := newSink(t, Config{URL: "amqp://nowrite:nowrite@" + node.Addr() + "/", Exchange: "t-denied"})
+	var res results
+	for i := range 3 {
+		s.Produce(ctx, record("outbox.event.Order", "a", strconv.Itoa(i), []byte("x")), res.cb(i))
+	}
+	for i, err := range res.wait(t, 3) {
+		if sink.KindOf(err) != sink.Denied || err == nil || !strings.Contains(err.Error(), "ACCESS_REFUSED") {
+			t.Fatalf("record %d: %v, want Denied (403 ACCESS_REFUSED)", i, err)
+		}
+	}
+}

@@ -194,6 +194,19 @@ func (r *RabbitMQ) waitReady(ctx context.Context, p *Proc) error {
 	}
 }
 
+// Ctl runs rabbitmqctl against the node (add_user, set_permissions, ...)
+// and returns its output.
+func (r *RabbitMQ) Ctl(ctx context.Context, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, filepath.Join(filepath.Dir(RabbitMQServer), "rabbitmqctl"), append([]string{"-n", r.name}, args...)...)
+	// The CLI is an Erlang node too: its distribution listener on loopback.
+	cmd.Env = append(os.Environ(), append(r.env(), "RABBITMQ_CTL_ERL_ARGS=-kernel inet_dist_use_interface {127,0,0,1}")...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("rabbitmqctl %s: %w: %s", strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
+}
+
 // Running reports whether the node's process is up.
 func (r *RabbitMQ) Running() bool {
 	r.mu.Lock()
