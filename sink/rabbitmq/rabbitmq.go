@@ -356,9 +356,20 @@ func (s *Sink) run() {
 			backoff = 100 * time.Millisecond // a channel that lasted: the next outage starts afresh
 		}
 		_ = conn.CloseDeadline(time.Now().Add(time.Second)) // a no-op after serve's
-		if err != nil {
-			s.setDown(err)
-			s.log.Warn("rabbitmq: lost the publishing channel; publishing the unconfirmed messages again on a new one", "err", err)
+		if err == nil {
+			continue // closed
+		}
+		s.setDown(err)
+		s.log.Warn("rabbitmq: lost the publishing channel; publishing the unconfirmed messages again on a new one", "err", err)
+		if time.Since(served) <= 10*time.Second {
+			// A channel the server keeps closing (an error this sink does
+			// not know) must not become a reconnection loop.
+			select {
+			case <-s.stop:
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 2*time.Second)
 		}
 	}
 }
@@ -399,7 +410,7 @@ func (s *Sink) connect() (*amqp.Connection, *amqp.Channel, error) {
 		err = ch.Confirm(false)
 	}
 	if err != nil {
-		_ = conn.Close()
+		_ = conn.CloseDeadline(time.Now().Add(time.Second))
 		return nil, nil, fmt.Errorf("rabbitmq: %w", err)
 	}
 	return conn, ch, nil
