@@ -140,6 +140,7 @@ func (r *RabbitMQ) env() []string {
 		"RABBITMQ_LOG_BASE=" + filepath.Join(r.dir, "log"),
 		"RABBITMQ_PID_FILE=" + filepath.Join(r.dir, "beam.pidfile"),
 		"RABBITMQ_LOGS=-",
+		"ERL_CRASH_DUMP=" + filepath.Join(r.dir, "erl_crash.dump"),
 		// Distribution (rabbitmqctl) on loopback only.
 		"RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=-kernel inet_dist_use_interface {127,0,0,1}",
 	}
@@ -151,7 +152,9 @@ func (r *RabbitMQ) Start(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.proc == nil || r.proc.Exited() {
-		p, err := StartProc(ctx, "rabbitmq", RabbitMQServer, nil, r.env(), r.dir)
+		// In r.dir: Erlang and Mnesia write their crash dumps to the
+		// working directory, which would otherwise be the test's package.
+		p, err := StartProc(ctx, "rabbitmq", "/bin/sh", []string{"-c", `cd "$0" && exec "$1"`, r.dir, RabbitMQServer}, r.env(), r.dir)
 		if err != nil {
 			return fmt.Errorf("rabbitmq: %w", err)
 		}
