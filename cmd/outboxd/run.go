@@ -66,6 +66,8 @@ type runOptions struct {
 	ProgressTopic         string
 	AcceptGap             bool
 	Topics                topicOptions
+	Broker                string                   // --broker: a broker other than Kafka (broker.go)
+	BrokerOpts            map[string]brokerOptions // by URL scheme
 }
 
 // topicOptions: how outboxd creates the topics it writes to (sink/kafka/topics.go).
@@ -142,6 +144,7 @@ func (o *runOptions) register(s *optionSet) {
 	fs.StringVar(&o.ProgressTopic, "progress-topic", "outboxd.progress", "compacted topic holding the last confirmed LSN, system identifier and timeline per slot (at-least-once mode; --exactly-once uses the checkpoint): it outlives the slot, so a lost slot or a server behind it is reported as a gap")
 	fs.BoolVar(&o.AcceptGap, "accept-gap", false, "continue past a reported gap (a missing slot outboxd confirmed before, another cluster, a server behind what was published): set it once after checking, then remove it")
 	o.Topics.register(fs)
+	o.registerBrokers(s)
 }
 
 func (o *runOptions) validate() error {
@@ -152,8 +155,11 @@ func (o *runOptions) validate() error {
 	case o.Postgres == "" && o.PostgresFile == "":
 		errs = append(errs, errors.New("--postgres (OUTBOXD_POSTGRES) or --postgres-file is required, or libpq's PGHOST/PGDATABASE/PGUSER/PGSERVICE variables"))
 	}
-	if len(o.KafkaBrokers) == 0 {
-		errs = append(errs, errors.New("--kafka-brokers (OUTBOXD_KAFKA_BROKERS) is required"))
+	if len(o.KafkaBrokers) == 0 && o.Broker == "" {
+		errs = append(errs, errors.New("--kafka-brokers (OUTBOXD_KAFKA_BROKERS) or --broker is required"))
+	}
+	if err := o.validateBroker(); err != nil {
+		errs = append(errs, err)
 	}
 	if err := slot.ValidateName(o.Slot); err != nil {
 		errs = append(errs, fmt.Errorf("--slot: %w", err))
@@ -256,7 +262,14 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 	// The sink reports topics it must hold before the relay exists (it is
 	// built with the sink): forward once it does.
 	var held heldTopics
-	sk, err := kafka.New(kafka.Config{
+	other, err := openBroker(ctx, &o, log, held.set) // nil: Kafka
+	if err != nil {
+		return err
+	}
+	if other != nil {
+		defer other.Close()
+	}
+	sk, err := newKafkaSink(other, kafka.Config{
 		TLS:             tlsCfg,
 		SASL:            mech,
 		Brokers:         o.KafkaBrokers,
@@ -271,7 +284,9 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 	if err != nil {
 		return err
 	}
-	defer sk.Close()
+	if sk != nil {
+		defer sk.Close()
+	}
 
 	// HTTP first: /healthz answers while exactly-once mode waits for Kafka
 	// (a liveness probe must not kill a pod that only waits), and /readyz
@@ -301,7 +316,7 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 
 	cfg := outboxd.Config{
 		Postgres: o.Postgres, Slot: o.Slot, Publication: o.Publication,
-		Router: rt, Sink: tr.wrap(sk), Logger: log, Version: version,
+		Router: rt, Logger: log, Version: version,
 		MaxInflightEvents: o.MaxInflightEvents, MaxInflightBytes: int64(o.MaxInflightBytes),
 		StatusInterval: o.StatusInterval, ConfirmInterval: o.ConfirmInterval, ShutdownTimeout: o.ShutdownTimeout,
 		ReplicationTimeout: o.ReplicationTimeout, MaxMessageBytes: int(o.MaxMessageBytes),
@@ -310,6 +325,8 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 		Warnings: warnings, SlotFailover: o.SlotFailover, AcceptGap: o.AcceptGap,
 	}
 	switch {
+	case other != nil:
+		cfg.Sink, cfg.ProgressStore = other.Sink, other.Progress
 	case o.ExactlyOnce && outboxd.SlotBusy(ctx, o.Postgres, o.Slot, o.ReplicationTimeout):
 		// Registering the transactional id now would fence the instance
 		// streaming: stand by, and register it once the slot is ours.
@@ -321,7 +338,7 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 			TransactionalID: transactionalID(o, key), MessagePrefix: o.MessagePrefix}); err != nil {
 			return err
 		}
-		cfg.TxnSink, cfg.DeferInit, cfg.SplitAge = sk, true, o.TransactionTimeout/4
+		cfg.Sink, cfg.TxnSink, cfg.DeferInit, cfg.SplitAge = sk, sk, true, o.TransactionTimeout/4
 	case o.ExactlyOnce:
 		done, err := prepareExactlyOnce(ctx, log, sk, o, func() { handler.set(startingHandler(waitingWhy, true)) })
 		if err != nil {
@@ -330,10 +347,12 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 			}
 			return err
 		}
-		cfg.TxnSink, cfg.Done, cfg.SplitAge = sk, done, o.TransactionTimeout/4
+		cfg.Sink, cfg.TxnSink, cfg.Done, cfg.SplitAge = sk, sk, done, o.TransactionTimeout/4
 	default:
+		cfg.Sink = sk
 		cfg.ProgressStore = kafka.ProgressStore{Sink: sk, Progress: kafka.Progress{Topic: o.ProgressTopic, Key: o.Slot}}
 	}
+	cfg.Sink = tr.wrap(cfg.Sink)
 	relay, err := outboxd.New(cfg)
 	if err != nil {
 		return err
@@ -341,7 +360,7 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 	held.relay.Store(relay)
 	tr.register(relay)
 	handler.set(relay.Handler(o.Pprof))
-	log.Info("outboxd starting", "version", version, "slot", o.Slot, "publication", o.Publication, "kafka", o.KafkaBrokers.String())
+	log.Info("outboxd starting", "version", version, "slot", o.Slot, "publication", o.Publication, "kafka", o.KafkaBrokers.String(), "broker", redactBrokerURL(o.Broker))
 	if err := relay.Run(ctx); err != nil {
 		return err
 	}

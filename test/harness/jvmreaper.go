@@ -18,7 +18,7 @@ type jvmReaper struct {
 	in  io.WriteCloser
 }
 
-const jvmReaperScript = `read _; for f in "$1"/*.pid; do [ -f "$f" ] && kill -9 -- "-$(cat "$f")" 2>/dev/null; done; rm -rf "$1"`
+const jvmReaperScript = `read _; for f in "$1"/*.pid; do [ -f "$f" ] && kill -9 "-$(cat "$f")" 2>/dev/null; done; rm -rf "$1"`
 
 // startJVMReaper starts the reaper of dir; name is its argv[0], for ps.
 func startJVMReaper(name, dir string) (*jvmReaper, error) {

@@ -1,0 +1,50 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// --broker picks the broker by its scheme; Kafka stays the default; what a
+// broker cannot honour is refused before anything starts.
+func TestBrokerFlag(t *testing.T) {
+	pg := []string{"--postgres", "postgres://u@db/app"}
+	for name, tc := range map[string]struct {
+		args []string
+		want string // "" valid
+	}{
+		"kafka default":         {[]string{"--kafka-brokers", "k:9092"}, ""},
+		"nats":                  {[]string{"--broker", "nats://127.0.0.1:4222", "--nats-key-token"}, ""},
+		"nats cluster":          {[]string{"--broker", "nats://a:4222,nats://b:4222"}, ""},
+		"no broker at all":      {nil, "--kafka-brokers (OUTBOXD_KAFKA_BROKERS) or --broker is required"},
+		"unknown scheme":        {[]string{"--broker", "mqtt://u:secret@h:1883"}, `--broker "mqtt://REDACTED@h:1883": unknown scheme (one of`},
+		"both brokers":          {[]string{"--broker", "nats://h:4222", "--kafka-brokers", "k:9092"}, "--broker and --kafka-brokers exclude each other"},
+		"nats exactly-once":     {[]string{"--broker", "nats://h:4222", "--exactly-once"}, "--exactly-once is Kafka's transactional producer and has no NATS equivalent"},
+		"nats replicas":         {[]string{"--broker", "nats://h:4222", "--nats-stream-replicas", "0"}, "--nats-stream-replicas must be between 1 and 5"},
+		"nats bucket":           {[]string{"--broker", "nats://h:4222", "--nats-progress-bucket", "a.b"}, `--nats-progress-bucket "a.b": a bucket name has only letters`},
+		"kafka exactly-once ok": {[]string{"--kafka-brokers", "k:9092", "--exactly-once"}, ""},
+	} {
+		t.Run(name, func(t *testing.T) {
+			o, _, err := parseRun(t, append(pg, tc.args...), nil, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = o.validate()
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("valid options refused: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("error %v, want one saying %q", err, tc.want)
+			case strings.Contains(errString(err), "secret"):
+				t.Fatalf("error shows the password: %v", err)
+			}
+		})
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}

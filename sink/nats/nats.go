@@ -1,0 +1,358 @@
+// Package nats is the NATS JetStream sink, built on nats.go's jetstream
+// package: one connection, asynchronous publishes whose PubAck (the stream
+// has stored the message, on file and, with replicas, on a quorum) is the
+// sink's acknowledgement.
+//
+// Order. A routed topic is a subject (optionally followed by the key as
+// more tokens, Config.KeyToken), and a JetStream stream stores what one
+// connection publishes in the order it was sent. Pipelining makes one thing
+// unsafe: a publish that fails (a stream without a leader, an ack timeout)
+// while later ones are already on their way, which may be stored; the
+// replay would then store the failed one after them, and JetStream's
+// duplicate window would drop their second copies: order lost. So every
+// publish names the message published before it on the same stream
+// (Nats-Expected-Last-Msg-Id, the event id of that message): JetStream
+// refuses a message whose predecessor is not the stream's last, and what
+// the stream holds is always a prefix of what was published to it, in
+// order. After a failure the sink refuses new publishes (the fence) until
+// the failed session's records have settled and the relay starts over.
+//
+// Duplicates. Nats-Msg-Id is the event id, so the stream's duplicate window
+// (Config.DuplicateWindow on streams outboxd creates) drops the replays of a
+// restart; a replay longer than the window reaches consumers again, in order.
+package nats
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outboxd/outboxd/router"
+	"github.com/outboxd/outboxd/sink"
+)
+
+// Config configures the sink.
+type Config struct {
+	// URL is the server, or a comma-separated list of a cluster's servers
+	// (nats://host:4222,nats://host2:4222).
+	URL string
+	// Options are extra nats.go options: credentials, TLS, a name.
+	Options []nats.Option
+	// KeyToken appends the record key to the subject as more tokens
+	// (outbox.event.Order.order-1), so a consumer can filter one aggregate;
+	// a record without a key goes to the topic's subject itself. The
+	// topic's stream must capture "<topic>.>" (streams outboxd creates do).
+	KeyToken bool
+	// CreateStreams creates a stream for a topic no stream captures, named
+	// after the topic (dots become underscores), with subjects "<topic>"
+	// and "<topic>.>", file storage and StreamReplicas replicas. Without
+	// it, such an event is rejected (--on-invalid applies).
+	CreateStreams  bool
+	StreamReplicas int // replicas of streams outboxd creates (default 1)
+	// DuplicateWindow of streams outboxd creates (default 2m, JetStream's):
+	// replays within it are dropped by Nats-Msg-Id.
+	DuplicateWindow time.Duration
+	// MaxPending is the most publishes awaiting their PubAck; the relay's
+	// in-flight bound must be lower (default 60000).
+	MaxPending int
+	// AckTimeout fails a publish whose PubAck does not come (default 30s):
+	// the session restarts and replays it.
+	AckTimeout time.Duration
+	Logger     *slog.Logger // may be nil
+}
+
+// Sink is a JetStream publisher.
+type Sink struct {
+	cfg Config
+	nc  *nats.Conn
+	js  jetstream.JetStream
+	log *slog.Logger
+
+	send    sync.Mutex // held across a publish, to keep order
+	mu      sync.Mutex // the fields below
+	pending map[*nats.Msg]*publish
+	// last is, per stream, the event id of the message published to it
+	// last since the fence lifted; "" or missing: the next publish names no
+	// predecessor.
+	last map[string]string
+	// fenced: a publish failed; every Produce fails until the failed
+	// session's records have settled. fencedCalls counts the Produce calls
+	// refused since (see admit).
+	fenced      bool
+	fencedCalls int
+	closed      bool
+
+	streams streamCache
+}
+
+// publish is one record awaiting its PubAck.
+type publish struct {
+	topic string
+	done  func(error)
+}
+
+// New connects to the server. A server that is down is retried in the
+// background (nats.go's RetryOnFailedConnect) and publishes fail until it is
+// up, which the relay handles like a broker that goes down later.
+func New(cfg Config) (*Sink, error) {
+	if cfg.URL == "" {
+		return nil, errors.New("nats: no server URL (--broker nats://host:4222)")
+	}
+	if cfg.StreamReplicas == 0 {
+		cfg.StreamReplicas = 1
+	}
+	if cfg.DuplicateWindow == 0 {
+		cfg.DuplicateWindow = 2 * time.Minute
+	}
+	if cfg.MaxPending == 0 {
+		cfg.MaxPending = 60000
+	}
+	if cfg.AckTimeout == 0 {
+		cfg.AckTimeout = 30 * time.Second
+	}
+	s := &Sink{cfg: cfg, log: cfg.Logger, pending: map[*nats.Msg]*publish{}, last: map[string]string{}}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	opts := []nats.Option{
+		nats.Name("outboxd"),
+		nats.RetryOnFailedConnect(true),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(500 * time.Millisecond),
+		// No reconnect buffer: a publish made while disconnected fails at
+		// once instead of being sent later, behind publishes that failed.
+		nats.ReconnectBufSize(-1),
+		// A connection that died silently (a cut network) is noticed after
+		// two unanswered pings, ~10 s, instead of nats.go's 2-minute pings;
+		// its publishes then fail and are replayed.
+		nats.PingInterval(5 * time.Second),
+		nats.MaxPingsOutstanding(2),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				s.log.Warn("nats: disconnected", "err", err)
+			}
+		}),
+		nats.ErrorHandler(s.asyncError),
+		nats.ReconnectHandler(func(c *nats.Conn) { s.log.Info("nats: reconnected", "server", c.ConnectedUrlRedacted()) }),
+	}
+	nc, err := nats.Connect(cfg.URL, append(opts, cfg.Options...)...)
+	if err != nil {
+		return nil, fmt.Errorf("nats: connect %s: %w", redactURL(cfg.URL), err)
+	}
+	js, err := jetstream.New(nc,
+		jetstream.WithPublishAsyncMaxPending(cfg.MaxPending),
+		jetstream.WithPublishAsyncTimeout(cfg.AckTimeout),
+		jetstream.WithPublishAsyncAckHandler(s.acked),
+		jetstream.WithPublishAsyncErrHandler(s.failed),
+	)
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("nats: %w", err)
+	}
+	s.nc, s.js = nc, js
+	s.streams.s = s
+	return s, nil
+}
+
+// Subject is the subject rec is published to.
+func (s *Sink) Subject(rec *router.Record) string {
+	if !s.cfg.KeyToken || len(rec.Key) == 0 {
+		return rec.Topic
+	}
+	return rec.Topic + "." + string(rec.Key)
+}
+
+// Message converts a routed record to a NATS message: the value verbatim
+// as the data, each header as a NATS header of the same name (case kept),
+// the key in the Outboxd-Key header, and Nats-Msg-Id from the id header.
+func (s *Sink) Message(rec *router.Record) *nats.Msg {
+	m := &nats.Msg{Subject: s.Subject(rec), Data: rec.Value, Header: make(nats.Header, len(rec.Headers)+2)}
+	for _, h := range rec.Headers {
+		m.Header[h.Key] = append(m.Header[h.Key], string(h.Value))
+		if h.Key == "id" && len(h.Value) > 0 {
+			m.Header[jetstream.MsgIDHeader] = []string{string(h.Value)}
+		}
+	}
+	if rec.Key != nil {
+		m.Header[KeyHeader] = []string{string(rec.Key)}
+	}
+	return m
+}
+
+// KeyHeader carries the record key (NATS messages have no key field).
+const KeyHeader = "Outboxd-Key"
+
+// Produce publishes rec; done runs once the stream has stored it, or with a
+// sink.Error saying how to handle the failure.
+func (s *Sink) Produce(ctx context.Context, rec *router.Record, done func(error)) {
+	m := s.Message(rec)
+	// send keeps the socket's order the order of last; mu is never held
+	// while nats.go's publisher lock is taken (its timeout callback holds
+	// that lock and takes mu).
+	s.send.Lock()
+	defer s.send.Unlock()
+	s.mu.Lock()
+	err := s.admit()
+	s.mu.Unlock()
+	if err != nil {
+		done(err)
+		return
+	}
+	stream, err := s.streams.lookup(ctx, rec.Topic, m.Subject)
+	if err != nil {
+		// No stream is a rejection here rather than in Check: the relay
+		// then retries the event alone with backoff (--on-invalid fail) and
+		// streams on as soon as someone creates the stream.
+		kind := sink.Transient
+		if errors.Is(err, errNoStream) {
+			kind = sink.Rejected
+		}
+		s.fail(err)
+		done(&sink.Error{Kind: kind, Err: err})
+		return
+	}
+	id := m.Header.Get(jetstream.MsgIDHeader)
+	s.mu.Lock()
+	if prev := s.last[stream]; prev != "" {
+		m.Header[jetstream.ExpectedLastMsgIDHeader] = []string{prev}
+	}
+	// A message without an id cannot be named by the next one: that one
+	// then names no predecessor.
+	s.last[stream] = id
+	s.pending[m] = &publish{topic: rec.Topic, done: done}
+	s.mu.Unlock()
+	if _, err = s.js.PublishMsgAsync(m, jetstream.WithRetryAttempts(0)); err != nil {
+		if s.take(m) == nil {
+			return // failed through the callback already
+		}
+		err = classify(err)
+		s.fail(err)
+		done(err)
+	}
+}
+
+// admit refuses a publish while the fence is up. The fence goes up at a
+// failure, and the relay stops producing at its next read after it sees
+// the failure: at most one more Produce of the failed session can come
+// (the one it was making). So the fence lifts at the first Produce after at
+// least one was refused and every earlier publish has settled; a new
+// session that finds the fence still up has its first record refused and
+// starts once more. The first publish to each stream after the fence names
+// no predecessor: the stream ends where the replay resumes. Called with mu.
+func (s *Sink) admit() error {
+	if s.closed {
+		return &sink.Error{Kind: sink.Transient, Err: errors.New("nats: sink closed")}
+	}
+	if !s.fenced {
+		return nil
+	}
+	if s.fencedCalls > 0 && len(s.pending) == 0 {
+		s.fenced, s.fencedCalls = false, 0
+		clear(s.last)
+		return nil
+	}
+	s.fencedCalls++
+	return &sink.Error{Kind: sink.Transient, Err: errors.New("nats: an earlier publish failed; holding publishes until the relay resumes from the slot, so that no event overtakes it")}
+}
+
+// fail raises the fence.
+func (s *Sink) fail(error) {
+	s.mu.Lock()
+	if !s.fenced {
+		s.fenced, s.fencedCalls = true, 0
+	}
+	s.mu.Unlock()
+}
+
+func (s *Sink) take(m *nats.Msg) *publish {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.pending[m]
+	delete(s.pending, m)
+	return p
+}
+
+// acked is nats.go's PubAck callback (one goroutine, in PubAck order).
+func (s *Sink) acked(_ jetstream.JetStream, m *nats.Msg, _ *jetstream.PubAck) {
+	if p := s.take(m); p != nil {
+		p.done(nil)
+	}
+}
+
+// failed is nats.go's callback for a publish that failed: an error in the
+// PubAck, a timeout, a lost connection.
+func (s *Sink) failed(_ jetstream.JetStream, m *nats.Msg, err error) {
+	p := s.take(m)
+	if p == nil {
+		return
+	}
+	err = classify(err)
+	if isNoStream(err) {
+		s.streams.forget(p.topic) // deleted since Check looked it up?
+	}
+	s.fail(err)
+	p.done(err)
+}
+
+// Ping checks that the server answers and JetStream is enabled for the
+// account.
+func (s *Sink) Ping(ctx context.Context) error {
+	if !s.nc.IsConnected() {
+		return fmt.Errorf("nats: not connected to %s (%s)", redactURL(s.cfg.URL), s.nc.Status())
+	}
+	if _, err := s.js.AccountInfo(ctx); err != nil {
+		return fmt.Errorf("nats: JetStream does not answer on %s: %w", redactURL(s.cfg.URL), err)
+	}
+	return nil
+}
+
+// Probe publishes rec and waits for its PubAck.
+func (s *Sink) Probe(ctx context.Context, rec *router.Record) error {
+	done := make(chan error, 1)
+	s.Produce(ctx, rec, func(err error) { done <- err })
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Close closes the connection; publishes awaiting their PubAck fail.
+func (s *Sink) Close() {
+	s.nc.Close()
+	s.mu.Lock()
+	s.closed = true
+	left := s.pending
+	s.pending = map[*nats.Msg]*publish{}
+	s.mu.Unlock()
+	for _, p := range left {
+		p.done(&sink.Error{Kind: sink.Transient, Err: errors.New("nats: sink closed before the PubAck")})
+	}
+}
+
+// redactURL drops credentials from a server URL list.
+func redactURL(u string) string {
+	parts := strings.Split(u, ",")
+	for i, p := range parts {
+		if at := strings.LastIndex(p, "@"); at >= 0 {
+			if sch := strings.Index(p, "://"); sch >= 0 && sch < at {
+				parts[i] = p[:sch+3] + "REDACTED" + p[at:]
+			}
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+// The broker contracts Sink and ProgressStore implement.
+var (
+	_ sink.Sink          = (*Sink)(nil)
+	_ sink.ProgressStore = ProgressStore{}
+)

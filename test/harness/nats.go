@@ -1,0 +1,238 @@
+package harness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// NATS is a real nats-server (github.com/nats-io/nats-server/v2, built once
+// into the harness's binary cache like outboxd) with JetStream on file
+// storage, listening on 127.0.0.1 only. It runs as a child process, so a
+// test can SIGKILL it and start it again on the same port and store: what
+// JetStream had fsynced survives, as on a real server. The process and its
+// directory go when the test process does, however it ends (jvmReaper).
+type NATS struct {
+	mu     sync.Mutex
+	bin    string
+	dir    string // config, JetStream store, log, pid file
+	port   int
+	extra  string
+	proc   *Proc // nil while stopped
+	reaper *jvmReaper
+}
+
+// NATSOption configures StartNATS.
+type NATSOption func(*NATS)
+
+// WithNATSConfig appends lines to the server's configuration file (e.g.
+// "max_payload: 4096").
+func WithNATSConfig(lines string) NATSOption { return func(n *NATS) { n.extra += lines + "\n" } }
+
+// StartNATS builds nats-server (once per test process) and starts it.
+func StartNATS(ctx context.Context, opts ...NATSOption) (*NATS, error) {
+	bin, err := BuildBinary(ctx, "github.com/nats-io/nats-server/v2")
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "outboxd-nats-")
+	if err != nil {
+		return nil, fmt.Errorf("creating nats temp dir: %w", err)
+	}
+	n := &NATS{bin: bin, dir: dir}
+	for _, o := range opts {
+		o(n)
+	}
+	if n.reaper, err = startJVMReaper("outboxd-nats-reaper", dir); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	// A freshly picked port may be taken before the server binds it: retry.
+	for attempt := 1; ; attempt++ {
+		if n.port, err = FreePort(); err == nil {
+			err = n.Start(ctx)
+		}
+		if err == nil {
+			return n, nil
+		}
+		if attempt == 3 || ctx.Err() != nil {
+			n.Close()
+			return nil, err
+		}
+	}
+}
+
+// NATSForTest starts a server that is removed when the test finishes; on
+// failure the end of its log is added to the test output.
+func NATSForTest(t testing.TB, opts ...NATSOption) *NATS {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	n, err := StartNATS(ctx, opts...)
+	if err != nil {
+		t.Fatalf("starting nats-server: %v", err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("nats-server log tail (%s):\n%s", n.LogFile(), fileTail(n.LogFile(), 8<<10))
+		}
+		n.Close()
+	})
+	return n
+}
+
+// URL is the server's client URL.
+func (n *NATS) URL() string { return "nats://127.0.0.1:" + strconv.Itoa(n.port) }
+
+// Port is the client port (kept across Stop and Start).
+func (n *NATS) Port() int { return n.port }
+
+// LogFile is the server's log.
+func (n *NATS) LogFile() string { return filepath.Join(n.dir, "nats-server.log") }
+
+func (n *NATS) writeConfig() (string, error) {
+	conf := fmt.Sprintf("server_name: outboxd-test\nlisten: 127.0.0.1:%d\njetstream {\n  store_dir: %q\n}\n%s",
+		n.port, filepath.Join(n.dir, "js"), n.extra)
+	path := filepath.Join(n.dir, "nats.conf")
+	return path, os.WriteFile(path, []byte(conf), 0o644)
+}
+
+// Start starts the server (again) and waits until JetStream answers.
+func (n *NATS) Start(ctx context.Context) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.proc != nil {
+		return errors.New("nats-server is running already")
+	}
+	conf, err := n.writeConfig()
+	if err != nil {
+		return fmt.Errorf("nats-server config: %w", err)
+	}
+	proc, err := StartProc(ctx, "nats-server", n.bin, []string{"-c", conf}, nil, n.dir)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(n.dir, "nats.pid"), []byte(strconv.Itoa(proc.Pid())), 0o644); err != nil {
+		_ = proc.Kill()
+		return err
+	}
+	n.proc = proc
+	if err := n.waitReady(ctx); err != nil {
+		_ = proc.Kill()
+		n.proc = nil
+		return fmt.Errorf("nats-server did not become ready: %w; log tail:\n%s", err, tail(proc.Log(), 4096))
+	}
+	return nil
+}
+
+func (n *NATS) waitReady(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	for {
+		if n.proc.Exited() {
+			return errors.New("the process exited")
+		}
+		nc, err := nats.Connect(n.URL(), nats.Timeout(time.Second))
+		if err == nil {
+			js, _ := jetstream.New(nc)
+			actx, acancel := context.WithTimeout(ctx, time.Second)
+			_, err = js.AccountInfo(actx)
+			acancel()
+			nc.Close()
+			if err == nil {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last: %v)", ctx.Err(), err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// Stop stops the server cleanly (SIGTERM).
+func (n *NATS) Stop() error { return n.halt(false) }
+
+// Kill SIGKILLs the server: what JetStream had not synced is lost.
+func (n *NATS) Kill() error { return n.halt(true) }
+
+func (n *NATS) halt(kill bool) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.proc == nil {
+		return nil
+	}
+	var err error
+	if kill {
+		err = n.proc.Kill()
+	} else if err = n.proc.Stop(time.Minute); err != nil && !n.proc.Exited() {
+		_ = n.proc.Kill()
+	}
+	n.proc = nil
+	return err
+}
+
+// Close kills the server and removes its directory.
+func (n *NATS) Close() {
+	_ = n.Kill()
+	n.reaper.close()
+	os.RemoveAll(n.dir)
+}
+
+// NATSMessage is a message read back from a stream.
+type NATSMessage struct {
+	Subject string
+	Header  nats.Header
+	Data    []byte
+	Seq     uint64 // stream sequence
+}
+
+// ReadStream reads a stream from its first message until it has want
+// messages or ctx ends, and returns them in stream order. Reading more than
+// want fails the read (a duplicate is a wrong count, not noise): it waits a
+// little past want for messages that should not be there.
+func ReadStream(ctx context.Context, url, stream string, want int) ([]NATSMessage, error) {
+	nc, err := nats.Connect(url)
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	var out []NATSMessage
+	for {
+		s, err := js.Stream(ctx, stream)
+		if err == nil {
+			last := s.CachedInfo().State.LastSeq
+			for seq := uint64(len(out)) + 1; seq <= last && err == nil; seq++ {
+				var m *jetstream.RawStreamMsg
+				if m, err = s.GetMsg(ctx, seq); err == nil {
+					out = append(out, NATSMessage{Subject: m.Subject, Header: m.Header, Data: m.Data, Seq: m.Sequence})
+				}
+			}
+		}
+		if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return out, fmt.Errorf("reading stream %s: %w", stream, err)
+		}
+		if len(out) >= want {
+			return out, nil
+		}
+		select {
+		case <-ctx.Done():
+			return out, fmt.Errorf("reading stream %s: %d of %d messages: %w", stream, len(out), want, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
