@@ -218,6 +218,7 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 		}
 	}
 	log := newLogger(e.stderr, o.LogFormat, o.LogLevel)
+	setMemoryLimit(log, e.getenv)
 	warnings := transportWarnings(o, e.getenv)
 	for _, w := range warnings {
 		log.Warn("insecure transport: " + w)
