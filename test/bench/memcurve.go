@@ -118,7 +118,7 @@ func memCurveRows(m *MemCurve, broker string) []row {
 	if m == nil {
 		return nil
 	}
-	label := fmt.Sprintf("single %s-row transaction, in-flight bound curve", commas(int64(m.Backlog.Events)))
+	label := fmt.Sprintf("single %s-row transaction, in-flight bound curve, fastest of %d", commas(int64(m.Backlog.Events)), len(m.Points[0].Runs))
 	if m.Err != nil && !slices.ContainsFunc(m.Points, func(p MemPoint) bool { return len(p.Runs) > 0 }) {
 		return []row{{"3", label, short(m.Err), "", "", "", "ERROR"}}
 	}
@@ -132,7 +132,9 @@ func memCurveRows(m *MemCurve, broker string) []row {
 	var rows []row
 	if def != nil && len(def.Runs) > 0 {
 		r := fastest(def.Runs)
-		tgt, res := target(broker == "kfake", "≤ 64 MiB peak RSS", peakOf(def.Runs) <= targetRSSDefaults)
+		// kfake and one Apache node: a slower broker's acks fill the
+		// in-flight window, which is what the bounds bound.
+		tgt, res := target(broker == "kfake" || broker == "apache", "≤ 64 MiB peak RSS", peakOf(def.Runs) <= targetRSSDefaults)
 		rows = append(rows, row{"3", label + ": default bounds", fmt.Sprintf("%s (%s), peak RSS %.1f MiB", secs(r.Elapsed), rate(n, r.Elapsed), mib(peakOf(def.Runs))),
 			"read-only ceiling " + secs(m.Ceiling.Elapsed), "", tgt, res})
 	}
