@@ -139,7 +139,9 @@ func appendTimestamp(dst []byte, us int64, tz bool) []byte {
 		sec, frac = sec-1, frac+1e6
 	}
 	t := time.Unix(946684800+sec, 0).UTC()
-	year, bc := t.Year(), false
+	year, month, day := t.Date()
+	hour, minute, second := t.Clock()
+	bc := false
 	if year <= 0 {
 		year, bc = 1-year, true // Go's year 0 is 1 BC, as PostgreSQL's
 	}
@@ -148,15 +150,15 @@ func appendTimestamp(dst []byte, us int64, tz bool) []byte {
 	}
 	dst = strconv.AppendInt(dst, int64(year), 10)
 	dst = append(dst, '-')
-	dst = append2(dst, int(t.Month()))
+	dst = append2(dst, int(month))
 	dst = append(dst, '-')
-	dst = append2(dst, t.Day())
+	dst = append2(dst, day)
 	dst = append(dst, ' ')
-	dst = append2(dst, t.Hour())
+	dst = append2(dst, hour)
 	dst = append(dst, ':')
-	dst = append2(dst, t.Minute())
+	dst = append2(dst, minute)
 	dst = append(dst, ':')
-	dst = append2(dst, t.Second())
+	dst = append2(dst, second)
 	if frac != 0 {
 		var f [7]byte
 		f[0] = '.'

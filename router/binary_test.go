@@ -126,3 +126,26 @@ func TestRouteBinary(t *testing.T) {
 		t.Fatalf("malformed uuid: %v", err)
 	}
 }
+
+// BenchmarkRouteBinary is BenchmarkRoute's row in pgoutput's binary form,
+// with the default outbox table's created_at.
+func BenchmarkRouteBinary(b *testing.B) {
+	r, err := New(Defaults())
+	if err != nil {
+		b.Fatal(err)
+	}
+	re := rel("public.outbox", "id", tUUID, "aggregatetype", tVarchar, "aggregateid", tVarchar, "type", tVarchar, "payload", tJSONB, "created_at", tTSTZ)
+	payload := `{"orderId": "2b1c6a8e-0f1d-4c8e-9a1b-7d3e5f6a7b8c", "customer": "c-1042", "lines": [{"sku": "A-1", "qty": 2}], "total": "59.90"}`
+	bin := &wal.Row{Relation: re, Values: []wal.Value{
+		{Kind: wal.ValueBinary, Data: []byte{0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef, 0xfe, 0xdc, 0xba, 0x98, 0x76, 0x54, 0x32, 0x10}},
+		{Kind: wal.ValueBinary, Data: []byte("Order")}, {Kind: wal.ValueBinary, Data: []byte("2b1c6a8e-0f1d-4c8e-9a1b-7d3e5f6a7b8c")},
+		{Kind: wal.ValueBinary, Data: []byte("OrderCreated")}, {Kind: wal.ValueBinary, Data: append([]byte{1}, payload...)},
+		{Kind: wal.ValueBinary, Data: be64(767_701_234_560_000)},
+	}}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := r.Route(bin, testTx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
