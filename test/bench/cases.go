@@ -30,10 +30,13 @@ type RelayCase struct {
 	// TextRelays are outboxd runs with --pgoutput-binary off (the "binary"
 	// case), interleaved with Relays (which run outboxd's default).
 	TextRelays []RelayRun
-	EOS        bool       // exactly-once runs were asked for
-	EOSRelays  []RelayRun // outboxd --exactly-once runs
-	Polling    *PollRun   // nil when not measured
-	Err        error
+	// BinaryCeilings are read-only reads in pgoutput's binary mode (the
+	// "binary" case), beside Ceilings (text).
+	BinaryCeilings []CeilingRun
+	EOS            bool       // exactly-once runs were asked for
+	EOSRelays      []RelayRun // outboxd --exactly-once runs
+	Polling        *PollRun   // nil when not measured
+	Err            error
 }
 
 // Ceiling is the fastest ceiling read.
@@ -154,7 +157,7 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 	// transaction or the large payloads).
 	text := e.cfg.Cases["binary"] && strings.HasPrefix(name, "drain_")
 	if text {
-		kinds = append(kinds, "txt")
+		kinds = append(kinds, "txt", "cbin")
 	}
 	for rep := range reps {
 		for _, kind := range kinds {
@@ -183,7 +186,8 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 		}
 		endLSN = r.EndLSN
 		c.Ceilings = append(c.Ceilings, r)
-		e.progress("%s: ceiling %s (%.0f ev/s), CPU %s", name, r.Elapsed.Round(time.Millisecond), EventsPerSec(int64(events), r.Elapsed), r.CPU)
+		e.progress("%s: ceiling %s (%.0f ev/s), walsender %.2f µs/ev, CPU %s", name, r.Elapsed.Round(time.Millisecond), EventsPerSec(int64(events), r.Elapsed),
+			float64(r.CPU.Walsender)/float64(events)/1e3, r.CPU)
 		return nil
 	}
 	run := func(exactlyOnce bool) func(int) error {
@@ -209,8 +213,21 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 			return fmt.Errorf("outboxd %s: %w", strings.Join(textArgs, " "), err)
 		}
 		c.TextRelays = append(c.TextRelays, r)
-		e.progress("%s: outboxd %s %s (%.0f ev/s), walsender %.0f%% busy, %.2f µs/ev", name, strings.Join(textArgs, " "),
-			r.Elapsed.Round(time.Millisecond), EventsPerSec(int64(events), r.Elapsed), 100*r.busy(), float64(r.walsenderPerEvent(events))/1e3)
+		e.progress("%s: outboxd %s %s (%.0f ev/s), peak RSS %.1f MiB, walsender %.0f%% busy, %.2f µs/ev, CPU %s", name, strings.Join(textArgs, " "),
+			r.Elapsed.Round(time.Millisecond), EventsPerSec(int64(events), r.Elapsed), mib(r.PeakRSS), 100*r.busy(), float64(r.walsenderPerEvent(events))/1e3, r.CPU)
+		return nil
+	}
+	binaryCeiling := func(rep int) error {
+		r, err := e.readCeilingArgs(ctx, w, slot("cbin", rep), events, caseTimeout(events), binaryArgs)
+		if err != nil {
+			return fmt.Errorf("binary %w", err)
+		}
+		if r.Inserts != events || r.Commits != c.Backlog.Txns {
+			return fmt.Errorf("binary ceiling saw %d inserts in %d commits, want %d in %d", r.Inserts, r.Commits, events, c.Backlog.Txns)
+		}
+		c.BinaryCeilings = append(c.BinaryCeilings, r)
+		e.progress("%s: ceiling, binary pgoutput %s (%.0f ev/s), walsender %.2f µs/ev, CPU %s", name, r.Elapsed.Round(time.Millisecond),
+			EventsPerSec(int64(events), r.Elapsed), float64(r.CPU.Walsender)/float64(events)/1e3, r.CPU)
 		return nil
 	}
 	for rep := range reps {
@@ -219,7 +236,7 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 			steps = append(steps, run(true))
 		}
 		if text {
-			steps = append(steps, textRun)
+			steps = append(steps, textRun, binaryCeiling)
 		}
 		if rep%2 == 1 {
 			slices.Reverse(steps)

@@ -77,8 +77,42 @@ func walsenderRows(c RelayCase, broker string, perTxn int) []row {
 			fmt.Sprintf("text: %s, walsender %.2f µs/ev, %.0f%% busy", rate(int64(n), t.Elapsed), float64(wt)/1e3, t.busy()*100),
 			rs, "", ""})
 	}
+	if len(c.BinaryCeilings) > 0 {
+		// The walsender alone, without outboxd beside it: its CPU per
+		// event is the cleanest measure of what the mode costs it.
+		b, t := medianCeilingPerEvent(c.BinaryCeilings, n), medianCeilingPerEvent(c.Ceilings, n)
+		rs := "?"
+		if t > 0 {
+			rs = fmt.Sprintf("CPU %.2f×", float64(b)/float64(t))
+		}
+		var fb CeilingRun
+		for _, r := range c.BinaryCeilings {
+			if fb.Elapsed == 0 || r.Elapsed < fb.Elapsed {
+				fb = r
+			}
+		}
+		rows = append(rows, row{"", fmt.Sprintf("  ″ read-only reader's walsender, binary vs text pgoutput, median of %d", len(c.BinaryCeilings)),
+			fmt.Sprintf("binary: %.2f µs/ev (fastest read %s)", float64(b)/1e3, rate(int64(n), fb.Elapsed)),
+			fmt.Sprintf("text: %.2f µs/ev (fastest read %s)", float64(t)/1e3, rate(int64(n), c.Ceiling().Elapsed)), rs, "", ""})
+	}
 	return rows
 }
 
 // textArgs are the "binary" case's text-mode runs' arguments.
 var textArgs = []string{"--pgoutput-binary", "off"}
+
+// binaryArgs are the binary ceiling reads' extra pgoutput options.
+var binaryArgs = []string{"binary 'true'"}
+
+// medianCeilingPerEvent is the median walsender CPU per event of reads.
+func medianCeilingPerEvent(runs []CeilingRun, events int) time.Duration {
+	var ds []time.Duration
+	for _, r := range runs {
+		ds = append(ds, r.CPU.Walsender/time.Duration(max(1, events)))
+	}
+	if len(ds) == 0 {
+		return 0
+	}
+	slices.Sort(ds)
+	return ds[len(ds)/2]
+}

@@ -41,6 +41,15 @@ func TestWalsenderRows(t *testing.T) {
 	if r := walsenderRows(c, "kfake", 100); r[0][6] != "—" {
 		t.Errorf("100 ev/txn: %q", r[0])
 	}
+	ceil := func(elapsed, ws time.Duration) CeilingRun {
+		return CeilingRun{Elapsed: elapsed, CPU: CPUSplit{Walsender: ws, Known: true}}
+	}
+	c.Ceilings = []CeilingRun{ceil(2*time.Second, time.Second), ceil(3*time.Second, 1200*time.Millisecond), ceil(2*time.Second, 1100*time.Millisecond)}
+	c.BinaryCeilings = []CeilingRun{ceil(1500*time.Millisecond, 800*time.Millisecond), ceil(2*time.Second, 900*time.Millisecond), ceil(2*time.Second, 700*time.Millisecond)}
+	rows = walsenderRows(c, "kfake", 10)
+	if len(rows) != 3 || rows[2][2] != "binary: 8.00 µs/ev (fastest read 66,667 ev/s)" || rows[2][3] != "text: 11.00 µs/ev (fastest read 50,000 ev/s)" || rows[2][4] != "CPU 0.73×" {
+		t.Errorf("ceiling row %q", rows[len(rows)-1])
+	}
 	if life := procLife(os.Getpid()); life <= 0 || life > time.Hour {
 		t.Errorf("procLife(self) = %s", life)
 	}
