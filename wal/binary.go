@@ -52,6 +52,9 @@ type binaryFunc = func(oid uint32, s Settings) bool
 // connection in database mode runs simple-protocol SQL).
 func chooseBinary(ctx context.Context, conn *pgconn.PgConn, pubs []string, ok binaryFunc) (bool, Settings, error) {
 	var s Settings
+	if len(pubs) == 0 {
+		return false, s, nil
+	}
 	quoted := make([]string, len(pubs))
 	for i, p := range pubs {
 		quoted[i] = pgquote.Literal(p) // validated by Start
