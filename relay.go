@@ -60,6 +60,9 @@ type relay struct {
 	// producer and the checkpoint (resetTransactions) once START_REPLICATION
 	// holds the slot: after a failed session, and after standing by.
 	freshProducer bool
+	// textOnly: a binary session met a column type the router does not
+	// render from binary; text from now on (binary.go).
+	textOnly bool
 	// lastLogged de-duplicates a session error repeated on every retry.
 	lastLogged   string
 	lastLoggedAt time.Time
@@ -117,6 +120,7 @@ func (r *relay) run(ctx context.Context) error {
 				return nil
 			}
 			continue
+		case r.binaryEnded(err):
 		case errors.Is(err, wal.ErrStreamEnded):
 			r.log.Warn("PostgreSQL ended the replication stream; reconnecting", "resume_lsn", resume.String())
 		case errors.As(err, &rej):
@@ -260,6 +264,7 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 	defer cancel()
 	stream, err := conn.Start(sctx, wal.StartOptions{
 		Slot: r.cfg.Slot, Publications: []string{r.cfg.Publication}, StartLSN: start, Messages: r.cfg.wantMessages(), MaxBodyBytes: r.cfg.maxBodyBytes(),
+		Binary: r.binaryTypes(),
 	})
 	if err != nil {
 		return false, nil, err
@@ -280,7 +285,7 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 	wm = slot.NewWatermark(start)
 	r.state.startSession(wm, info)
 	r.m.connected.Set(1)
-	r.log.Info("streaming", "slot", info.Name, "publication", r.cfg.Publication, "from_lsn", start.String(), "failover", info.Failover)
+	r.log.Info("streaming", "slot", info.Name, "publication", r.cfg.Publication, "from_lsn", start.String(), "failover", info.Failover, "pgoutput", streamMode(stream))
 
 	s := &streamer{relay: r, stream: stream, wm: wm, commit: atLeastOnce{wm}, errc: make(chan error, 1), rejected: &r.rejected, lastSent: start, sentAt: time.Now()}
 	if r.cfg.TxnSink != nil {

@@ -29,6 +29,7 @@ const (
 //
 // The record owns its bytes.
 func (r *Router) DeadLetter(topic string, row *wal.Row, tx Tx, cause error) Record {
+	row, _ = r.textForm(row) // binary pgoutput: binary.go
 	p := r.planFor(row.Relation)
 	cols := row.Relation.Columns
 	var id valueRef

@@ -174,7 +174,11 @@ func (p *plan) invalidD(id valueRef, reason, detail string) error {
 // buffer the stream reuses. An event that cannot be routed yields an
 // *InvalidError (errors.Is(err, ErrInvalid)).
 func (r *Router) Route(row *wal.Row, tx Tx) (Record, error) {
+	row, bad := r.textForm(row) // binary pgoutput: binary.go
 	p := r.planFor(row.Relation)
+	if bad != "" {
+		return Record{}, p.invalid(get(row.Values, p.id), bad)
+	}
 	vals := row.Values
 	if row.Oversize > 0 {
 		return Record{}, p.invalid(get(vals, p.id), oversizeReason(row.Oversize))

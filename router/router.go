@@ -161,6 +161,7 @@ type Router struct {
 	last  *plan // the plan of the previous row: the common case
 	plans map[*wal.Relation]*plan
 	keys  map[string]string // interned header keys from headers columns
+	bin   binRow            // a binary row's text form (binary.go)
 }
 
 const (

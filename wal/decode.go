@@ -103,6 +103,8 @@ func (r *reader) cstring() string {
 // every row names its relation by OID, announced earlier in the same session.
 type decoder struct {
 	relations map[uint32]*Relation
+	binary    binaryFunc // binary mode: the columns the caller renders (nil: text)
+	settings  Settings
 }
 
 func newDecoder() *decoder { return &decoder{relations: make(map[uint32]*Relation)} }
@@ -213,7 +215,11 @@ func (d *decoder) decodeRelation(r *reader) error {
 	if r.err != nil {
 		return fmt.Errorf("pgoutput relation: %w", r.err)
 	}
-	d.relations[id] = NewRelation(id, namespace, name, cols)
+	rel := NewRelation(id, namespace, name, cols)
+	if err := d.checkBinary(rel); err != nil {
+		return err
+	}
+	d.relations[id] = rel
 	return nil
 }
 

@@ -95,6 +95,12 @@ type StartOptions struct {
 	// (Row.Oversize, Message.Oversize), so that its size never has to fit
 	// in memory. Needs a connection made by Connect.
 	MaxBodyBytes int
+	// Binary, if set, asks for pgoutput's binary mode (PostgreSQL 14+)
+	// when it passes every column type of the publications' tables under
+	// the session's settings: it must report whether the caller turns the
+	// type's binary send form into exactly the server's text output. Values
+	// then arrive as ValueBinary. See binary.go.
+	Binary func(typeOID uint32, s Settings) bool
 }
 
 // Stream is one START_REPLICATION session. It is not safe for concurrent use:
@@ -130,6 +136,18 @@ func Start(ctx context.Context, conn *pgconn.PgConn, opts StartOptions) (*Stream
 	if opts.Messages {
 		args = append(args, "messages 'true'")
 	}
+	var binary binaryFunc
+	var settings Settings
+	if opts.Binary != nil {
+		on, s, err := chooseBinary(ctx, conn, opts.Publications, opts.Binary)
+		if err != nil {
+			return nil, err
+		}
+		if on {
+			args = append(args, "binary 'true'")
+			binary, settings = opts.Binary, s
+		}
+	}
 	// PostgreSQL lets a logical slot start past its own WAL, and would then
 	// take the client's confirmations from there: one bogus LSN (a forged
 	// checkpoint) would skip every event to come. Never start beyond the
@@ -147,6 +165,7 @@ func Start(ctx context.Context, conn *pgconn.PgConn, opts StartOptions) (*Stream
 		return nil, fmt.Errorf("START_REPLICATION on slot %q: %w", opts.Slot, err)
 	}
 	s := &Stream{conn: conn, dec: newDecoder(), received: opts.StartLSN}
+	s.dec.binary, s.dec.settings = binary, settings
 	if bc, ok := conn.CustomData()[capKey].(*bodyCap); ok {
 		s.cap = bc
 		bc.setMax(opts.MaxBodyBytes)
@@ -154,6 +173,9 @@ func Start(ctx context.Context, conn *pgconn.PgConn, opts StartOptions) (*Stream
 	s.stop = context.AfterFunc(ctx, func() { _ = conn.Conn().SetReadDeadline(time.Now()) })
 	return s, nil
 }
+
+// Binary reports whether the session streams pgoutput's binary mode.
+func (s *Stream) Binary() bool { return s.dec.binary != nil }
 
 // Received is the highest WAL position the server has reported so far.
 func (s *Stream) Received() LSN { return s.received }

@@ -73,7 +73,8 @@ const (
 )
 
 // Value is one column's value. Data is the value's text form exactly as the
-// server sent it. It aliases the receive buffer: it is valid only until the
+// server sent it (Kind ValueText), or in binary mode (StartOptions.Binary)
+// its binary send form (Kind ValueBinary). It aliases the receive buffer: it is valid only until the
 // next call to Stream.Next, so copy what you keep.
 type Value struct {
 	Kind byte

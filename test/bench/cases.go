@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/outboxd/outboxd/test/harness"
@@ -20,16 +21,22 @@ import (
 // outboxd --exactly-once on a slot of its own (ceiling, at-least-once,
 // exactly-once in even rounds, the reverse in odd ones).
 type RelayCase struct {
-	Name      string
-	Events    int // asked for (Backlog holds what was written)
-	PerTxn    int
-	Backlog   backlog
-	Ceilings  []CeilingRun
-	Relays    []RelayRun
-	EOS       bool       // exactly-once runs were asked for
-	EOSRelays []RelayRun // outboxd --exactly-once runs
-	Polling   *PollRun   // nil when not measured
-	Err       error
+	Name     string
+	Events   int // asked for (Backlog holds what was written)
+	PerTxn   int
+	Backlog  backlog
+	Ceilings []CeilingRun
+	Relays   []RelayRun
+	// TextRelays are outboxd runs with --pgoutput-binary off (the "binary"
+	// case), interleaved with Relays (which run outboxd's default).
+	TextRelays []RelayRun
+	// BinaryCeilings are read-only reads in pgoutput's binary mode (the
+	// "binary" case), beside Ceilings (text).
+	BinaryCeilings []CeilingRun
+	EOS            bool       // exactly-once runs were asked for
+	EOSRelays      []RelayRun // outboxd --exactly-once runs
+	Polling        *PollRun   // nil when not measured
+	Err            error
 }
 
 // Ceiling is the fastest ceiling read.
@@ -146,6 +153,12 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 	if eos {
 		kinds = append(kinds, "eos")
 	}
+	// Binary beside text pgoutput: the drain cases only (not the large
+	// transaction or the large payloads).
+	text := e.cfg.Cases["binary"] && strings.HasPrefix(name, "drain_")
+	if text {
+		kinds = append(kinds, "txt", "cbin")
+	}
 	for rep := range reps {
 		for _, kind := range kinds {
 			if err := w.createSlot(ctx, slot(kind, rep)); err != nil {
@@ -173,7 +186,8 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 		}
 		endLSN = r.EndLSN
 		c.Ceilings = append(c.Ceilings, r)
-		e.progress("%s: ceiling %s (%.0f ev/s), CPU %s", name, r.Elapsed.Round(time.Millisecond), EventsPerSec(int64(events), r.Elapsed), r.CPU)
+		e.progress("%s: ceiling %s (%.0f ev/s), walsender %.2f µs/ev, CPU %s", name, r.Elapsed.Round(time.Millisecond), EventsPerSec(int64(events), r.Elapsed),
+			float64(r.CPU.Walsender)/float64(events)/1e3, r.CPU)
 		return nil
 	}
 	run := func(exactlyOnce bool) func(int) error {
@@ -187,16 +201,42 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 				return fmt.Errorf("%s: %w", label, err)
 			}
 			*runs = append(*runs, r)
-			e.progress("%s: %s %s (%.0f ev/s; kafka complete at %s, slot confirmed at %s), peak RSS %.1f MiB, CPU %s",
+			e.progress("%s: %s %s (%.0f ev/s; kafka complete at %s, slot confirmed at %s), peak RSS %.1f MiB, walsender %.0f%% busy, %.2f µs/ev, CPU %s",
 				name, label, r.Elapsed.Round(time.Millisecond), EventsPerSec(int64(events), r.Elapsed),
-				r.KafkaAt.Round(time.Millisecond), r.ConfirmedAt.Round(time.Millisecond), mib(r.PeakRSS), r.CPU)
+				r.KafkaAt.Round(time.Millisecond), r.ConfirmedAt.Round(time.Millisecond), mib(r.PeakRSS), 100*r.busy(), float64(r.walsenderPerEvent(events))/1e3, r.CPU)
 			return nil
 		}
+	}
+	textRun := func(rep int) error {
+		r, err := e.drainOutboxd(ctx, w, slot("txt", rep), int64(events), endLSN, caseTimeout(events), false, textArgs...)
+		if err != nil {
+			return fmt.Errorf("outboxd %s: %w", strings.Join(textArgs, " "), err)
+		}
+		c.TextRelays = append(c.TextRelays, r)
+		e.progress("%s: outboxd %s %s (%.0f ev/s), peak RSS %.1f MiB, walsender %.0f%% busy, %.2f µs/ev, CPU %s", name, strings.Join(textArgs, " "),
+			r.Elapsed.Round(time.Millisecond), EventsPerSec(int64(events), r.Elapsed), mib(r.PeakRSS), 100*r.busy(), float64(r.walsenderPerEvent(events))/1e3, r.CPU)
+		return nil
+	}
+	binaryCeiling := func(rep int) error {
+		r, err := e.readCeilingArgs(ctx, w, slot("cbin", rep), events, caseTimeout(events), binaryArgs)
+		if err != nil {
+			return fmt.Errorf("binary %w", err)
+		}
+		if r.Inserts != events || r.Commits != c.Backlog.Txns {
+			return fmt.Errorf("binary ceiling saw %d inserts in %d commits, want %d in %d", r.Inserts, r.Commits, events, c.Backlog.Txns)
+		}
+		c.BinaryCeilings = append(c.BinaryCeilings, r)
+		e.progress("%s: ceiling, binary pgoutput %s (%.0f ev/s), walsender %.2f µs/ev, CPU %s", name, r.Elapsed.Round(time.Millisecond),
+			EventsPerSec(int64(events), r.Elapsed), float64(r.CPU.Walsender)/float64(events)/1e3, r.CPU)
+		return nil
 	}
 	for rep := range reps {
 		steps := []func(int) error{ceiling, run(false)}
 		if eos {
 			steps = append(steps, run(true))
+		}
+		if text {
+			steps = append(steps, textRun, binaryCeiling)
 		}
 		if rep%2 == 1 {
 			slices.Reverse(steps)
@@ -249,7 +289,8 @@ type Column struct {
 	EOSLatency  *EOSLatency
 	BigTxn      *RelayCase
 	Large       *RelayCase
-	Restarts    int // servers that died (were stopped from outside) and were restarted
+	MemCurve    *MemCurve // the memory case (memcurve.go)
+	Restarts    int       // servers that died (were stopped from outside) and were restarted
 }
 
 // EOSLatency is outboxd --exactly-once at one rate beside the at-least-once
@@ -291,7 +332,7 @@ func (r *Column) Failed() bool {
 	if l := r.EOSLatency; l != nil && (l.ALOErr != nil || l.EOSErr != nil) {
 		return true
 	}
-	return (r.BigTxn != nil && r.BigTxn.Err != nil) || (r.Large != nil && r.Large.Err != nil)
+	return (r.BigTxn != nil && r.BigTxn.Err != nil) || (r.Large != nil && r.Large.Err != nil) || r.MemCurve.Failed()
 }
 
 // Failed reports whether any column failed to run.
@@ -451,6 +492,13 @@ func (e *Env) runCases(ctx context.Context, res *Column, floor bool) {
 			e.progress("large payloads FAILED: %v", large.Err)
 		}
 		res.Large = &large
+	}
+	if cfg.Cases["memory"] {
+		m := e.MemCurveCase(ctx, cfg.MemRows, cfg.MemBounds, cfg.Reps)
+		if m.Err != nil {
+			e.progress("memory case FAILED: %v", m.Err)
+		}
+		res.MemCurve = &m
 	}
 }
 

@@ -31,6 +31,11 @@ type CeilingRun struct {
 // messages, and Commit messages for their end LSN. It stops at the commit
 // after the want-th insert, sending standby status updates along the way.
 func (e *Env) readCeiling(ctx context.Context, w *world, slot string, want int, timeout time.Duration) (CeilingRun, error) {
+	return e.readCeilingArgs(ctx, w, slot, want, timeout, nil)
+}
+
+// readCeilingArgs is readCeiling with more pgoutput options (binaryArgs).
+func (e *Env) readCeilingArgs(ctx context.Context, w *world, slot string, want int, timeout time.Duration, pluginArgs []string) (CeilingRun, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	snap := e.snapshot()
@@ -39,7 +44,7 @@ func (e *Env) readCeiling(ctx context.Context, w *world, slot string, want int, 
 		r         CeilingRun
 		walsender int
 	)
-	_, err := streamSlot(ctx, w.dsn, slot, func(pid int) { walsender = pid },
+	_, err := streamSlotArgs(ctx, w.dsn, slot, pluginArgs, func(pid int) { walsender = pid },
 		func([]byte) { r.Inserts++ },
 		func(begin, end uint64) bool {
 			r.Commits++
@@ -62,6 +67,11 @@ func (e *Env) readCeiling(ctx context.Context, w *world, slot string, want int, 
 // if not nil, gets the walsender's pid once streaming started. It returns
 // the walsender's pid.
 func streamSlot(ctx context.Context, dsn, slot string, started func(walsender int), onInsert func(msg []byte), onCommit func(beginLSN, endLSN uint64) bool) (int, error) {
+	return streamSlotArgs(ctx, dsn, slot, nil, started, onInsert, onCommit)
+}
+
+// streamSlotArgs is streamSlot with more pgoutput options.
+func streamSlotArgs(ctx context.Context, dsn, slot string, pluginArgs []string, started func(walsender int), onInsert func(msg []byte), onCommit func(beginLSN, endLSN uint64) bool) (int, error) {
 	cfg, err := pgconn.ParseConfig(dsn)
 	if err != nil {
 		return 0, err
@@ -76,7 +86,7 @@ func streamSlot(ctx context.Context, dsn, slot string, started func(walsender in
 	walsender := int(conn.PID())
 	err = pglogrepl.StartReplication(ctx, conn, slot, 0, pglogrepl.StartReplicationOptions{
 		Mode:       pglogrepl.LogicalReplication,
-		PluginArgs: []string{"proto_version '1'", "publication_names 'outboxd'", "messages 'true'"},
+		PluginArgs: append([]string{"proto_version '1'", "publication_names 'outboxd'", "messages 'true'"}, pluginArgs...),
 	})
 	if err != nil {
 		return walsender, fmt.Errorf("START_REPLICATION: %w", err)

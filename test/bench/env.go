@@ -40,6 +40,8 @@ type Config struct {
 	BigTxnRows      int             // rows of the single large transaction
 	LargeEvents     int             // events of the large-payload drain
 	LargePayload    int             // approximate payload bytes of the large-payload drain
+	MemRows         int             // rows of the memory case's one transaction (memcurve.go)
+	MemBounds       []int64         // its --max-inflight-bytes bounds (0: outboxd's defaults)
 	OutboxdArgs     []string        // appended to outboxd's command line
 	OutboxdEnv      []string        // added to outboxd's environment (KEY=VALUE), e.g. GOMAXPROCS=1
 	Cases           map[string]bool // drain, latency, resources, eos, debezium
@@ -64,7 +66,9 @@ func DefaultConfig(quick bool) Config {
 		BigTxnRows:      1_000_000,
 		LargeEvents:     20_000,
 		LargePayload:    4096,
-		Cases:           map[string]bool{"drain": true, "latency": true, "resources": true, "eos": true, "debezium": true},
+		MemRows:         200_000,
+		MemBounds:       []int64{0, 4 << 20, 8 << 20, 16 << 20},
+		Cases:           map[string]bool{"drain": true, "latency": true, "resources": true, "eos": true, "debezium": true, "binary": true, "memory": true},
 		Debezium:        defaultDebezium(quick),
 		Brokers:         DefaultBrokers(),
 	}

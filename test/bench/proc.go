@@ -318,3 +318,41 @@ func loadAvg() string {
 	}
 	return strings.Join(f[:3], " ")
 }
+
+// procLife is how long pid has been running (0 if it is gone): its start
+// time (field 22 of /proc/<pid>/stat, in ticks since boot) against
+// /proc/uptime, both to 10 ms.
+func procLife(pid int) time.Duration {
+	if pid <= 0 {
+		return 0
+	}
+	up, err := os.ReadFile("/proc/uptime")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(up))
+	if len(f) == 0 {
+		return 0
+	}
+	uptime, err := strconv.ParseFloat(f[0], 64)
+	if err != nil {
+		return 0
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0
+	}
+	sf := strings.Fields(string(b[i+1:]))
+	if len(sf) < 20 {
+		return 0
+	}
+	start, err := strconv.ParseInt(sf[19], 10, 64)
+	if err != nil {
+		return 0
+	}
+	return max(0, time.Duration(uptime*float64(time.Second))-time.Duration(start)*clockTick)
+}

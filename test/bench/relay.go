@@ -30,6 +30,11 @@ type RelayRun struct {
 	OutboxdCPU  time.Duration // utime+stime of outboxd over its whole life
 	PeakRSS     int64         // outboxd's VmHWM, bytes
 	CPU         CPUSplit
+	// WalsenderLife is how long the walsender serving the slot ran, from
+	// its start to the end of the drain: CPU.Walsender over it is its busy
+	// share (walsender.go).
+	WalsenderLife time.Duration
+	Args          []string // outboxd's arguments beyond the bench's own (the run's mode)
 }
 
 // outboxd is a running relay.
@@ -118,10 +123,10 @@ func tailOf(s string, n int) string {
 // read_committed consumer, reading the topic from where it ended before the
 // run, has received every event: the end offsets would count transaction
 // markers, and records of open transactions are not visible yet.
-func (e *Env) drainOutboxd(ctx context.Context, w *world, slot string, want int64, endLSN uint64, timeout time.Duration, eos bool) (RelayRun, error) {
+func (e *Env) drainOutboxd(ctx context.Context, w *world, slot string, want int64, endLSN uint64, timeout time.Duration, eos bool, extra ...string) (RelayRun, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	r := RelayRun{ExactlyOnce: eos}
+	r := RelayRun{ExactlyOnce: eos, Args: extra}
 	var mode []string
 	// Earlier runs on the same backlog left their records in the topic.
 	base, err := w.topicCount(ctx)
@@ -145,7 +150,7 @@ func (e *Env) drainOutboxd(ctx context.Context, w *world, slot string, want int6
 	}
 	snap := e.snapshot()
 	start := time.Now()
-	o, err := e.startOutboxd(ctx, w, slot, slot, mode...)
+	o, err := e.startOutboxd(ctx, w, slot, slot, append(mode, extra...)...)
 	if err != nil {
 		return r, err
 	}
@@ -190,6 +195,7 @@ func (e *Env) drainOutboxd(ctx context.Context, w *world, slot string, want int6
 	r.OutboxdCPU = cpuOf(o.Pid())
 	r.PeakRSS = peakRSS(o.Pid())
 	r.CPU = e.split(snap, walsender)
+	r.WalsenderLife = procLife(walsender)
 	r.CPU.Outboxd = r.OutboxdCPU
 	// Count after stopping: nothing may arrive beyond want (no duplicates
 	// without faults).

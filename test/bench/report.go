@@ -240,6 +240,7 @@ func (r *Results) columnRows(col *Column) []row {
 			tgt, res := target(tg.poll && k == 1, fmt.Sprintf("≥ %.0f× polling", targetPollRatio), pv >= targetPollRatio)
 			add("", "  ″ vs polling", "", "polling (100/claim) "+rate(n, c.Polling.Elapsed)+" ("+secs(c.Polling.Elapsed)+")", ps, tgt, res)
 		}
+		rows = append(rows, walsenderRows(c, col.Broker, k)...) // walsender.go
 	}
 
 	// 2. Latency.
@@ -348,6 +349,7 @@ func (r *Results) columnRows(col *Column) []row {
 				fmt.Sprintf("read-only ceiling %.1f MB/s", mbps(c.Ceiling().Elapsed)), rs, "—", "—")
 		}
 	}
+	rows = append(rows, memCurveRows(col.MemCurve, col.Broker)...) // memcurve.go
 	for _, c := range col.Drains {
 		if c.Relay().Elapsed == 0 {
 			continue

@@ -1,0 +1,80 @@
+package bench
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestWalsenderRows: the busy share is the walsender's CPU over its life,
+// checked (≥ 95%) at 1 and 10 ev/txn on kfake and Apache only; the binary
+// row compares the modes' walsender CPU per event.
+func TestWalsenderRows(t *testing.T) {
+	split := func(ws time.Duration) CPUSplit {
+		return CPUSplit{Wall: 2 * time.Second, Walsender: ws, Known: true, BrokerIs: "kfaked"}
+	}
+	run := func(elapsed, ws time.Duration) RelayRun {
+		return RelayRun{Elapsed: elapsed, CPU: split(ws), WalsenderLife: 2 * time.Second}
+	}
+	c := RelayCase{Backlog: backlog{Events: 100_000, PerTxn: 10},
+		Relays:     []RelayRun{run(2*time.Second, 1960*time.Millisecond), run(3*time.Second, 1900*time.Millisecond)},
+		TextRelays: []RelayRun{run(2500*time.Millisecond, 2200*time.Millisecond)}}
+	rows := walsenderRows(c, "kfake", 10)
+	if len(rows) != 2 {
+		t.Fatalf("%d rows, want 2: %q", len(rows), rows)
+	}
+	if rows[0][2] != "98%: 50,000 ev/s of a saturated walsender's 51,020 ev/s" || rows[0][4] != "0.98" || rows[0][6] != "PASS" {
+		t.Errorf("busy row %q", rows[0])
+	}
+	// Median walsender CPU per event: 19.6 and 19.0 µs → the upper middle, 19.6.
+	if !strings.Contains(rows[1][2], "walsender 19.60 µs/ev") || !strings.Contains(rows[1][3], "text: 40,000 ev/s, walsender 22.00 µs/ev") || rows[1][4] != "1.25×" {
+		t.Errorf("binary row %q", rows[1])
+	}
+	c.Relays[0].CPU.Walsender = 1800 * time.Millisecond // 90%
+	if r := walsenderRows(c, "apache", 1); r[0][6] != "FAIL" {
+		t.Errorf("90%% busy on apache at 1 ev/txn: %q", r[0])
+	}
+	if r := walsenderRows(c, "apache-cluster", 10); r[0][6] != "—" {
+		t.Errorf("3-node cluster: %q", r[0])
+	}
+	if r := walsenderRows(c, "kfake", 100); r[0][6] != "—" {
+		t.Errorf("100 ev/txn: %q", r[0])
+	}
+	ceil := func(elapsed, ws time.Duration) CeilingRun {
+		return CeilingRun{Elapsed: elapsed, CPU: CPUSplit{Walsender: ws, Known: true}}
+	}
+	c.Ceilings = []CeilingRun{ceil(2*time.Second, time.Second), ceil(3*time.Second, 1200*time.Millisecond), ceil(2*time.Second, 1100*time.Millisecond)}
+	c.BinaryCeilings = []CeilingRun{ceil(1500*time.Millisecond, 800*time.Millisecond), ceil(2*time.Second, 900*time.Millisecond), ceil(2*time.Second, 700*time.Millisecond)}
+	rows = walsenderRows(c, "kfake", 10)
+	if len(rows) != 3 || rows[2][2] != "binary: 8.00 µs/ev (fastest read 66,667 ev/s)" || rows[2][3] != "text: 11.00 µs/ev (fastest read 50,000 ev/s)" || rows[2][4] != "CPU 0.73×" {
+		t.Errorf("ceiling row %q", rows[len(rows)-1])
+	}
+	if life := procLife(os.Getpid()); life <= 0 || life > time.Hour {
+		t.Errorf("procLife(self) = %s", life)
+	}
+}
+
+// TestMemCurveRows: the default bounds' peak RSS is checked against 64 MiB
+// (kfake, Apache), each smaller bound is shown beside the default.
+func TestMemCurveRows(t *testing.T) {
+	m := &MemCurve{Backlog: backlog{Events: 200_000, PerTxn: 200_000}, Ceiling: CeilingRun{Elapsed: 4 * time.Second},
+		Points: []MemPoint{
+			{Bytes: 0, Runs: []RelayRun{{Elapsed: 5 * time.Second, PeakRSS: 70 << 20}, {Elapsed: 4 * time.Second, PeakRSS: 60 << 20}}},
+			{Bytes: 8 << 20, Runs: []RelayRun{{Elapsed: 8 * time.Second, PeakRSS: 30 << 20}}},
+		}}
+	rows := memCurveRows(m, "apache")
+	if len(rows) != 2 || rows[0][2] != "4.00 s (50,000 ev/s), peak RSS 70.0 MiB" || rows[0][6] != "FAIL" {
+		t.Fatalf("rows %q", rows)
+	}
+	if rows[1][1] != "  ″ --max-inflight-bytes 8MiB" || rows[1][2] != "25,000 ev/s, peak RSS 30.0 MiB" || rows[1][4] != "0.50×" {
+		t.Errorf("curve row %q", rows[1])
+	}
+	m.Points[0].Runs[0].PeakRSS = 50 << 20
+	if r := memCurveRows(m, "kfake"); r[0][6] != "PASS" {
+		t.Errorf("60 MiB: %q", r[0])
+	}
+	if r := memCurveRows(m, "apache-cluster"); r[0][6] != "—" {
+		t.Errorf("cluster: %q", r[0])
+	}
+}
