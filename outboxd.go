@@ -62,7 +62,7 @@ type Config struct {
 	MaxSlotLag         int64         // slot lag above which the relay warns and is not ready (0 disables)
 	Warnings           []string      // insecure settings found at startup, shown on /status
 	SlotFailover       string        // "auto" (default), "true" or "false": create the slot as a failover slot (PostgreSQL 17+)
-	PgoutputBinary     string        // "auto" (default): pgoutput's binary mode where the router renders every published column type (binary.go); "off": text
+	PgoutputBinary     string        // "off" (default): text; "auto": pgoutput's binary mode where the router renders every published column type (binary.go)
 
 	// ProgressStore keeps, in at-least-once mode, the record of how far
 	// outboxd has published that outlives the slot, for the gap check
@@ -146,7 +146,7 @@ func (c *Config) defaults() error {
 		c.OnInvalid = "fail"
 	}
 	if c.PgoutputBinary == "" {
-		c.PgoutputBinary = "auto"
+		c.PgoutputBinary = "off"
 	}
 	if c.PgoutputBinary != "auto" && c.PgoutputBinary != "off" {
 		return errors.New(`outboxd: PgoutputBinary must be "auto" or "off"`)

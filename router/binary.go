@@ -265,3 +265,6 @@ func (r *Router) textForm(row *wal.Row) (out *wal.Row, bad string) {
 	b.row.Values = b.vals
 	return &b.row, bad
 }
+
+// hexDigits are bytea's hex output digits (lower case, as PostgreSQL writes them).
+const hexDigits = "0123456789abcdef"

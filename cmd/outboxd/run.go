@@ -108,7 +108,7 @@ func (o *runOptions) register(s *optionSet) {
 	fs.StringVar(&o.Publication, "publication", "outboxd", "publication whose tables are outbox tables")
 	fs.StringVar(&o.Slot, "slot", "outboxd", "logical replication slot (pgoutput); created if missing")
 	s.choice(&o.SlotFailover, "slot-failover", "auto", "make the slot a failover slot that PostgreSQL 17+ copies to standbys (sync_replication_slots) so it survives a promotion: auto (when the server supports it), true (required) or false", "auto", "true", "false")
-	s.choice(&o.PgoutputBinary, "pgoutput-binary", "auto", "stream pgoutput's binary form (PostgreSQL 14+), which costs the walsender less CPU, when outboxd renders every column type of the publication's tables exactly as their text (auto), or always text (off); the records are the same bytes either way", "auto", "off")
+	s.choice(&o.PgoutputBinary, "pgoutput-binary", "off", "stream pgoutput's binary form (PostgreSQL 14+), which costs the walsender about 5% less CPU, when outboxd renders every column type of the publication's tables exactly as their text (auto), or always text (off, the default until a quiet bench shows binary drains faster); the records are the same bytes either way", "auto", "off")
 	fs.Var(&o.KafkaBrokers, "kafka-brokers", "Kafka bootstrap brokers, comma-separated host:port")
 	fs.StringVar(&o.HTTPAddr, "http-addr", "127.0.0.1:9187", "address for /metrics, /healthz, /readyz and /status, which have no authentication (empty disables; :9187 for every interface, as in the container)")
 	s.choice(&o.LogFormat, "log-format", "text", "log format", "text", "json")

@@ -27,9 +27,9 @@ type RelayCase struct {
 	Backlog  backlog
 	Ceilings []CeilingRun
 	Relays   []RelayRun
-	// TextRelays are outboxd runs with --pgoutput-binary off (the "binary"
-	// case), interleaved with Relays (which run outboxd's default).
-	TextRelays []RelayRun
+	// BinaryRelays are outboxd runs with --pgoutput-binary auto (the
+	// "binary" case), interleaved with Relays (outboxd's default, text).
+	BinaryRelays []RelayRun
 	// BinaryCeilings are read-only reads in pgoutput's binary mode (the
 	// "binary" case), beside Ceilings (text).
 	BinaryCeilings []CeilingRun
@@ -207,13 +207,13 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 			return nil
 		}
 	}
-	textRun := func(rep int) error {
-		r, err := e.drainOutboxd(ctx, w, slot("txt", rep), int64(events), endLSN, caseTimeout(events), false, textArgs...)
+	binaryRun := func(rep int) error {
+		r, err := e.drainOutboxd(ctx, w, slot("bin", rep), int64(events), endLSN, caseTimeout(events), false, binaryModeArgs...)
 		if err != nil {
-			return fmt.Errorf("outboxd %s: %w", strings.Join(textArgs, " "), err)
+			return fmt.Errorf("outboxd %s: %w", strings.Join(binaryModeArgs, " "), err)
 		}
-		c.TextRelays = append(c.TextRelays, r)
-		e.progress("%s: outboxd %s %s (%.0f ev/s), peak RSS %.1f MiB, walsender %.0f%% busy, %.2f µs/ev, CPU %s", name, strings.Join(textArgs, " "),
+		c.BinaryRelays = append(c.BinaryRelays, r)
+		e.progress("%s: outboxd %s %s (%.0f ev/s), peak RSS %.1f MiB, walsender %.0f%% busy, %.2f µs/ev, CPU %s", name, strings.Join(binaryModeArgs, " "),
 			r.Elapsed.Round(time.Millisecond), EventsPerSec(int64(events), r.Elapsed), mib(r.PeakRSS), 100*r.busy(), float64(r.walsenderPerEvent(events))/1e3, r.CPU)
 		return nil
 	}
@@ -236,7 +236,7 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 			steps = append(steps, run(true))
 		}
 		if text {
-			steps = append(steps, textRun, binaryCeiling)
+			steps = append(steps, binaryRun, binaryCeiling)
 		}
 		if rep%2 == 1 {
 			slices.Reverse(steps)

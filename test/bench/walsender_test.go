@@ -19,7 +19,7 @@ func TestWalsenderRows(t *testing.T) {
 	}
 	c := RelayCase{Backlog: backlog{Events: 100_000, PerTxn: 10},
 		Relays:     []RelayRun{run(2*time.Second, 1960*time.Millisecond), run(3*time.Second, 1900*time.Millisecond)},
-		TextRelays: []RelayRun{run(2500*time.Millisecond, 2200*time.Millisecond)}}
+		BinaryRelays: []RelayRun{run(2500*time.Millisecond, 2200*time.Millisecond)}}
 	rows := walsenderRows(c, "kfake", 10)
 	if len(rows) != 2 {
 		t.Fatalf("%d rows, want 2: %q", len(rows), rows)
@@ -28,7 +28,7 @@ func TestWalsenderRows(t *testing.T) {
 		t.Errorf("busy row %q", rows[0])
 	}
 	// Median walsender CPU per event: 19.6 and 19.0 µs → the upper middle, 19.6.
-	if !strings.Contains(rows[1][2], "walsender 19.60 µs/ev") || !strings.Contains(rows[1][3], "text: 40,000 ev/s, walsender 22.00 µs/ev") || rows[1][4] != "1.25×" {
+	if !strings.Contains(rows[1][2], "walsender 19.60 µs/ev") || !strings.Contains(rows[1][3], "binary: 40,000 ev/s, walsender 22.00 µs/ev") || rows[1][4] != "1.25×" {
 		t.Errorf("binary row %q", rows[1])
 	}
 	c.Relays[0].CPU.Walsender = 1800 * time.Millisecond // 90%
