@@ -88,13 +88,6 @@ func (h *holdError) Error() string {
 
 func (h *holdError) Unwrap() error { return h.cause }
 
-// defaultReleaseAfter is how long the in-flight window may stay full without
-// a single ack before the session lets go of the replication connection.
-// While the window is full nothing is read, so a PostgreSQL shutdown's
-// requests for a final confirmation would go unseen and the server would
-// wait on Kafka.
-const defaultReleaseAfter = 5 * time.Second
-
 // errReleased ends a session whose in-flight window stayed full.
 var errReleased = errors.New("kafka acked nothing with the in-flight window full: released the replication connection so PostgreSQL is not held up; reconnecting once the in-flight events are acked")
 

@@ -138,13 +138,13 @@ type Config struct {
 func (c *Config) setDefaults() error {
 	var errs []error
 	if len(c.Brokers) == 0 {
-		errs = append(errs, errors.New("Brokers is empty: set the Kafka bootstrap addresses"))
+		errs = append(errs, errors.New("inbox: Config.Brokers is empty: set the Kafka bootstrap addresses"))
 	}
 	if c.Group == "" {
-		errs = append(errs, errors.New("Group is empty: set the Kafka consumer group"))
+		errs = append(errs, errors.New("inbox: Config.Group is empty: set the Kafka consumer group"))
 	}
 	if len(c.Topics) == 0 {
-		errs = append(errs, errors.New("Topics is empty: set the topics outboxd writes (outbox.event.<aggregatetype>)"))
+		errs = append(errs, errors.New("inbox: Config.Topics is empty: set the topics outboxd writes (outbox.event.<aggregatetype>)"))
 	}
 	if c.Handler == nil {
 		errs = append(errs, errors.New("Handler is nil"))

@@ -397,7 +397,7 @@ func (r *Router) Route(row *wal.Row, tx Tx) (Record, error) {
 		rec.Trace = r.traceFor(&p.s.tracing, &sc, hdrs[colAt:], tx)
 	}
 	if r.lsnHeaders {
-		buf, hdrs = appendLSNHeaders(buf, hdrs, tx)
+		_, hdrs = appendLSNHeaders(buf, hdrs, tx)
 	}
 	rec.Headers = hdrs
 	return rec, nil

@@ -168,7 +168,7 @@ func streamSlotArgs(ctx context.Context, dsn, slot string, pluginArgs []string, 
 				onInsert(msg)
 			case 'C':
 				if len(msg) < 26 {
-					return walsender, fmt.Errorf("Commit of %d bytes", len(msg))
+					return walsender, fmt.Errorf("commit message of %d bytes", len(msg))
 				}
 				flushed = binary.BigEndian.Uint64(msg[10:18])
 				if onCommit(begin, flushed) {

@@ -18,7 +18,7 @@ func TestWalsenderRows(t *testing.T) {
 		return RelayRun{Elapsed: elapsed, CPU: split(ws), WalsenderLife: 2 * time.Second}
 	}
 	c := RelayCase{Backlog: backlog{Events: 100_000, PerTxn: 10},
-		Relays:     []RelayRun{run(2*time.Second, 1960*time.Millisecond), run(3*time.Second, 1900*time.Millisecond)},
+		Relays:       []RelayRun{run(2*time.Second, 1960*time.Millisecond), run(3*time.Second, 1900*time.Millisecond)},
 		BinaryRelays: []RelayRun{run(2500*time.Millisecond, 2200*time.Millisecond)}}
 	rows := walsenderRows(c, "kfake", 10)
 	if len(rows) != 2 {

@@ -140,11 +140,10 @@ CMD ["--config.file=/etc/prometheus/prometheus.yml", "--storage.tsdb.path=/prome
 
 // compose runs docker compose on deploy/compose.yaml plus the override.
 type compose struct {
-	t        *testing.T
-	project  string
-	files    []string
-	root     string
-	override string
+	t       *testing.T
+	project string
+	files   []string
+	root    string
 }
 
 func (c *compose) run(ctx context.Context, args ...string) (string, error) {

@@ -436,8 +436,6 @@ func (f *fixture) writeInBackground(total int) <-chan uint64 {
 
 type kadmAlter = kadm.AlterConfig
 
-func (f *fixture) topicCountInt() int { return int(f.topicCount(f.topic())) }
-
 // holdSlot streams the test's slot from a foreign replication connection
 // (application_name "intruder") and returns its walsender PID. The
 // connection closes with the test, or earlier via the returned func.

@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -283,10 +282,11 @@ func GoBuilderImage(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	goroot := runtime.GOROOT()
-	if out, err := exec.CommandContext(ctx, "go", "env", "GOROOT").Output(); err == nil {
-		goroot = strings.TrimSpace(string(out))
+	out, err := exec.CommandContext(ctx, "go", "env", "GOROOT").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOROOT: %w", err)
 	}
+	goroot := strings.TrimSpace(string(out))
 	version, err := os.ReadFile(filepath.Join(goroot, "VERSION"))
 	if err != nil {
 		return "", fmt.Errorf("go builder image: reading the toolchain version: %w", err)

@@ -102,7 +102,7 @@ func TestPostgres(t *testing.T) {
 	}
 
 	// Recreating a database drops its slots even while a connection is open.
-	conn = mustConnect(ctx, t, pg, "harness")
+	mustConnect(ctx, t, pg, "harness") // held open until the test's cleanup
 	if _, err := pg.NewDatabase(ctx, "harness"); err != nil {
 		t.Fatal(err)
 	}
