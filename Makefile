@@ -40,8 +40,16 @@ vet: ## go vet and the gofmt check
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
 
-test: vet ## unit, integration, end-to-end (kfake, Apache Kafka, containers; PostgreSQL 15-18), Debezium parity, fault (kfake in both modes, then a 3-node Apache cluster) and alert-rule tests (about 17 min on 2 busy cores; must stay under 25)
-	$(GO) test -count=1 -timeout 20m ./...
+# make test runs the unit packages (and the inbox) under the race detector,
+# everything else without it.
+RACE_PKGS := $(UNIT_PKGS) ./inbox/... ./internal/...
+RACE_LIST = $(shell $(GO) list $(RACE_PKGS))
+REST_LIST = $(filter-out $(RACE_LIST),$(shell $(GO) list ./...))
+
+test: vet ## unit (with -race), integration, end-to-end (kfake, Apache Kafka, NATS, RabbitMQ, containers; PostgreSQL 15-18), Debezium parity, fault (kfake in both modes, then a 3-node Apache cluster) and alert-rule tests, staticcheck (must stay under 25 min on 2 cores)
+	$(STATICCHECK) ./...
+	$(GO) test -count=1 -race -timeout 20m $(RACE_LIST)
+	$(GO) test -count=1 -timeout 20m $(REST_LIST)
 	$(GO) test -count=1 -timeout 10m -run TestFaultsShort ./test/fault/ -mode exactly-once
 	$(MAKE) --no-print-directory test-apache
 	OUTBOXD_TEST_BACKEND=docker $(GO) test -count=1 -timeout 10m -skip '$(DOCKER_SKIP)' ./test/e2e/ ./test/harness/
