@@ -60,6 +60,9 @@ type relay struct {
 	// producer and the checkpoint (resetTransactions) once START_REPLICATION
 	// holds the slot: after a failed session, and after standing by.
 	freshProducer bool
+	// warnedSilence: the standby warned once that it cannot see the
+	// active's replies (role.go).
+	warnedSilence bool
 	// lastLogged de-duplicates a session error repeated on every retry.
 	lastLogged   string
 	lastLoggedAt time.Time

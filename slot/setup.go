@@ -34,6 +34,9 @@ type BusyError struct {
 	Slot   string
 	PID    int
 	Holder string // application_name, client address and start time, if visible
+	// SilenceUnknown: the holder is an outboxd whose silence the querying
+	// role cannot see (no pg_read_all_stats), so it is never found stale.
+	SilenceUnknown bool
 }
 
 func (e *BusyError) Error() string {
