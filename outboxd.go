@@ -180,7 +180,8 @@ func New(cfg Config) (*Relay, error) {
 	}
 	prog := &progress{log: cfg.Logger, st: st}
 	if cfg.TxnSink != nil {
-		prog.fromCheckpoint(cfg.Done.LSN)
+		prog.fromCheckpoint(cfg.Done.LSN, !cfg.DeferInit)
+		prog.checkpoint = cfg.TxnSink.LoadCheckpoint
 	} else {
 		prog.store = cfg.ProgressStore
 	}

@@ -22,6 +22,9 @@ type progress struct {
 	log   *slog.Logger
 	st    *state
 	store sink.ProgressStore // nil in exactly-once mode: the checkpoint is the record
+	// checkpoint reads exactly-once mode's record (the sink's
+	// LoadCheckpoint, a read that fences no one); nil in at-least-once mode.
+	checkpoint func(ctx context.Context) (sink.Checkpoint, error)
 
 	mu         sync.Mutex
 	rec        slot.Progress
@@ -39,12 +42,53 @@ type progressValue struct {
 	At       string `json:"at"`
 }
 
-// fromCheckpoint seeds the record in exactly-once mode.
-func (p *progress) fromCheckpoint(lsn wal.LSN) {
+// fromCheckpoint seeds the record in exactly-once mode. loaded is false for
+// an instance that started as a standby (Config.DeferInit): it has not read
+// the checkpoint, and LSN 0 then means "unknown", not "nothing published".
+func (p *progress) fromCheckpoint(lsn wal.LSN, loaded bool) {
 	p.mu.Lock()
-	p.rec, p.loaded = slot.Progress{LSN: lsn}, true
+	p.rec, p.loaded = slot.Progress{LSN: lsn}, loaded
 	p.mu.Unlock()
 }
+
+// legacyProgress is a ProgressStore that can also read the record under
+// its pre-system-identifier key (the slot name alone): an upgraded
+// outboxd's first start reads it once, until it has written its own.
+type legacyProgress interface {
+	LoadLegacyProgress(ctx context.Context) ([]byte, error)
+}
+
+// Reload reads the record again from the broker (slot.ProgressSource):
+// Prepare calls it before a verdict that could create a slot. The live
+// watermark still counts (Known takes the later of the two); after an
+// accepted gap the new baseline is kept.
+func (p *progress) Reload(ctx context.Context) error {
+	p.mu.Lock()
+	accepted := p.accepted
+	p.mu.Unlock()
+	switch {
+	case accepted:
+		return nil
+	case p.checkpoint != nil:
+		done, err := p.checkpoint(ctx)
+		if err != nil {
+			return err
+		}
+		p.mu.Lock()
+		if !p.loaded || done.LSN > p.rec.LSN {
+			p.rec.LSN = done.LSN
+		}
+		p.loaded = true
+		p.mu.Unlock()
+		return nil
+	case p.store != nil:
+		return p.load(ctx, reloadTimeout)
+	}
+	return nil
+}
+
+// reloadTimeout bounds a re-read of the record.
+const reloadTimeout = 15 * time.Second
 
 // Known is the latest of the record and the live watermark of the same server.
 func (p *progress) Known() (slot.Progress, bool) {
@@ -77,6 +121,8 @@ func (p *progress) followLocked() {
 	switch {
 	case p.rec.SystemID == "" && p.rec.LSN == 0, p.accepted:
 		p.rec, p.accepted = slot.Progress{LSN: lsn, SystemID: info.SystemID, Timeline: info.Timeline}, false
+	case p.rec.Legacy && p.rec.SystemID != info.SystemID:
+		p.rec = slot.Progress{LSN: lsn, SystemID: info.SystemID, Timeline: info.Timeline} // another cluster's, under the old key
 	case p.rec.SystemID == "" || p.rec.SystemID == info.SystemID:
 		p.rec = slot.Progress{LSN: max(p.rec.LSN, lsn), SystemID: info.SystemID, Timeline: info.Timeline}
 	}
@@ -136,6 +182,13 @@ func (p *progress) load(ctx context.Context, timeout time.Duration) error {
 	if err != nil {
 		return err
 	}
+	legacy := false
+	if ls, ok := p.store.(legacyProgress); ok && raw == nil {
+		if raw, err = ls.LoadLegacyProgress(lctx); err != nil {
+			return err
+		}
+		legacy = raw != nil
+	}
 	var rec slot.Progress
 	if raw != nil {
 		var v progressValue
@@ -146,11 +199,14 @@ func (p *progress) load(ctx context.Context, timeout time.Duration) error {
 		if err != nil {
 			return fmt.Errorf("progress record %s: %w", p.store, err)
 		}
-		rec = slot.Progress{LSN: lsn, SystemID: v.SystemID, Timeline: v.Timeline}
-		p.log.Info("progress record", "record", p.store.String(), "confirmed_lsn", v.LSN, "system_identifier", v.SystemID, "timeline", v.Timeline, "at", v.At)
+		rec = slot.Progress{LSN: lsn, SystemID: v.SystemID, Timeline: v.Timeline, Legacy: legacy}
+		p.log.Debug("progress record", "record", p.store.String(), "confirmed_lsn", v.LSN, "system_identifier", v.SystemID, "timeline", v.Timeline, "at", v.At, "old_key", legacy)
 	}
 	p.mu.Lock()
-	p.rec, p.written, p.loaded = rec, rec, true
+	p.rec, p.loaded = rec, true
+	if !legacy {
+		p.written = rec
+	}
 	p.mu.Unlock()
 	return nil
 }
@@ -189,4 +245,26 @@ func (p *progress) save(ctx context.Context) {
 	p.mu.Lock()
 	p.written = rec
 	p.mu.Unlock()
+}
+
+// ProgressKey names the slot's progress record like the checkpoint's
+// (CheckpointKey): "<system id>/<slot>", so that clusters sharing a
+// progress topic and a slot name keep separate records. It waits for
+// PostgreSQL (as the relay would), giving up at once on what waiting cannot
+// fix (credentials, privileges).
+func ProgressKey(ctx context.Context, log *slog.Logger, dsn, slotName string) (string, error) {
+	bo := Backoff{Min: 500 * time.Millisecond, Max: 15 * time.Second}
+	for warned := false; ; {
+		key, err := CheckpointKey(ctx, dsn, slotName)
+		if err == nil || IsConfigError(err) {
+			return key, err
+		}
+		if !warned {
+			log.Warn("waiting for PostgreSQL to read its system identifier (the progress record's key)", "err", RedactErr(err, dsn))
+			warned = true
+		}
+		if !bo.Wait(ctx) {
+			return "", ctx.Err()
+		}
+	}
 }

@@ -60,6 +60,8 @@ type relay struct {
 	// producer and the checkpoint (resetTransactions) once START_REPLICATION
 	// holds the slot: after a failed session, and after standing by.
 	freshProducer bool
+	// lastServer is the previous session's server (slot.Info.Server).
+	lastServer string
 	// warnedSilence: the standby warned once that it cannot see the
 	// active's replies (role.go).
 	warnedSilence bool
@@ -258,6 +260,17 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 	if created {
 		r.log.Info("created replication slot", "slot", info.Name, "plugin", "pgoutput", "confirmed_flush_lsn", info.ConfirmedFlush.String())
 	}
+	if srv := info.Server(); r.lastServer != "" && srv != r.lastServer && r.cfg.TxnSink == nil && *resume > info.ConfirmedFlush {
+		// Another server, or the same one restarted (restored from a
+		// backup, promoted): what this process acked lies at positions
+		// whose WAL may now hold other transactions, so it resumes where
+		// the slot says, never beyond (duplicates, at worst, and nothing
+		// skipped). Exactly-once resumes from its checkpoint.
+		r.log.Warn("the server changed since the last session; resuming from the slot's confirmed position, not beyond",
+			"resume_lsn", resume.String(), "confirmed_flush_lsn", info.ConfirmedFlush.String(), "server", srv, "previous", r.lastServer)
+		*resume = 0
+	}
+	r.lastServer = info.Server()
 	start := max(info.ConfirmedFlush, *resume)
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -58,6 +58,15 @@ type Info struct {
 	// SessionPID is the backend PID of the connection Prepare ran on: the
 	// walsender's PID once it streams.
 	SessionPID int
+	// ServerStart is pg_postmaster_start_time(): with SystemID and Timeline
+	// it tells the relay whether the server is the one its previous session
+	// streamed from (a restore or a failover restarts it).
+	ServerStart string
+}
+
+// Server identifies the server incarnation a session streamed from.
+func (i Info) Server() string {
+	return fmt.Sprintf("%s/%d/%s", i.SystemID, i.Timeline, i.ServerStart)
 }
 
 var slotNameRE = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
@@ -108,7 +117,7 @@ func Prepare(ctx context.Context, conn *pgconn.PgConn, cfg Config) (info Info, c
 	if err := checkPublication(ctx, conn, cfg.Publication); err != nil {
 		return Info{}, false, err
 	}
-	db, err := queryOne(ctx, conn, "SELECT current_database(), pg_backend_pid()")
+	db, err := queryOne(ctx, conn, "SELECT current_database(), pg_backend_pid(), pg_postmaster_start_time()")
 	if err != nil {
 		return Info{}, false, err
 	}
@@ -129,7 +138,7 @@ func Prepare(ctx context.Context, conn *pgconn.PgConn, cfg Config) (info Info, c
 	if err != nil {
 		return Info{}, false, err
 	}
-	if err := guard(cfg, found, srv); err != nil {
+	if err := guard(ctx, conn, cfg, found, srv); err != nil {
 		return Info{}, false, err
 	}
 	if !found {
@@ -159,7 +168,7 @@ func Prepare(ctx context.Context, conn *pgconn.PgConn, cfg Config) (info Info, c
 		}
 	}
 	info.SessionPID, _ = strconv.Atoi(db[1])
-	info.ServerVersion, info.SystemID, info.Timeline = version, srv.systemID, srv.timeline
+	info.ServerVersion, info.SystemID, info.Timeline, info.ServerStart = version, srv.systemID, srv.timeline, db[2]
 	return info, created, checkSlot(info, db[0], db[1])
 }
 

@@ -317,7 +317,16 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 		}
 		cfg.TxnSink, cfg.Done, cfg.SplitAge = sk, done, o.TransactionTimeout/4
 	default:
-		cfg.ProgressStore = kafka.ProgressStore{Sink: sk, Progress: kafka.Progress{Topic: o.ProgressTopic, Key: o.Slot}}
+		// Keyed "<system id>/<slot>"; the slot-only key of older versions is
+		// read once, for an upgrade.
+		key, err := outboxd.ProgressKey(ctx, log, o.Postgres, o.Slot)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		cfg.ProgressStore = kafka.ProgressStore{Sink: sk, Progress: kafka.Progress{Topic: o.ProgressTopic, Key: key, Legacy: o.Slot}}
 	}
 	relay, err := outboxd.New(cfg)
 	if err != nil {
