@@ -14,14 +14,21 @@ import (
 // create a new one there (it would silently skip what the old slot had not
 // delivered): it reports the gap and exits, again after a restart (the
 // progress topic outlives the slot), and continues only with --accept-gap.
+// Two instances run, as the `setup --role` role, started 0.2 s apart as
+// pods are: the standby one read the progress record before the active
+// wrote any, and must still refuse to create the slot after the failover.
 func testFailoverGap(t *testing.T, f *fixture, primary *harness.Postgres) {
+	role := f.asSetupRole()
 	standby := primary.StandbyForTest(t, "standby1")
-	f.dsn = multiHostDSN(f.db, primary, standby)
-	p, r := f.spawn("--replication-timeout", "5s")
+	f.dsn = strings.Replace(multiHostDSN(f.db, primary, standby), "postgres://postgres@", "postgres://"+role+"@", 1)
+	p, r := f.spawn("--replication-timeout", haTimeout.String())
+	time.Sleep(200 * time.Millisecond) // the second pod starts a moment later, not once the first streams
+	pb, rb := f.spawn("--replication-timeout", haTimeout.String())
 	if err := r.waitStreaming(f.ctx); err != nil {
 		t.Fatalf("outboxd did not stream: %v", err)
 	}
-	w := startFailoverWriter(f.ctx, f.dsn, f.agg)
+	rb.waitRole(t, "standby", 20*time.Second)
+	w := startFailoverWriter(f.ctx, strings.Replace(f.dsn, "postgres://"+role+"@", "postgres://postgres@", 1), f.agg)
 	defer w.finish()
 	poll(t, 30*time.Second, "events relayed before the failover", func() bool { return f.topicCount(f.topic()) >= 2000 })
 	if err := primary.Kill(f.ctx); err != nil {
@@ -44,6 +51,7 @@ func testFailoverGap(t *testing.T, f *fixture, primary *harness.Postgres) {
 		}
 	}
 	exitsWithGap(p, "after the failover")
+	exitsWithGap(pb, "the standby instance, after the failover")
 	w.finish()
 	sconn, err := standby.Connect(f.ctx, f.db)
 	if err != nil {
