@@ -70,6 +70,16 @@ func TestApplyIsIdempotentAndSaysWhatItDid(t *testing.T) {
 	if got := apply(); strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("second run said:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
+	// Hardening revokes pg_logical_emit_message from PUBLIC: the role keeps
+	// it for its heartbeats (granted to it by name).
+	if _, err := conn.Exec(ctx, `REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) FROM PUBLIC`); err != nil {
+		t.Fatal(err)
+	}
+	var emit bool
+	if err := conn.QueryRow(ctx, `SELECT has_function_privilege('outboxd_apply', 'pg_logical_emit_message(boolean, text, text)', 'EXECUTE')`).Scan(&emit); err != nil || !emit {
+		t.Fatalf("the role may not call pg_logical_emit_message once PUBLIC may not (err %v)", err)
+	}
+	t.Cleanup(func() { _ = pg.Exec(context.Background(), "apply", `DROP OWNED BY outboxd_apply`) })
 	var cols int
 	if err := conn.QueryRow(ctx, `SELECT count(*) FROM information_schema.columns WHERE table_name = 'outbox'`).Scan(&cols); err != nil || cols != 6 {
 		t.Fatalf("%d columns (err %v), want Debezium's 6", cols, err)
