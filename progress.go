@@ -32,6 +32,9 @@ type progress struct {
 	written    slot.Progress
 	accepted   bool            // a gap was accepted: the next session's server is the new baseline
 	acceptedWM *slot.Watermark // the session before the accepted gap
+	warnedAt time.Time // the last warning of a failed write (save's goroutine only)
+	// kick asks the writer for a record now (confirmable); buffered 1.
+	kick chan struct{}
 }
 
 // progressValue is the record's JSON.
@@ -95,7 +98,55 @@ func (p *progress) Known() (slot.Progress, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.followLocked()
-	return p.rec, p.loaded
+	rec := p.rec
+	rec.WriteAhead = p.store != nil
+	return rec, p.loaded
+}
+
+// writeAheadGap is the shortest gap between two record writes that a
+// confirmation asked for: the slot's confirmation waits at most about this
+// long (plus a Kafka round trip) behind the acks.
+const writeAheadGap = 100 * time.Millisecond
+
+// confirmable caps a flush position at what the written record allows: in
+// at-least-once mode the record is a write-ahead of the confirmation, so
+// that the slot is never confirmed past it and a slot found beyond it
+// (Prepare) was moved by someone else. Past the cap, it asks the writer for
+// a new record now. The slot's own position when the session started is
+// always allowed. Exactly-once mode needs no cap: the checkpoint commits
+// with the events, before the watermark sees them.
+func (p *progress) confirmable(lsn wal.LSN) wal.LSN {
+	if p.store == nil {
+		return lsn
+	}
+	p.st.mu.Lock()
+	info := p.st.slotInfo
+	p.st.mu.Unlock()
+	p.mu.Lock()
+	allowed := info.ConfirmedFlush
+	if p.written.SystemID != "" && p.written.SystemID == info.SystemID {
+		allowed = max(allowed, p.written.LSN)
+	}
+	p.mu.Unlock()
+	if lsn <= allowed {
+		return lsn
+	}
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+	return allowed
+}
+
+// flush writes the record now if it moved (bounded by ctx): the session's
+// final confirmation on shutdown follows it.
+func (p *progress) flush(ctx context.Context) {
+	p.mu.Lock()
+	loaded := p.loaded
+	p.mu.Unlock()
+	if p.store != nil && loaded {
+		p.save(ctx)
+	}
 }
 
 // Accepted logs the gap the operator accepted with --accept-gap.
@@ -162,12 +213,18 @@ func (p *progress) run(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+	var last time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-p.kick:
+			if wait := writeAheadGap - time.Since(last); wait > 0 && !sleepCtx(ctx, wait) {
+				return
+			}
 		}
+		last = time.Now()
 		p.save(ctx)
 	}
 }
@@ -239,7 +296,13 @@ func (p *progress) save(ctx context.Context) {
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := p.store.WriteProgress(wctx, v); err != nil {
-		p.log.Debug("progress record not written", "err", err)
+		// The slot is not confirmed past the record: a record that cannot
+		// be written holds WAL, so this is worth a warning (once a minute).
+		level := slog.LevelDebug
+		if time.Since(p.warnedAt) >= time.Minute {
+			level, p.warnedAt = slog.LevelWarn, time.Now()
+		}
+		p.log.Log(ctx, level, "progress record not written; the slot is not confirmed past the last one written", "record", p.store.String(), "err", err)
 		return
 	}
 	p.mu.Lock()

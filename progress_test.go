@@ -46,7 +46,7 @@ func TestProgressFollowsTheWatermarkAndIsWritten(t *testing.T) {
 	st := &state{}
 	p := &progress{log: slog.New(slog.NewTextHandler(io.Discard, nil)), st: st, store: store}
 	p.start(context.Background())
-	if rec, ok := p.Known(); !ok || rec != (slot.Progress{LSN: 0x100, SystemID: "7", Timeline: 1}) {
+	if rec, ok := p.Known(); !ok || rec != (slot.Progress{LSN: 0x100, SystemID: "7", Timeline: 1, WriteAhead: true}) {
 		t.Fatalf("loaded %+v %v", rec, ok)
 	}
 	wm := slot.NewWatermark(0x200)
@@ -155,7 +155,7 @@ func TestProgressReloadSeesTheActivesRecord(t *testing.T) {
 	store := &memProgress{}
 	p := &progress{log: slog.New(slog.DiscardHandler), st: &state{}, store: store}
 	p.start(context.Background())
-	if rec, ok := p.Known(); !ok || rec != (slot.Progress{}) {
+	if rec, ok := p.Known(); !ok || rec != (slot.Progress{WriteAhead: true}) {
 		t.Fatalf("at start: %+v %v", rec, ok)
 	}
 	store.mu.Lock()
@@ -164,7 +164,7 @@ func TestProgressReloadSeesTheActivesRecord(t *testing.T) {
 	if err := p.Reload(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if rec, _ := p.Known(); rec != (slot.Progress{LSN: 0x5000, SystemID: "7", Timeline: 1}) {
+	if rec, _ := p.Known(); rec != (slot.Progress{LSN: 0x5000, SystemID: "7", Timeline: 1, WriteAhead: true}) {
 		t.Fatalf("after Reload: %+v", rec)
 	}
 	store.failing = errors.New("kafka: down")
@@ -209,13 +209,13 @@ func TestProgressLegacyKeyReadOnce(t *testing.T) {
 	st := &state{}
 	p := &progress{log: slog.New(slog.DiscardHandler), st: st, store: store}
 	p.start(context.Background())
-	if rec, _ := p.Known(); rec != (slot.Progress{LSN: 0x4000, SystemID: "7", Timeline: 1, Legacy: true}) {
+	if rec, _ := p.Known(); rec != (slot.Progress{LSN: 0x4000, SystemID: "7", Timeline: 1, Legacy: true, WriteAhead: true}) {
 		t.Fatalf("legacy: %+v", rec)
 	}
 	// Another cluster's record under the old key is not followed.
 	st.startSession(slot.NewWatermark(0x100), slot.Info{SystemID: "8", Timeline: 1})
 	p.save(context.Background())
-	if rec, _ := p.Known(); rec != (slot.Progress{LSN: 0x100, SystemID: "8", Timeline: 1}) {
+	if rec, _ := p.Known(); rec != (slot.Progress{LSN: 0x100, SystemID: "8", Timeline: 1, WriteAhead: true}) {
 		t.Fatalf("after a session on system 8: %+v", rec)
 	}
 	if !strings.Contains(string(store.value), `"system_identifier":"8"`) {
@@ -227,5 +227,45 @@ func TestProgressLegacyKeyReadOnce(t *testing.T) {
 	}
 	if rec, _ := p.Known(); rec.Legacy || rec.LSN != 0x9000 {
 		t.Fatalf("new key: %+v", rec)
+	}
+}
+
+// The record is a write-ahead of the confirmation: the flush position sent
+// to PostgreSQL never passes the record written for this server (nor falls
+// below the slot's own position); asking for more kicks the writer.
+func TestProgressConfirmationNeverPassesTheRecord(t *testing.T) {
+	store := &memProgress{}
+	st := &state{}
+	p := &progress{log: slog.New(slog.DiscardHandler), st: st, store: store, kick: make(chan struct{}, 1)}
+	p.start(context.Background())
+	wm := slot.NewWatermark(0x100)
+	st.startSession(wm, slot.Info{Slot: slot.Slot{ConfirmedFlush: 0x100}, SystemID: "7", Timeline: 1})
+	if got := p.confirmable(0x500); got != 0x100 {
+		t.Fatalf("before any record: confirmable %s, want the slot's own 0/100", got)
+	}
+	select {
+	case <-p.kick:
+	default:
+		t.Fatal("the writer was not asked for a record")
+	}
+	tx := wm.Begin(time.Now())
+	wm.Commit(tx, 0x500)
+	p.flush(context.Background())
+	if got := p.confirmable(0x500); got != 0x500 {
+		t.Fatalf("after the record 0/500: confirmable %s", got)
+	}
+	if got := p.confirmable(0x600); got != 0x500 {
+		t.Fatalf("past the record: confirmable %s, want 0/500", got)
+	}
+	if rec, _ := p.Known(); !rec.WriteAhead {
+		t.Fatal("an at-least-once record is not marked write-ahead")
+	}
+	eos := &progress{log: p.log, st: st}
+	eos.fromCheckpoint(0x100, true)
+	if got := eos.confirmable(0x900); got != 0x900 {
+		t.Fatalf("exactly-once capped: %s", got)
+	}
+	if rec, _ := eos.Known(); rec.WriteAhead {
+		t.Fatal("the checkpoint marked write-ahead")
 	}
 }

@@ -311,6 +311,23 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 	return true, wm, err
 }
 
+// confirmable is the flush position the session may send for lsn: capped
+// by the progress record's write-ahead (progress.confirmable).
+func (r *relay) confirmable(lsn wal.LSN) wal.LSN {
+	if p, ok := r.progress.(*progress); ok {
+		return p.confirmable(lsn)
+	}
+	return lsn
+}
+
+// flushProgress writes the progress record before a session's final
+// confirmation, so that the confirmation is not held back by the cap.
+func (r *relay) flushProgress(ctx context.Context) {
+	if p, ok := r.progress.(*progress); ok {
+		p.flush(ctx)
+	}
+}
+
 // IsConfigError reports PostgreSQL errors that retrying cannot fix: bad
 // credentials, missing privileges, a database that does not exist.
 func IsConfigError(err error) bool {

@@ -180,7 +180,7 @@ func (s *streamer) waitForRoom(ctx context.Context, deadline time.Time) error {
 }
 
 func (s *streamer) sendStatus(reply bool) error {
-	lsn := s.wm.Confirmed()
+	lsn := s.confirmable(s.wm.Confirmed()) // never past the progress record (progress.go)
 	if err := s.stream.SendStatus(lsn, reply); err != nil {
 		return err
 	}
@@ -490,6 +490,7 @@ func (s *streamer) finish(ctx context.Context, connAlive bool) {
 		s.log.Warn("shutdown timeout: events still unacked; they will be re-sent from the slot on restart", "inflight", s.wm.Stats().InflightEvents)
 	}
 	if connAlive {
+		s.flushProgress(tctx) // the record first: the confirmation may not pass it
 		if err := s.sendStatus(false); err == nil {
 			s.log.Info("confirmed", "lsn", s.lastSent.String())
 		}

@@ -21,6 +21,12 @@ type Progress struct {
 	LSN      wal.LSN
 	SystemID string // pg_control's system identifier; "" if unknown
 	Timeline int32
+	// WriteAhead: the record is written before outboxd confirms the slot
+	// up to it (at-least-once mode's progress record), so a slot whose
+	// confirmed_flush_lsn is beyond it was created or moved by someone else
+	// (outboxd setup, a migration tool, pg_replication_slot_advance) and the
+	// events in between may never have been published.
+	WriteAhead bool
 	// Legacy: read under the record's old key (the slot name alone, before
 	// keys carried the system identifier), so it may be another cluster's
 	// record of a slot with the same name: checkGap ignores it then.
@@ -54,6 +60,8 @@ type server struct {
 	systemID string
 	timeline int32
 	flushed  wal.LSN
+	// slot is the slot's confirmed_flush_lsn (0: missing).
+	slot wal.LSN
 	// switched is where the record's timeline ended on this server's
 	// history (it forked the current one there); 0: the record's timeline
 	// is the current one, or history was not read. diverged: the record's
@@ -134,6 +142,9 @@ func checkGap(name string, known Progress, found bool, srv server) string {
 	case srv.switched != 0 && srv.switched < known.LSN:
 		return fmt.Sprintf("the server's timeline %d forked from timeline %d at %s, before LSN %s up to which outboxd already published slot %q: the server lost WAL (a promoted standby that lagged, a point-in-time restore), so Kafka holds events PostgreSQL no longer has (phantom events) and new transactions reuse those positions",
 			srv.timeline, known.Timeline, srv.switched, known.LSN, name)
+	case found && known.WriteAhead && !known.Legacy && known.SystemID == srv.systemID && srv.slot > known.LSN:
+		return fmt.Sprintf("replication slot %q is confirmed up to %s, beyond LSN %s up to which outboxd recorded publishing it: outboxd never confirms past its record, so the slot was created or moved by something else (outboxd setup or its SQL re-creating a dropped slot, pg_replication_slot_advance, another consumer) and events committed in between may never have reached Kafka",
+			name, srv.slot, known.LSN)
 	case srv.flushed < known.LSN:
 		return fmt.Sprintf("the server's WAL ends at %s, before LSN %s up to which outboxd already published slot %q: the server lost WAL (a failover to a standby that lagged, a restore from backup), so Kafka holds events PostgreSQL no longer has (phantom events) and new transactions will reuse those positions",
 			srv.flushed, known.LSN, name)
@@ -155,7 +166,8 @@ func guard(ctx context.Context, conn *pgconn.PgConn, cfg Config, found bool, srv
 		return nil
 	}
 	known, ok := cfg.Progress.Known()
-	if changed := known.SystemID != "" && (known.SystemID != srv.systemID || known.Timeline != srv.timeline); !found || !ok || changed {
+	changed := known.SystemID != "" && (known.SystemID != srv.systemID || known.Timeline != srv.timeline)
+	if ahead := srv.slot > known.LSN && known.WriteAhead; !found || !ok || changed || ahead {
 		// A verdict that could create a slot, or accept a server that
 		// changed underneath, is made on the record as Kafka has it now,
 		// never on what this instance read at its start.

@@ -34,6 +34,14 @@ func TestCheckGap(t *testing.T) {
 			server{systemID: "7321", flushed: 0x100}, ""},
 		{"old slot-only key, this cluster's record", Progress{LSN: 0x3000100, SystemID: "7321", Timeline: 1, Legacy: true}, false,
 			server{systemID: "7321", flushed: 0x9000000}, `replication slot "s" does not exist`},
+		{"slot re-created beyond the write-ahead record", Progress{LSN: 0x3000100, SystemID: "7321", Timeline: 1, WriteAhead: true}, true,
+			server{systemID: "7321", timeline: 1, flushed: 0x9000000, slot: 0x3000200}, `replication slot "s" is confirmed up to 0/3000200, beyond LSN 0/3000100`},
+		{"slot at the write-ahead record", Progress{LSN: 0x3000100, SystemID: "7321", Timeline: 1, WriteAhead: true}, true,
+			server{systemID: "7321", timeline: 1, flushed: 0x9000000, slot: 0x3000100}, ""},
+		{"slot beyond an old-key record (written after confirming)", Progress{LSN: 0x3000100, SystemID: "7321", Timeline: 1, WriteAhead: true, Legacy: true}, true,
+			server{systemID: "7321", timeline: 1, flushed: 0x9000000, slot: 0x3000200}, ""},
+		{"slot beyond the exactly-once checkpoint (keepalives confirm)", Progress{LSN: 0x3000100, SystemID: "7321", Timeline: 1}, true,
+			server{systemID: "7321", timeline: 1, flushed: 0x9000000, slot: 0x3000200}, ""},
 	} {
 		got := checkGap("s", c.known, c.found, c.srv)
 		if c.want == "" && got != "" || c.want != "" && !strings.Contains(got, c.want) {

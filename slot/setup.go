@@ -138,6 +138,7 @@ func Prepare(ctx context.Context, conn *pgconn.PgConn, cfg Config) (info Info, c
 	if err != nil {
 		return Info{}, false, err
 	}
+	srv.slot = row.ConfirmedFlush
 	if err := guard(ctx, conn, cfg, found, srv); err != nil {
 		return Info{}, false, err
 	}

@@ -227,3 +227,34 @@ func sharedVersion(t *testing.T) int {
 	}
 	return v
 }
+
+// A dropped slot re-created by `outboxd setup` (or its --print SQL run by a
+// migration tool) starts at the WAL position of its creation: the event
+// committed while no slot existed is in no slot. outboxd never confirms past
+// its progress record, so a slot beyond the record was made or moved by
+// something else: run reports the gap, whoever created the slot.
+func TestGapSlotRecreatedBySetup(t *testing.T) {
+	f := newFixture(t)
+	super := f.dsn
+	f.asSetupRole()
+	r := f.startRelay()
+	f.waitConfirmed(f.commit(event{1, "a", "E", `{}`}), 20*time.Second)
+	r.stop(t, f.ctx)
+	f.exec(`SELECT pg_drop_replication_slot($1)`, f.slot)
+	f.commit(event{2, "a", "E", `{"while": "no slot"}`})
+	out := mustCLI(t, f.ctx, "setup", "--postgres", super, "--slot", f.slot)
+	if !strings.Contains(out, "created slot "+f.slot) {
+		t.Fatalf("setup did not re-create the slot:\n%s", out)
+	}
+	p, _ := f.spawn()
+	ctx, cancel := context.WithTimeout(f.ctx, 30*time.Second)
+	defer cancel()
+	code, err := p.Wait(ctx)
+	const want = `outboxd run: gap: replication slot "` // … is confirmed up to X, beyond LSN Y up to which outboxd recorded publishing it
+	if err != nil || code != 1 || !strings.Contains(p.Log(), want) || !strings.Contains(p.Log(), "up to which outboxd recorded publishing it") {
+		t.Fatalf("exit %d, err %v; want exit 1 with the gap\n%s", code, err, tailString(p.Log(), 4000))
+	}
+	if n := f.topicCount(f.topic()); n != 1 {
+		t.Fatalf("%d records, want event 1 only", n)
+	}
+}
