@@ -32,7 +32,7 @@ type progress struct {
 	written    slot.Progress
 	accepted   bool            // a gap was accepted: the next session's server is the new baseline
 	acceptedWM *slot.Watermark // the session before the accepted gap
-	warnedAt time.Time // the last warning of a failed write (save's goroutine only)
+	warnedAt   time.Time       // the last warning of a failed write (save's goroutine only)
 	// kick asks the writer for a record now (confirmable); buffered 1.
 	kick chan struct{}
 }
