@@ -32,7 +32,8 @@ type progress struct {
 	written    slot.Progress
 	accepted   bool            // a gap was accepted: the next session's server is the new baseline
 	acceptedWM *slot.Watermark // the session before the accepted gap
-	warnedAt   time.Time       // the last warning of a failed write (save's goroutine only)
+	saveMu     sync.Mutex      // one save at a time; guards warnedAt
+	warnedAt   time.Time       // the last warning of a failed write
 	// kick asks the writer for a record now (confirmable); buffered 1.
 	kick chan struct{}
 }
@@ -282,8 +283,12 @@ func (p *progress) final() {
 	p.save(ctx)
 }
 
-// save writes the record when it moved.
+// save writes the record when it moved. Writes are serialized (the writer
+// goroutine, a session's final flush, final): a record written out of order
+// could go back behind a confirmation.
 func (p *progress) save(ctx context.Context) {
+	p.saveMu.Lock()
+	defer p.saveMu.Unlock()
 	p.mu.Lock()
 	p.followLocked()
 	rec := p.rec
