@@ -7,6 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -273,4 +274,45 @@ func ServerVersionNum(ctx context.Context, conn *pgx.Conn) (int, error) {
 		return 0, fmt.Errorf("server_version_num: %w", err)
 	}
 	return strconv.Atoi(v)
+}
+
+// ColdCopy copies the stopped server's whole data directory (WAL and slots
+// included) to dst, as a file-system backup taken with the server down is.
+// RestoreColdCopy puts such a copy back in place of the data directory.
+// Both need a harness-started local server that is stopped.
+func (p *Postgres) ColdCopy(ctx context.Context, dst string) error {
+	if err := p.canCopyCold(ctx); err != nil {
+		return err
+	}
+	if out, err := exec.CommandContext(ctx, "cp", "-a", p.dataDir+"/.", dst).CombinedOutput(); err != nil {
+		return fmt.Errorf("cold copy: %w\n%s", err, out)
+	}
+	return nil
+}
+
+// RestoreColdCopy replaces the stopped server's data directory with the
+// copy ColdCopy made in src (which stays, for another restore).
+func (p *Postgres) RestoreColdCopy(ctx context.Context, src string) error {
+	if err := p.canCopyCold(ctx); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(p.dataDir); err != nil {
+		return err
+	}
+	if out, err := exec.CommandContext(ctx, "cp", "-a", src, p.dataDir).CombinedOutput(); err != nil {
+		return fmt.Errorf("restoring the cold copy: %w\n%s", err, out)
+	}
+	return nil
+}
+
+func (p *Postgres) canCopyCold(ctx context.Context) error {
+	switch {
+	case p.External():
+		return p.errExternal("copy the data directory of")
+	case p.ctr != nil:
+		return errors.New("harness: a cold copy of a container's data directory is not supported")
+	case p.isRunning(ctx):
+		return errors.New("harness: a cold copy needs the server stopped")
+	}
+	return nil
 }
