@@ -273,6 +273,7 @@ func TestGapRestoreFromColdCopy(t *testing.T) {
 	}
 	f := newFixture(t, withPostgres(primary))
 	role := f.asSetupRole()
+	f.exec(`CREATE TABLE pad (x text)`) // not in the publication; created before the copy (its catalog WAL would move F1-F3)
 	r := f.startRelay()
 	f.waitConfirmed(f.commit(event{1, "a", "E", `{}`}), 20*time.Second)
 	// The copy keeps outboxd out (CONNECTION LIMIT 0 is retried, unlike a
@@ -317,13 +318,12 @@ func TestGapRestoreFromColdCopy(t *testing.T) {
 	poll(t, 30*time.Second, "outboxd streaming again", func() bool { return f.slotState().Active && r.role(t) == "active" })
 	var evs []event
 	for n := 2; n <= 6; n++ {
-		evs = append(evs, event{n, "a", "A", `{}`})
+		evs = append(evs, event{n, "a", "A", `{"pad": "` + strings.Repeat("a", 2000) + `"}`}) // F1-F3 fall inside their WAL
 	}
 	published := f.commit(evs...)
 	f.waitConfirmed(published, 20*time.Second)
 
 	restart(backup)
-	f.exec(`CREATE TABLE pad (x text)`) // not in the publication
 	end := f.commit(event{11, "f", "F", `{}`}, event{12, "f", "F", `{}`}, event{13, "f", "F", `{}`})
 	for end <= published {
 		f.exec(`INSERT INTO pad SELECT repeat('x', 1000) FROM generate_series(1, 1000)`)
@@ -340,4 +340,5 @@ func TestGapRestoreFromColdCopy(t *testing.T) {
 	if len(first) != 9 {
 		t.Errorf("%d distinct events in Kafka, want 9 (1, A1-A5, F1-F3)", len(first))
 	}
+	t.Logf("published up to %s on the old server; the restored one passed it at %s", harness.FormatLSN(published), harness.FormatLSN(end))
 }
