@@ -240,6 +240,7 @@ func TestGapSlotRecreatedBySetup(t *testing.T) {
 	r := f.startRelay()
 	f.waitConfirmed(f.commit(event{1, "a", "E", `{}`}), 20*time.Second)
 	r.stop(t, f.ctx)
+	f.waitSlotInactive(10 * time.Second) // the walsender exits a moment after outboxd
 	f.exec(`SELECT pg_drop_replication_slot($1)`, f.slot)
 	f.commit(event{2, "a", "E", `{"while": "no slot"}`})
 	out := mustCLI(t, f.ctx, "setup", "--postgres", super, "--slot", f.slot)
