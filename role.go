@@ -56,6 +56,7 @@ func (r *relay) standBy(ctx context.Context, busy *slot.BusyError) bool {
 	defer conn.Close(context.WithoutCancel(ctx))
 	t := time.NewTicker(standbyPoll)
 	defer t.Stop()
+	unknown := 0 // consecutive polls that could not see the holder's silence
 	for {
 		select {
 		case <-ctx.Done():
@@ -63,7 +64,12 @@ func (r *relay) standBy(ctx context.Context, busy *slot.BusyError) bool {
 		case <-t.C:
 		}
 		holder, err := currentHolder(ctx, conn, r.cfg.Slot, r.cfg.ReplicationTimeout)
-		if holder != nil && holder.SilenceUnknown && !r.warnedSilence {
+		if holder != nil && holder.SilenceUnknown {
+			unknown++
+		} else {
+			unknown = 0
+		}
+		if unknown == 5 && !r.warnedSilence { // not a walsender still starting: a role that may not see it
 			r.warnedSilence = true
 			r.log.Warn("standing by without seeing whether the active's client replies: pg_stat_replication shows a walsender's reply_time only to superusers and pg_read_all_stats; "+
 				"a frozen or partitioned active keeps the slot until PostgreSQL's wal_sender_timeout ends its walsender, not --replication-timeout. "+

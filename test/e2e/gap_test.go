@@ -164,8 +164,9 @@ func TestGapPromotedStandbyBehind(t *testing.T) {
 		t.Skip("needs a harness-started server it may crash (" + harness.EnvPostgres + " is set)")
 	}
 	f := newFixture(t, withPostgres(primary))
+	role := f.asSetupRole()
 	standby := primary.StandbyForTest(t, "standby1")
-	f.dsn = multiHostDSN(f.db, primary, standby)
+	f.dsn = strings.Replace(multiHostDSN(f.db, primary, standby), "postgres://postgres@", "postgres://"+role+"@", 1)
 	p, r := f.spawn("--replication-timeout", "5s")
 	if err := r.waitStreaming(f.ctx); err != nil {
 		t.Fatalf("outboxd did not stream: %v", err)
