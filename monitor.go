@@ -208,7 +208,8 @@ func (mo *monitor) heartbeatResult(err error) {
 	why := "heartbeats fail, so outboxd_replication_delay_seconds is unknown: " + RedactErr(err, mo.dsn).Error()
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "42501" {
 		why += "; outboxd's role may not call pg_logical_emit_message (REVOKEd from PUBLIC?): " +
-			"GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) TO <outboxd's role>, or run without --heartbeat-interval"
+			"GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) TO <outboxd's role> (PostgreSQL 17+: pg_logical_emit_message(boolean, text, text, boolean)), " +
+			"run outboxd setup --role <outboxd's role> again, or run without --heartbeat-interval"
 	}
 	if prev := mo.st.setHeartbeatErr(why); prev != why || time.Since(mo.lastHeartbeatWarn) >= heartbeatWarnEvery {
 		mo.lastHeartbeatWarn = time.Now()

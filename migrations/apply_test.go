@@ -72,11 +72,14 @@ func TestApplyIsIdempotentAndSaysWhatItDid(t *testing.T) {
 	}
 	// Hardening revokes pg_logical_emit_message from PUBLIC: the role keeps
 	// it for its heartbeats (granted to it by name).
-	if _, err := conn.Exec(ctx, `REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) FROM PUBLIC`); err != nil {
+	if _, err := conn.Exec(ctx, `DO $$ DECLARE f regprocedure; BEGIN
+		FOR f IN SELECT oid::regprocedure FROM pg_proc WHERE proname = 'pg_logical_emit_message' LOOP
+			EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
+		END LOOP; END $$`); err != nil {
 		t.Fatal(err)
 	}
 	var emit bool
-	if err := conn.QueryRow(ctx, `SELECT has_function_privilege('outboxd_apply', 'pg_logical_emit_message(boolean, text, text)', 'EXECUTE')`).Scan(&emit); err != nil || !emit {
+	if err := conn.QueryRow(ctx, `SELECT bool_and(has_function_privilege('outboxd_apply', oid, 'EXECUTE')) FROM pg_proc WHERE proname = 'pg_logical_emit_message'`).Scan(&emit); err != nil || !emit {
 		t.Fatalf("the role may not call pg_logical_emit_message once PUBLIC may not (err %v)", err)
 	}
 	t.Cleanup(func() { _ = pg.Exec(context.Background(), "apply", `DROP OWNED BY outboxd_apply`) })
