@@ -153,8 +153,11 @@ func TestGapAnotherCluster(t *testing.T) {
 
 // A promoted standby that lagged (here: stopped while the primary went on,
 // with synchronized_standby_slots unset) has a synchronized slot, but its
-// WAL ends before what outboxd already published: Kafka holds events the new
-// primary never had. outboxd reports that gap instead of streaming on.
+// timeline forked before what outboxd already published: Kafka holds events
+// the new primary never had. outboxd reports that gap instead of streaming
+// on, even once the promoted server's new WAL has passed the published
+// position before outboxd gets in (the timeline history's switch point, not
+// the WAL end, decides).
 func TestGapPromotedStandbyBehind(t *testing.T) {
 	if v := sharedVersion(t); v < 170000 {
 		t.Skipf("needs failover slots (PostgreSQL 17+, server %d): on older servers the promoted standby has no slot at all, which TestPGFailover covers", v)
@@ -180,6 +183,16 @@ func TestGapPromotedStandbyBehind(t *testing.T) {
 		_, _ = f.conn.Exec(f.ctx, `SELECT pg_log_standby_snapshot()`)
 		return slotSynced(f.ctx, sconn, f.slot)
 	})
+	// Keep outboxd out of the promoted server until the test lets it in
+	// (CONNECTION LIMIT 0 is retried, unlike a refused login; its open
+	// connections to the primary stay), so that the promoted server's new
+	// WAL can pass what was published first.
+	f.exec(`CREATE TABLE pad (x text)`) // not in the publication
+	f.exec(`ALTER ROLE ` + role + ` CONNECTION LIMIT 0`)
+	poll(t, 30*time.Second, "the standby replayed the connection limit", func() bool {
+		var limit int
+		return sconn.QueryRow(f.ctx, `SELECT rolconnlimit FROM pg_roles WHERE rolname = $1`, role).Scan(&limit) == nil && limit == 0
+	})
 	sconn.Close(context.Background())
 	if err := standby.Stop(f.ctx); err != nil {
 		t.Fatal(err)
@@ -189,7 +202,8 @@ func TestGapPromotedStandbyBehind(t *testing.T) {
 	for n := 2; n <= 300; n++ {
 		evs = append(evs, event{n, "a", "E", `{"pad": "` + strings.Repeat("x", 200) + `"}`})
 	}
-	f.waitConfirmed(f.commit(evs...), 20*time.Second)
+	published := f.commit(evs...)
+	f.waitConfirmed(published, 20*time.Second)
 	if err := primary.Kill(f.ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -199,10 +213,28 @@ func TestGapPromotedStandbyBehind(t *testing.T) {
 	if err := standby.Promote(f.ctx); err != nil {
 		t.Fatal(err)
 	}
+	pconn, err := standby.Connect(f.ctx, f.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pconn.Close(context.Background())
+	for lsn := uint64(0); lsn <= published; {
+		if _, err := pconn.Exec(f.ctx, `INSERT INTO pad SELECT repeat('x', 1000) FROM generate_series(1, 1000)`); err != nil {
+			t.Fatal(err)
+		}
+		if lsn, err = harness.CurrentWALLSN(f.ctx, pconn); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := pconn.Exec(f.ctx, `ALTER ROLE `+role+` CONNECTION LIMIT -1`); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(f.ctx, 60*time.Second)
 	defer cancel()
 	code, err := p.Wait(ctx)
-	if err != nil || code != 1 || !strings.Contains(p.Log(), "outboxd run: gap: the server's WAL ends at ") {
+	// The promoted server's timeline forked before what was published
+	// (TIMELINE_HISTORY): a gap even once its new WAL passes that position.
+	if err != nil || code != 1 || !strings.Contains(p.Log(), "outboxd run: gap: the server's timeline 2 forked from timeline 1 at ") {
 		t.Fatalf("exit %d, err %v; want exit 1: the promoted server is behind what was published\n%s", code, err, tailString(p.Log(), 4000))
 	}
 	for _, line := range strings.Split(p.Log(), "\n") {
