@@ -105,9 +105,10 @@ func (p *progress) Known() (slot.Progress, bool) {
 }
 
 // writeAheadGap is the shortest gap between two record writes that a
-// confirmation asked for: the slot's confirmation waits at most about this
-// long (plus a Kafka round trip) behind the acks.
-const writeAheadGap = 100 * time.Millisecond
+// confirmation asked for (a confirmation asks at most every
+// --confirm-interval): the slot's confirmation waits at most about this
+// long plus a Kafka round trip behind the acks.
+const writeAheadGap = 10 * time.Millisecond
 
 // confirmable caps a flush position at what the written record allows: in
 // at-least-once mode the record is a write-ahead of the confirmation, so
