@@ -22,7 +22,9 @@ import (
 // of the data directory without what pg_basebackup skips, and pg_backup_stop's
 // backup_label. The standby streams through slot name (primary_slot_name),
 // with hot_standby_feedback and, on PostgreSQL 17+, sync_replication_slots:
-// failover slots are copied to it. Close it when done.
+// failover slots are copied to it. On the docker backend the standby is a
+// container that runs pg_basebackup itself (dockerstandby.go). Close it
+// when done.
 func (p *Postgres) StartStandby(ctx context.Context, name string) (*Postgres, error) {
 	if p.External() {
 		return nil, p.errExternal("standby")
@@ -38,6 +40,9 @@ func (p *Postgres) StartStandby(ctx context.Context, name string) (*Postgres, er
 	}
 	if _, err := conn.Exec(ctx, `SELECT pg_create_physical_replication_slot($1, true)`, name); err != nil {
 		return nil, fmt.Errorf("standby slot: %w", err)
+	}
+	if p.ctr != nil {
+		return p.startDockerStandby(ctx, conn, name, version)
 	}
 	root, err := os.MkdirTemp("", "outboxd-pg-standby-")
 	if err != nil {
@@ -97,23 +102,15 @@ func (p *Postgres) StartStandby(ctx context.Context, name string) (*Postgres, er
 	return s, nil
 }
 
-// StandbyForTest is StartStandby, closed with the test. On the docker
-// backend the test skips itself, saying why: the standby is made by
-// copying the primary's data directory on this machine, which a container
-// keeps to itself (a standby container made with pg_basebackup is not built
-// yet).
+// StandbyForTest is StartStandby, closed with the test.
 func (p *Postgres) StandbyForTest(t interface {
 	Helper()
 	Fatalf(string, ...any)
-	Skipf(string, ...any)
 	Cleanup(func())
 	Failed() bool
 	Logf(string, ...any)
 }, name string) *Postgres {
 	t.Helper()
-	if p.ctr != nil {
-		t.Skipf("needs a streaming standby, which the docker backend (%s=docker) cannot make yet: the harness copies the primary's data directory on this machine, and a container keeps it to itself", EnvBackend)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	s, err := p.StartStandby(ctx, name)
@@ -255,6 +252,9 @@ func (p *Postgres) Promote(ctx context.Context) error {
 	if p.External() {
 		return p.errExternal("promote")
 	}
+	if p.ctr != nil {
+		return p.dockerPromote(ctx)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	cmd := p.user.command(ctx, p.root, pgBinary("pg_ctl"), "promote", "-w", "-t", "60", "-D", p.dataDir)
@@ -269,6 +269,9 @@ func (p *Postgres) Promote(ctx context.Context) error {
 func (p *Postgres) Kill(ctx context.Context) error {
 	if p.External() {
 		return p.errExternal("kill")
+	}
+	if p.ctr != nil {
+		return p.dockerKill(ctx)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
