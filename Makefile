@@ -8,8 +8,9 @@ PG_CACHE    ?= $(or $(OUTBOXD_PG_CACHE),$(if $(filter 0,$(shell id -u)),/var/cac
 PG_VERSIONS ?= 16 17 18
 # The e2e core that runs on every PostgreSQL version (the full suite runs on 15).
 E2E_CORE    := TestStartupCheck|TestSlotHeldByAnotherProcess|TestRoutingAndSkippedOperations|TestOrderPerAggregate|TestGracefulShutdownConfirmsEverything|TestBrokerDownHoldsSlot|TestKillDuringStreamLosesNothing|TestPostgresConnectionLoss|TestIdleOutboxDoesNotPinWAL|TestOpsStatus|TestHA|TestPGFailover|TestSlotFailoverOption|TestGap
-# On the docker backend the tests that need a streaming standby skip
-# themselves, saying why (harness.StandbyForTest).
+# Tests skipped on the docker backend: none (the harness makes a standby
+# container with pg_basebackup; a test that cannot run there, such as a
+# cold copy of the data directory, skips itself and says why).
 DOCKER_SKIP := ^$$
 
 .PHONY: all build run test test-short test-docker test-pg-versions test-apache vet bench soak parity docker clean
