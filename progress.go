@@ -217,14 +217,25 @@ func (p *progress) run(ctx context.Context) {
 	}
 	var last time.Time
 	for {
+		// The record follows the acks as they come (the watermark's
+		// changes), so that it is usually written before the session wants
+		// to confirm; a confirmation that finds it behind kicks.
+		var changed <-chan struct{}
+		p.st.mu.Lock()
+		wm := p.st.wm
+		p.st.mu.Unlock()
+		if wm != nil {
+			changed = wm.Changed()
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		case <-p.kick:
-			if wait := writeAheadGap - time.Since(last); wait > 0 && !sleepCtx(ctx, wait) {
-				return
-			}
+		case <-changed:
+		}
+		if wait := writeAheadGap - time.Since(last); wait > 0 && !sleepCtx(ctx, wait) {
+			return
 		}
 		last = time.Now()
 		p.save(ctx)
