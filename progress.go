@@ -40,10 +40,11 @@ type progress struct {
 
 // progressValue is the record's JSON.
 type progressValue struct {
-	LSN      string `json:"confirmed_lsn"`
-	SystemID string `json:"system_identifier"`
-	Timeline int32  `json:"timeline"`
-	At       string `json:"at"`
+	LSN       string `json:"confirmed_lsn"`
+	Published string `json:"published_lsn,omitempty"` // end of the last transaction with events; absent in older records
+	SystemID  string `json:"system_identifier"`
+	Timeline  int32  `json:"timeline"`
+	At        string `json:"at"`
 }
 
 // fromCheckpoint seeds the record in exactly-once mode. loaded is false for
@@ -170,14 +171,14 @@ func (p *progress) followLocked() {
 	if wm == nil || info.SystemID == "" || p.accepted && wm == p.acceptedWM {
 		return
 	}
-	lsn := wm.Confirmed()
+	lsn, pub := wm.Confirmed(), wm.Published()
 	switch {
 	case p.rec.SystemID == "" && p.rec.LSN == 0, p.accepted:
-		p.rec, p.accepted = slot.Progress{LSN: lsn, SystemID: info.SystemID, Timeline: info.Timeline}, false
+		p.rec, p.accepted = slot.Progress{LSN: lsn, Published: pub, SystemID: info.SystemID, Timeline: info.Timeline}, false
 	case p.rec.Legacy && p.rec.SystemID != info.SystemID:
-		p.rec = slot.Progress{LSN: lsn, SystemID: info.SystemID, Timeline: info.Timeline} // another cluster's, under the old key
+		p.rec = slot.Progress{LSN: lsn, Published: pub, SystemID: info.SystemID, Timeline: info.Timeline} // another cluster's, under the old key
 	case p.rec.SystemID == "" || p.rec.SystemID == info.SystemID:
-		p.rec = slot.Progress{LSN: max(p.rec.LSN, lsn), SystemID: info.SystemID, Timeline: info.Timeline}
+		p.rec = slot.Progress{LSN: max(p.rec.LSN, lsn), Published: max(p.rec.Published, pub), SystemID: info.SystemID, Timeline: info.Timeline}
 	}
 }
 
@@ -270,6 +271,11 @@ func (p *progress) load(ctx context.Context, timeout time.Duration) error {
 			return fmt.Errorf("progress record %s: %w", p.store, err)
 		}
 		rec = slot.Progress{LSN: lsn, SystemID: v.SystemID, Timeline: v.Timeline, Legacy: legacy}
+		if v.Published != "" {
+			if rec.Published, err = wal.ParseLSN(v.Published); err != nil {
+				return fmt.Errorf("progress record %s: %w", p.store, err)
+			}
+		}
 		p.log.Debug("progress record", "record", p.store.String(), "confirmed_lsn", v.LSN, "system_identifier", v.SystemID, "timeline", v.Timeline, "at", v.At, "old_key", legacy)
 	}
 	p.mu.Lock()
@@ -309,7 +315,7 @@ func (p *progress) save(ctx context.Context) {
 	if !changed {
 		return
 	}
-	v, _ := json.Marshal(progressValue{LSN: rec.LSN.String(), SystemID: rec.SystemID, Timeline: rec.Timeline, At: time.Now().UTC().Format(time.RFC3339Nano)})
+	v, _ := json.Marshal(progressValue{LSN: rec.LSN.String(), Published: rec.Published.String(), SystemID: rec.SystemID, Timeline: rec.Timeline, At: time.Now().UTC().Format(time.RFC3339Nano)})
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := p.store.WriteProgress(wctx, v); err != nil {

@@ -18,9 +18,13 @@ import (
 // which server: a record that outlives the slot (the exactly-once checkpoint,
 // or at-least-once mode's progress topic).
 type Progress struct {
-	LSN      wal.LSN
-	SystemID string // pg_control's system identifier; "" if unknown
-	Timeline int32
+	LSN wal.LSN
+	// Published is the end of the last transaction with events up to LSN
+	// (LSN itself may have moved on with keepalives); 0: unknown, use LSN.
+	// The checks for WAL the server lost compare it, not LSN.
+	Published wal.LSN
+	SystemID  string // pg_control's system identifier; "" if unknown
+	Timeline  int32
 	// WriteAhead: the record is written before outboxd confirms the slot
 	// up to it (at-least-once mode's progress record), so a slot whose
 	// confirmed_flush_lsn is beyond it was created or moved by someone else
@@ -129,6 +133,10 @@ func checkGap(name string, known Progress, found bool, srv server) string {
 	if known.Legacy && known.SystemID != srv.systemID {
 		known = Progress{} // the old slot-only key: another cluster's slot of the same name
 	}
+	published := known.Published
+	if published == 0 || published > known.LSN {
+		published = known.LSN
+	}
 	switch {
 	case known.SystemID != "" && srv.systemID != known.SystemID:
 		return fmt.Sprintf("this PostgreSQL server is another cluster (system identifier %s) than the one outboxd last confirmed slot %q on (%s, up to LSN %s): the slot's history is not this server's",
@@ -136,18 +144,18 @@ func checkGap(name string, known Progress, found bool, srv server) string {
 	case !found && known.LSN != 0:
 		return fmt.Sprintf("replication slot %q does not exist, but outboxd has confirmed it up to LSN %s (system %s, timeline %d): a new slot would start at the current WAL position and silently skip every event the old slot had not delivered. Typical cause: a failover to a standby that had no synchronized copy of the slot (PostgreSQL 16 and older, or a slot that is not a failover slot), or a dropped slot",
 			name, known.LSN, orUnknown(known.SystemID), known.Timeline)
-	case srv.diverged && known.LSN != 0:
+	case srv.diverged && published != 0:
 		return fmt.Sprintf("the server is on timeline %d, whose history does not contain timeline %d on which outboxd published slot %q up to LSN %s: the server's WAL is not the history Kafka's events came from",
 			srv.timeline, known.Timeline, name, known.LSN)
-	case srv.switched != 0 && srv.switched < known.LSN:
+	case srv.switched != 0 && srv.switched < published:
 		return fmt.Sprintf("the server's timeline %d forked from timeline %d at %s, before LSN %s up to which outboxd already published slot %q: the server lost WAL (a promoted standby that lagged, a point-in-time restore), so Kafka holds events PostgreSQL no longer has (phantom events) and new transactions reuse those positions",
-			srv.timeline, known.Timeline, srv.switched, known.LSN, name)
+			srv.timeline, known.Timeline, srv.switched, published, name)
 	case found && known.WriteAhead && !known.Legacy && known.SystemID == srv.systemID && srv.slot > known.LSN:
 		return fmt.Sprintf("replication slot %q is confirmed up to %s, beyond LSN %s up to which outboxd recorded publishing it: outboxd never confirms past its record, so the slot was created or moved by something else (outboxd setup or its SQL re-creating a dropped slot, pg_replication_slot_advance, another consumer) and events committed in between may never have reached Kafka",
 			name, srv.slot, known.LSN)
-	case srv.flushed < known.LSN:
+	case srv.flushed < published:
 		return fmt.Sprintf("the server's WAL ends at %s, before LSN %s up to which outboxd already published slot %q: the server lost WAL (a failover to a standby that lagged, a restore from backup), so Kafka holds events PostgreSQL no longer has (phantom events) and new transactions will reuse those positions",
-			srv.flushed, known.LSN, name)
+			srv.flushed, published, name)
 	}
 	return ""
 }
