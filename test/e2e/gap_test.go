@@ -349,7 +349,9 @@ func TestGapRestoreFromColdCopy(t *testing.T) {
 	}
 	reconnect()
 	f.exec(`ALTER ROLE ` + role + ` CONNECTION LIMIT -1`)
-	poll(t, 30*time.Second, "outboxd streaming again", func() bool { return f.slotState().Active && r.role(t) == "active" })
+	// Bounds cover outboxd's reconnect backoff (up to 15 s) after the
+	// refused connections.
+	poll(t, 60*time.Second, "outboxd streaming again", func() bool { return f.slotState().Active && r.role(t) == "active" })
 	var evs []event
 	for n := 2; n <= 6; n++ {
 		evs = append(evs, event{n, "a", "A", `{"pad": "` + strings.Repeat("a", 2000) + `"}`}) // F1-F3 fall inside their WAL
@@ -364,7 +366,7 @@ func TestGapRestoreFromColdCopy(t *testing.T) {
 		end = f.walLSN()
 	}
 	f.exec(`ALTER ROLE ` + role + ` CONNECTION LIMIT -1`)
-	f.waitConfirmed(end, 30*time.Second)
+	f.waitConfirmed(end, 60*time.Second)
 	first, _ := byID(t, f.records())
 	for _, n := range []int{11, 12, 13} {
 		if _, ok := first[eventID(n)]; !ok {
