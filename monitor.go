@@ -2,10 +2,14 @@ package outboxd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strconv"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/slot"
@@ -26,6 +30,7 @@ type monitor struct {
 	st                *state
 	sink              sink.Sink
 	lastLagWarn       time.Time
+	lastHeartbeatWarn time.Time
 	// dial opens the monitor's connection; nil: connectSQL. Tests script it.
 	dial func(ctx context.Context, dsn string) (sqlConn, error)
 }
@@ -176,10 +181,50 @@ func (mo *monitor) heartbeat(ctx context.Context, conn sqlConn) {
 	hctx, cancel := context.WithTimeout(ctx, mo.heartbeatInterval)
 	defer cancel()
 	now := strconv.FormatInt(time.Now().UnixNano(), 10)
-	if err := conn.EmitHeartbeat(hctx, heartbeatPrefix, now); err != nil {
-		mo.m.heartbeatErrors.Inc()
-		mo.log.Debug("heartbeat failed", "err", RedactErr(err, mo.dsn))
+	err := conn.EmitHeartbeat(hctx, heartbeatPrefix, now)
+	if ctx.Err() != nil {
+		return
 	}
+	mo.heartbeatResult(err)
+}
+
+// heartbeatWarnEvery is how often a heartbeat failure that persists is
+// logged again.
+const heartbeatWarnEvery = 5 * time.Minute
+
+// heartbeatResult records a heartbeat's outcome: a failure is counted,
+// logged (the first of a run at once, then every heartbeatWarnEvery) with
+// its fix, shown on /status and in /readyz's reason, and makes the
+// replication delay unknown (NaN) rather than the last, good-looking value.
+func (mo *monitor) heartbeatResult(err error) {
+	if err == nil {
+		if mo.st.setHeartbeatErr("") != "" {
+			mo.log.Info("heartbeats work again")
+		}
+		return
+	}
+	mo.m.heartbeatErrors.Inc()
+	mo.m.replDelay.Set(math.NaN())
+	why := "heartbeats fail, so outboxd_replication_delay_seconds is unknown: " + RedactErr(err, mo.dsn).Error()
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "42501" {
+		why += "; outboxd's role may not call pg_logical_emit_message (REVOKEd from PUBLIC?): " +
+			"GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) TO <outboxd's role> (PostgreSQL 17+: pg_logical_emit_message(boolean, text, text, boolean)), " +
+			"run outboxd setup --role <outboxd's role> again, or run without --heartbeat-interval"
+	}
+	if prev := mo.st.setHeartbeatErr(why); prev != why || time.Since(mo.lastHeartbeatWarn) >= heartbeatWarnEvery {
+		mo.lastHeartbeatWarn = time.Now()
+		mo.log.Warn("heartbeat failed", "err", why)
+	}
+}
+
+// setHeartbeatErr records why heartbeats fail ("" when they work) and
+// returns the previous reason.
+func (s *state) setHeartbeatErr(why string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	prev := s.heartbeatErr
+	s.heartbeatErr = why
+	return prev
 }
 
 // onHeartbeat runs in the relay's goroutine when a heartbeat arrives.

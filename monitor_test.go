@@ -5,11 +5,13 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/outboxd/outboxd/slot"
@@ -63,5 +65,41 @@ func TestMonitorKafkaLagAndHeartbeat(t *testing.T) {
 	}
 	if HumanBytes(1536<<20) != "1.5GiB" || HumanBytes(-2048) != "-2.0KiB" {
 		t.Fatal("helpers")
+	}
+}
+
+// A heartbeat that fails (pg_logical_emit_message REVOKEd from PUBLIC) is
+// counted, logged once per run of failures with the GRANT that fixes it,
+// shown on /status and in /readyz's reason, and leaves the replication
+// delay unknown, not at its last good value; a success clears it all.
+func TestMonitorHeartbeatFailureIsVisible(t *testing.T) {
+	var logs bytes.Buffer
+	st := &state{slotName: "s", kafkaOK: true}
+	m := newMetrics("test", st)
+	mo := &monitor{interval: time.Second, heartbeatInterval: time.Second, log: slog.New(slog.NewTextHandler(&logs, nil)), m: m, st: st}
+	st.startSession(slot.NewWatermark(0), slot.Info{})
+	m.replDelay.Set(0.01)
+	denied := &pgconn.PgError{Code: "42501", Message: "permission denied for function pg_logical_emit_message"}
+	mo.heartbeatResult(denied)
+	mo.heartbeatResult(denied)
+	if n := strings.Count(logs.String(), "heartbeat failed"); n != 1 || !strings.Contains(logs.String(), "GRANT EXECUTE ON FUNCTION pg_logical_emit_message") {
+		t.Fatalf("%d warnings, want 1 naming the GRANT:\n%s", n, logs.String())
+	}
+	if v := testutil.ToFloat64(m.heartbeatErrors); v != 2 {
+		t.Fatalf("outboxd_heartbeat_errors_total %v", v)
+	}
+	if d := testutil.ToFloat64(m.replDelay); !math.IsNaN(d) {
+		t.Fatalf("replication delay %v while heartbeats fail, want NaN", d)
+	}
+	ok, why := st.ready()
+	if !ok || !strings.Contains(why, "heartbeats fail") {
+		t.Fatalf("/readyz %v %q", ok, why)
+	}
+	if s, _ := st.status()["heartbeat_error"].(string); !strings.Contains(s, "permission denied") {
+		t.Fatalf("/status heartbeat_error %q", s)
+	}
+	mo.heartbeatResult(nil)
+	if _, why := st.ready(); why != "streaming" || st.status()["heartbeat_error"] != nil || !strings.Contains(logs.String(), "heartbeats work again") {
+		t.Fatalf("after a good heartbeat: %q, %v", why, st.status()["heartbeat_error"])
 	}
 }

@@ -185,9 +185,10 @@ func New(cfg Config) (*Relay, error) {
 		poison: map[eventPos]string{}, published: map[string]prometheus.Counter{},
 		onHeartbeat: mo.onHeartbeat, holdRetry: time.Second, freshProducer: cfg.DeferInit,
 	}
-	prog := &progress{log: cfg.Logger, st: st}
+	prog := &progress{log: cfg.Logger, st: st, kick: make(chan struct{}, 1)}
 	if cfg.TxnSink != nil {
-		prog.fromCheckpoint(cfg.Done.LSN)
+		prog.fromCheckpoint(cfg.Done.LSN, !cfg.DeferInit)
+		prog.checkpoint = cfg.TxnSink.LoadCheckpoint
 	} else {
 		prog.store = cfg.ProgressStore
 	}

@@ -63,6 +63,11 @@ type relay struct {
 	// textOnly: a binary session met a column type the router does not
 	// render from binary; text from now on (binary.go).
 	textOnly bool
+	// lastServer is the previous session's server (slot.Info.Server).
+	lastServer string
+	// warnedSilence: the standby warned once that it cannot see the
+	// active's replies (role.go).
+	warnedSilence bool
 	// lastLogged de-duplicates a session error repeated on every retry.
 	lastLogged   string
 	lastLoggedAt time.Time
@@ -250,7 +255,7 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 
 	info, created, err := conn.Prepare(ctx, slot.Config{
 		Slot: r.cfg.Slot, Publication: r.cfg.Publication, TakeOver: r.lastPID, StaleAfter: r.cfg.ReplicationTimeout,
-		Failover: r.cfg.SlotFailover, Progress: r.progress, AcceptGap: r.cfg.AcceptGap,
+		Failover: r.cfg.SlotFailover, Progress: r.progress, AcceptGap: r.cfg.AcceptGap, Unroutable: r.router.Unroutable,
 	})
 	if err != nil {
 		return false, nil, err
@@ -259,6 +264,17 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 	if created {
 		r.log.Info("created replication slot", "slot", info.Name, "plugin", "pgoutput", "confirmed_flush_lsn", info.ConfirmedFlush.String())
 	}
+	if srv := info.Server(); r.lastServer != "" && srv != r.lastServer && r.cfg.TxnSink == nil && *resume > info.ConfirmedFlush {
+		// Another server, or the same one restarted (restored from a
+		// backup, promoted): what this process acked lies at positions
+		// whose WAL may now hold other transactions, so it resumes where
+		// the slot says, never beyond (duplicates, at worst, and nothing
+		// skipped). Exactly-once resumes from its checkpoint.
+		r.log.Warn("the server changed since the last session; resuming from the slot's confirmed position, not beyond",
+			"resume_lsn", resume.String(), "confirmed_flush_lsn", info.ConfirmedFlush.String(), "server", srv, "previous", r.lastServer)
+		*resume = 0
+	}
+	r.lastServer = info.Server()
 	start := max(info.ConfirmedFlush, *resume)
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -298,6 +314,23 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 	s.finish(ctx, !conn.IsClosed())
 	*resume = max(*resume, wm.Confirmed())
 	return true, wm, err
+}
+
+// confirmable is the flush position the session may send for lsn: capped
+// by the progress record's write-ahead (progress.confirmable).
+func (r *relay) confirmable(lsn wal.LSN) wal.LSN {
+	if p, ok := r.progress.(*progress); ok {
+		return p.confirmable(lsn)
+	}
+	return lsn
+}
+
+// flushProgress writes the progress record before a session's final
+// confirmation, so that the confirmation is not held back by the cap.
+func (r *relay) flushProgress(ctx context.Context) {
+	if p, ok := r.progress.(*progress); ok {
+		p.flush(ctx)
+	}
 }
 
 // IsConfigError reports PostgreSQL errors that retrying cannot fix: bad

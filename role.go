@@ -56,6 +56,7 @@ func (r *relay) standBy(ctx context.Context, busy *slot.BusyError) bool {
 	defer conn.Close(context.WithoutCancel(ctx))
 	t := time.NewTicker(standbyPoll)
 	defer t.Stop()
+	unknown := 0 // consecutive polls that could not see the holder's silence
 	for {
 		select {
 		case <-ctx.Done():
@@ -63,6 +64,17 @@ func (r *relay) standBy(ctx context.Context, busy *slot.BusyError) bool {
 		case <-t.C:
 		}
 		holder, err := currentHolder(ctx, conn, r.cfg.Slot, r.cfg.ReplicationTimeout)
+		if holder != nil && holder.SilenceUnknown {
+			unknown++
+		} else {
+			unknown = 0
+		}
+		if unknown == 5 && !r.warnedSilence { // not a walsender still starting: a role that may not see it
+			r.warnedSilence = true
+			r.log.Warn("standing by without seeing whether the active's client replies: pg_stat_replication shows a walsender's reply_time only to superusers and pg_read_all_stats; "+
+				"a frozen or partitioned active keeps the slot until PostgreSQL's wal_sender_timeout ends its walsender, not --replication-timeout. "+
+				"To take over after --replication-timeout: GRANT pg_read_all_stats TO <outboxd's role>", "slot", r.cfg.Slot)
+		}
 		if free := holder == nil; err != nil || free {
 			if err == nil {
 				r.log.Info("the slot is free; taking over", "slot", r.cfg.Slot)
@@ -148,7 +160,9 @@ func currentHolder(ctx context.Context, conn sqlConn, name string, staleAfter ti
 	if !found || !s.Active || s.Stale(staleAfter) {
 		return nil, nil
 	}
-	return s.Busy(), nil
+	busy := s.Busy()
+	busy.SilenceUnknown = s.Holder.Application == "outboxd" && s.Holder.Silent < 0
+	return busy, nil
 }
 
 // dialSQL opens an ordinary connection through the relay's seam.

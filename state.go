@@ -36,6 +36,8 @@ type state struct {
 	// unprotected: physical standby slots synchronized_standby_slots lacks (standbys.go).
 	unprotected []string
 	topicHolds  map[string]string // topics whose events the sink holds, and why
+	// heartbeatErr: why heartbeats fail ("" while they work; monitor.go).
+	heartbeatErr string
 }
 
 // setTopicHold records (err != nil) or clears a topic the sink cannot write
@@ -104,6 +106,9 @@ func (s *state) ready() (bool, string) {
 	if st := s.wm.Stats(); !st.OldestUnacked.IsZero() && time.Since(st.OldestUnacked) > stalledAfter {
 		return false, fmt.Sprintf("watermark stalled: %d events unacked for %s", st.InflightEvents, time.Since(st.OldestUnacked).Round(time.Second))
 	}
+	if s.heartbeatErr != "" {
+		return true, "streaming; " + s.heartbeatErr // delivery goes on: ready, with the reason
+	}
 	return true, "streaming"
 }
 
@@ -165,6 +170,9 @@ func (s *state) status() map[string]any {
 	}
 	if s.holder != "" && !s.streaming {
 		out["slot_holder"] = s.holder
+	}
+	if s.heartbeatErr != "" {
+		out["heartbeat_error"] = s.heartbeatErr
 	}
 	if len(s.topicHolds) > 0 {
 		held := make(map[string]string, len(s.topicHolds))

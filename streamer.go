@@ -189,7 +189,7 @@ func (s *streamer) waitForRoom(ctx context.Context, deadline time.Time) error {
 }
 
 func (s *streamer) sendStatus(reply bool) error {
-	lsn := s.wm.Confirmed()
+	lsn := s.confirmable(s.wm.Confirmed()) // never past the progress record (progress.go)
 	if err := s.stream.SendStatus(lsn, reply); err != nil {
 		return err
 	}
@@ -509,6 +509,7 @@ func (s *streamer) finish(ctx context.Context, connAlive bool) {
 		}
 	}
 	if connAlive {
+		s.flushProgress(tctx) // the record first: the confirmation may not pass it
 		if err := s.sendStatus(false); err == nil {
 			s.log.Info("confirmed", "lsn", s.lastSent.String())
 		}

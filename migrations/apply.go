@@ -160,7 +160,9 @@ func (a *applier) createRole() error {
 	}
 	var granted bool
 	if err := a.conn.QueryRow(a.ctx, `SELECT has_table_privilege($1::name, $2::text, 'SELECT') AND has_schema_privilege($1::name, $3::text, 'USAGE')
-		AND has_database_privilege($1::name, current_database()::text, 'CONNECT')`, a.o.Role, a.vars.Table, a.o.Schema).Scan(&granted); err != nil {
+		AND has_database_privilege($1::name, current_database()::text, 'CONNECT')
+		AND NOT EXISTS (SELECT 1 FROM pg_proc p WHERE p.proname = 'pg_logical_emit_message' AND p.pronamespace = 'pg_catalog'::regnamespace
+			AND NOT has_function_privilege($1::name, p.oid, 'EXECUTE'))`, a.o.Role, a.vars.Table, a.o.Schema).Scan(&granted); err != nil {
 		return err
 	}
 	if err := a.ensure(granted, Role, fmt.Sprintf("role %s already exists (SELECT on %s)", a.o.Role, a.vars.Table),

@@ -70,6 +70,19 @@ func TestApplyIsIdempotentAndSaysWhatItDid(t *testing.T) {
 	if got := apply(); strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("second run said:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
+	// Hardening revokes pg_logical_emit_message from PUBLIC: the role keeps
+	// it for its heartbeats (granted to it by name).
+	if _, err := conn.Exec(ctx, `DO $$ DECLARE f regprocedure; BEGIN
+		FOR f IN SELECT oid::regprocedure FROM pg_proc WHERE proname = 'pg_logical_emit_message' LOOP
+			EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
+		END LOOP; END $$`); err != nil {
+		t.Fatal(err)
+	}
+	var emit bool
+	if err := conn.QueryRow(ctx, `SELECT bool_and(has_function_privilege('outboxd_apply', oid, 'EXECUTE')) FROM pg_proc WHERE proname = 'pg_logical_emit_message'`).Scan(&emit); err != nil || !emit {
+		t.Fatalf("the role may not call pg_logical_emit_message once PUBLIC may not (err %v)", err)
+	}
+	t.Cleanup(func() { _ = pg.Exec(context.Background(), "apply", `DROP OWNED BY outboxd_apply`) })
 	var cols int
 	if err := conn.QueryRow(ctx, `SELECT count(*) FROM information_schema.columns WHERE table_name = 'outbox'`).Scan(&cols); err != nil || cols != 6 {
 		t.Fatalf("%d columns (err %v), want Debezium's 6", cols, err)

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -15,28 +18,98 @@ import (
 // which server: a record that outlives the slot (the exactly-once checkpoint,
 // or at-least-once mode's progress topic).
 type Progress struct {
-	LSN      wal.LSN
-	SystemID string // pg_control's system identifier; "" if unknown
-	Timeline int32
+	LSN wal.LSN
+	// Published is the end of the last transaction with events up to LSN
+	// (LSN itself may have moved on with keepalives); 0: unknown, use LSN.
+	// The checks for WAL the server lost compare it, not LSN.
+	Published wal.LSN
+	SystemID  string // pg_control's system identifier; "" if unknown
+	Timeline  int32
+	// WriteAhead: the record is written before outboxd confirms the slot
+	// up to it (at-least-once mode's progress record), so a slot whose
+	// confirmed_flush_lsn is beyond it was created or moved by someone else
+	// (outboxd setup, a migration tool, pg_replication_slot_advance) and the
+	// events in between may never have been published.
+	WriteAhead bool
+	// Legacy: read under the record's old key (the slot name alone, before
+	// keys carried the system identifier), so it may be another cluster's
+	// record of a slot with the same name: checkGap ignores it then.
+	Legacy bool
 }
 
 // ProgressSource gives Prepare the last recorded progress. Known's ok is
-// false while the record has not been read yet (Kafka unreachable).
-// Accepted is told about a gap the operator accepted (--accept-gap).
+// false while the record has never been read (Kafka unreachable): unknown,
+// which is not "nothing published". Reload reads the record again, now,
+// from where it outlives the slot: another instance (the active, while this
+// one stood by) may have published since it was last read, so Prepare
+// reloads before every verdict that could create a slot or accept a server
+// that changed underneath. Accepted is told about a gap the operator
+// accepted (--accept-gap).
 type ProgressSource interface {
 	Known() (p Progress, ok bool)
+	Reload(ctx context.Context) error
 	Accepted(gap string)
 }
 
 // errProgressUnknown: the slot is missing and the progress record cannot be
-// read yet, so whether a new slot would skip events is not known. Transient.
+// read, so whether a new slot would skip events is not known. Transient.
 var errProgressUnknown = errors.New("replication slot missing: not creating it before the progress record has been read from Kafka (is Kafka reachable?)")
 
-// server is what IDENTIFY_SYSTEM reports.
+// reloadTimeout bounds Prepare's re-read of the progress record.
+const reloadTimeout = 15 * time.Second
+
+// server is what IDENTIFY_SYSTEM reports, and where the timeline the
+// record was written on ended (TIMELINE_HISTORY).
 type server struct {
 	systemID string
 	timeline int32
 	flushed  wal.LSN
+	// slot is the slot's confirmed_flush_lsn (0: missing).
+	slot wal.LSN
+	// switched is where the record's timeline ended on this server's
+	// history (it forked the current one there); 0: the record's timeline
+	// is the current one, or history was not read. diverged: the record's
+	// timeline is not in this server's history at all.
+	switched wal.LSN
+	diverged bool
+}
+
+// readHistory fills srv.switched and srv.diverged for a record written on
+// an earlier timeline than the server's.
+func readHistory(ctx context.Context, conn *pgconn.PgConn, srv *server, known Progress) error {
+	recorded := known.Timeline
+	switch {
+	case known.SystemID != srv.systemID || recorded == 0 || recorded == srv.timeline:
+		return nil
+	case recorded > srv.timeline: // restored to before the promotion the record saw
+		srv.diverged = true
+		return nil
+	}
+	h, err := pglogrepl.TimelineHistory(ctx, conn, srv.timeline)
+	if err != nil {
+		return fmt.Errorf("TIMELINE_HISTORY %d: %w", srv.timeline, err)
+	}
+	srv.switched, srv.diverged = switchPoint(string(h.Content), recorded)
+	return nil
+}
+
+// switchPoint finds in a timeline history file (lines "<tli>\t<switch
+// LSN>\t<reason>") where timeline tli ended; diverged if it is not listed.
+func switchPoint(history string, tli int32) (wal.LSN, bool) {
+	for _, line := range strings.Split(history, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 || strings.HasPrefix(f[0], "#") {
+			continue
+		}
+		n, err := strconv.ParseInt(f[0], 10, 32)
+		if err != nil || int32(n) != tli {
+			continue
+		}
+		if lsn, err := wal.ParseLSN(f[1]); err == nil {
+			return lsn, false
+		}
+	}
+	return 0, true
 }
 
 func identify(ctx context.Context, conn *pgconn.PgConn) (server, error) {
@@ -57,6 +130,13 @@ remove the flag again: it accepts any gap while it is set`
 // describes a gap: events that outboxd would skip, or that it published and
 // the server no longer has. "" means none.
 func checkGap(name string, known Progress, found bool, srv server) string {
+	if known.Legacy && known.SystemID != srv.systemID {
+		known = Progress{} // the old slot-only key: another cluster's slot of the same name
+	}
+	published := known.Published
+	if published == 0 || published > known.LSN {
+		published = known.LSN
+	}
 	switch {
 	case known.SystemID != "" && srv.systemID != known.SystemID:
 		return fmt.Sprintf("this PostgreSQL server is another cluster (system identifier %s) than the one outboxd last confirmed slot %q on (%s, up to LSN %s): the slot's history is not this server's",
@@ -64,9 +144,18 @@ func checkGap(name string, known Progress, found bool, srv server) string {
 	case !found && known.LSN != 0:
 		return fmt.Sprintf("replication slot %q does not exist, but outboxd has confirmed it up to LSN %s (system %s, timeline %d): a new slot would start at the current WAL position and silently skip every event the old slot had not delivered. Typical cause: a failover to a standby that had no synchronized copy of the slot (PostgreSQL 16 and older, or a slot that is not a failover slot), or a dropped slot",
 			name, known.LSN, orUnknown(known.SystemID), known.Timeline)
-	case srv.flushed < known.LSN:
+	case srv.diverged && published != 0:
+		return fmt.Sprintf("the server is on timeline %d, whose history does not contain timeline %d on which outboxd published slot %q up to LSN %s: the server's WAL is not the history Kafka's events came from",
+			srv.timeline, known.Timeline, name, known.LSN)
+	case srv.switched != 0 && srv.switched < published:
+		return fmt.Sprintf("the server's timeline %d forked from timeline %d at %s, before LSN %s up to which outboxd already published slot %q: the server lost WAL (a promoted standby that lagged, a point-in-time restore), so Kafka holds events PostgreSQL no longer has (phantom events) and new transactions reuse those positions",
+			srv.timeline, known.Timeline, srv.switched, published, name)
+	case found && known.WriteAhead && !known.Legacy && known.SystemID == srv.systemID && srv.slot > known.LSN:
+		return fmt.Sprintf("replication slot %q is confirmed up to %s, beyond LSN %s up to which outboxd recorded publishing it: outboxd never confirms past its record, so the slot was created or moved by something else (outboxd setup or its SQL re-creating a dropped slot, pg_replication_slot_advance, another consumer) and events committed in between may never have reached Kafka",
+			name, srv.slot, known.LSN)
+	case srv.flushed < published:
 		return fmt.Sprintf("the server's WAL ends at %s, before LSN %s up to which outboxd already published slot %q: the server lost WAL (a failover to a standby that lagged, a restore from backup), so Kafka holds events PostgreSQL no longer has (phantom events) and new transactions will reuse those positions",
-			srv.flushed, known.LSN, name)
+			srv.flushed, published, name)
 	}
 	return ""
 }
@@ -80,16 +169,32 @@ func orUnknown(s string) string {
 
 // guard runs the gap check for Prepare: a refused gap is a SetupError (the
 // relay stops; an operator must look), an accepted one is reported.
-func guard(cfg Config, found bool, srv server) error {
+func guard(ctx context.Context, conn *pgconn.PgConn, cfg Config, found bool, srv server) error {
 	if cfg.Progress == nil {
 		return nil
 	}
 	known, ok := cfg.Progress.Known()
-	if !ok {
-		if !found {
-			return errProgressUnknown
+	changed := known.SystemID != "" && (known.SystemID != srv.systemID || known.Timeline != srv.timeline)
+	if ahead := srv.slot > known.LSN && known.WriteAhead; !found || !ok || changed || ahead {
+		// A verdict that could create a slot, or accept a server that
+		// changed underneath, is made on the record as Kafka has it now,
+		// never on what this instance read at its start.
+		rctx, cancel := context.WithTimeout(ctx, reloadTimeout)
+		err := cfg.Progress.Reload(rctx)
+		cancel()
+		switch {
+		case err != nil && !found:
+			return fmt.Errorf("%w: %v", errProgressUnknown, err)
+		case err != nil && !ok:
+			return nil // the next session checks; an existing slot skips nothing
+		case err != nil:
+			return fmt.Errorf("the server changed (system %s, timeline %d; outboxd last published on system %s, timeline %d): re-reading the progress record before streaming: %w",
+				srv.systemID, srv.timeline, known.SystemID, known.Timeline, err)
 		}
-		return nil // the next session checks; an existing slot skips nothing
+		known, _ = cfg.Progress.Known()
+	}
+	if err := readHistory(ctx, conn, &srv, known); err != nil {
+		return err
 	}
 	gap := checkGap(cfg.Slot, known, found, srv)
 	switch {

@@ -55,7 +55,8 @@ type Holder struct {
 	Client      string // client address; "" for a Unix socket (or not visible)
 	Since       string // backend_start as PostgreSQL prints it; "" if not visible
 	// Silent is how long the walsender's client has not replied (since it
-	// connected if it never did); -1 if unknown.
+	// connected if it never did); -1 if unknown, which includes a querying
+	// role that may not see pg_stat_replication's details (slotSQL).
 	Silent time.Duration
 }
 
@@ -87,8 +88,18 @@ func (s Slot) Busy() *BusyError {
 // slotSQL is the one query. Columns newer than PostgreSQL 15 (failover and
 // synced, 17) are read through to_jsonb so that it runs on 15 to 18. On a
 // standby pg_current_wal_lsn() fails; the replay position is its "now".
+//
+// The holder's silence comes from pg_stat_replication, whose walsender
+// columns (state, reply_time) PostgreSQL shows only to superusers and
+// members of pg_read_all_stats, while backend_start (from pg_stat_activity)
+// stays visible to the walsender's own role. Without the state column the
+// silence is unknown (NULL, Silent -1), never "since the session began": a
+// healthy active under the least-privilege role must not look stale to its
+// standby. A walsender whose client vanished is then ended by the server's
+// wal_sender_timeout instead.
 const slotSQL = `SELECT s.slot_name, s.slot_type, s.plugin, s.database, s.active, s.active_pid,
-	a.application_name, host(a.client_addr), a.backend_start, extract(epoch FROM now() - coalesce(r.reply_time, r.backend_start)),
+	a.application_name, host(a.client_addr), a.backend_start,
+	CASE WHEN r.state IS NOT NULL THEN extract(epoch FROM now() - coalesce(r.reply_time, r.backend_start)) END,
 	s.confirmed_flush_lsn, s.restart_lsn, c.lsn - s.confirmed_flush_lsn, c.lsn - s.restart_lsn,
 	s.wal_status, s.safe_wal_size, (to_jsonb(s)->>'failover')::bool, (to_jsonb(s)->>'synced')::bool, s.temporary
 FROM pg_replication_slots s

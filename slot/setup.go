@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd/pgquote"
+	"github.com/outboxd/outboxd/wal"
 )
 
 // SetupError is a server configuration problem outboxd cannot fix by itself.
@@ -34,6 +35,9 @@ type BusyError struct {
 	Slot   string
 	PID    int
 	Holder string // application_name, client address and start time, if visible
+	// SilenceUnknown: the holder is an outboxd whose silence the querying
+	// role cannot see (no pg_read_all_stats), so it is never found stale.
+	SilenceUnknown bool
 }
 
 func (e *BusyError) Error() string {
@@ -55,6 +59,15 @@ type Info struct {
 	// SessionPID is the backend PID of the connection Prepare ran on: the
 	// walsender's PID once it streams.
 	SessionPID int
+	// ServerStart is pg_postmaster_start_time(): with SystemID and Timeline
+	// it tells the relay whether the server is the one its previous session
+	// streamed from (a restore or a failover restarts it).
+	ServerStart string
+}
+
+// Server identifies the server incarnation a session streamed from.
+func (i Info) Server() string {
+	return fmt.Sprintf("%s/%d/%s", i.SystemID, i.Timeline, i.ServerStart)
 }
 
 var slotNameRE = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
@@ -83,6 +96,10 @@ type Config struct {
 	// behind what was published is a gap (gap.go). AcceptGap lets it pass.
 	Progress  ProgressSource
 	AcceptGap bool
+	// Unroutable, if set, says why the router could not turn rows of a
+	// table into records ("" if it can): every table of the publication is
+	// checked before streaming (router.Router.Unroutable).
+	Unroutable func(rel *wal.Relation) string
 	// StaleAfter: an outboxd walsender (application_name outboxd) whose
 	// client has not replied for this long is dead (outboxd replies every
 	// few seconds), e.g. left by a killed process; it is terminated. 0 never.
@@ -105,7 +122,10 @@ func Prepare(ctx context.Context, conn *pgconn.PgConn, cfg Config) (info Info, c
 	if err := checkPublication(ctx, conn, cfg.Publication); err != nil {
 		return Info{}, false, err
 	}
-	db, err := queryOne(ctx, conn, "SELECT current_database(), pg_backend_pid()")
+	if err := checkTables(ctx, conn, cfg); err != nil {
+		return Info{}, false, err
+	}
+	db, err := queryOne(ctx, conn, "SELECT current_database(), pg_backend_pid(), pg_postmaster_start_time()")
 	if err != nil {
 		return Info{}, false, err
 	}
@@ -126,7 +146,8 @@ func Prepare(ctx context.Context, conn *pgconn.PgConn, cfg Config) (info Info, c
 	if err != nil {
 		return Info{}, false, err
 	}
-	if err := guard(cfg, found, srv); err != nil {
+	srv.slot = row.ConfirmedFlush
+	if err := guard(ctx, conn, cfg, found, srv); err != nil {
 		return Info{}, false, err
 	}
 	if !found {
@@ -156,7 +177,7 @@ func Prepare(ctx context.Context, conn *pgconn.PgConn, cfg Config) (info Info, c
 		}
 	}
 	info.SessionPID, _ = strconv.Atoi(db[1])
-	info.ServerVersion, info.SystemID, info.Timeline = version, srv.systemID, srv.timeline
+	info.ServerVersion, info.SystemID, info.Timeline, info.ServerStart = version, srv.systemID, srv.timeline, db[2]
 	return info, created, checkSlot(info, db[0], db[1])
 }
 
@@ -274,4 +295,55 @@ func firstLine(s string) string {
 		return s[:i] + " …"
 	}
 	return s
+}
+
+// checkTables asks cfg.Unroutable about every table of the publication, as
+// the catalog describes it now, and refuses the tables outboxd could not
+// route: otherwise their first row would stop it mid-stream ("no column
+// payload"), with the slot held before it.
+func checkTables(ctx context.Context, conn *pgconn.PgConn, cfg Config) error {
+	if cfg.Unroutable == nil {
+		return nil
+	}
+	rows, err := query(ctx, conn, `SELECT t.schemaname, t.tablename, a.attname, a.atttypid
+FROM pg_publication_tables t
+JOIN pg_namespace n ON n.nspname = t.schemaname
+JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = t.tablename
+JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+WHERE t.pubname = `+pgquote.Literal(cfg.Publication)+`
+ORDER BY 1, 2, a.attnum`)
+	if err != nil {
+		return err
+	}
+	var bad, names []string
+	check := func(ns, name string, cols []wal.Column) {
+		if ns == "" {
+			return
+		}
+		if why := cfg.Unroutable(wal.NewRelation(0, ns, name, cols)); why != "" {
+			bad = append(bad, fmt.Sprintf("%s.%s: %s", ns, name, why))
+			names = append(names, pgquote.Ident(ns)+"."+pgquote.Ident(name))
+		}
+	}
+	var ns, name string
+	var cols []wal.Column
+	for _, r := range rows {
+		if r[0] != ns || r[1] != name {
+			check(ns, name, cols)
+			ns, name, cols = r[0], r[1], nil
+		}
+		oid, _ := strconv.ParseUint(r[3], 10, 32)
+		cols = append(cols, wal.Column{Name: r[2], TypeOID: uint32(oid)})
+	}
+	check(ns, name, cols)
+	if len(bad) == 0 {
+		return nil
+	}
+	pub := pgquote.Ident(cfg.Publication)
+	return &SetupError{
+		Problem: fmt.Sprintf("publication %q publishes %d table(s) whose rows outboxd cannot route as outbox events (a FOR ALL TABLES publication, such as Debezium's publication.autocreate.mode=all_tables makes, publishes every table):\n  %s",
+			cfg.Publication, len(bad), strings.Join(bad, "\n  ")),
+		Fix: fmt.Sprintf("publish only the outbox tables, in a publication of their own:\nCREATE PUBLICATION outboxd FOR TABLE public.outbox WITH (publish = 'insert');  -- then run with --publication outboxd\n"+
+			"-- or, if %s lists tables: ALTER PUBLICATION %s DROP TABLE %s;\n-- or configure the table's columns (router/tables options) if it is an outbox", pub, pub, strings.Join(names, ", ")),
+	}
 }

@@ -28,6 +28,7 @@ type Watermark struct {
 	mu         sync.Mutex
 	head, tail *Txn          // oldest and newest unconfirmed transactions
 	confirmed  atomic.Uint64 // a wal.LSN; read without the lock on the hot path
+	published  atomic.Uint64 // a wal.LSN: the end of the last confirmed transaction with events (Idle does not move it)
 	events     int           // in-flight events
 	bytes      int64         // in-flight bytes
 	waiting    bool          // a WaitBelow caller needs a wake-up when counts drop
@@ -131,6 +132,9 @@ func (w *Watermark) advance() {
 		if uint64(t.end) > w.confirmed.Load() {
 			w.confirmed.Store(uint64(t.end))
 		}
+		if t.added && uint64(t.end) > w.published.Load() {
+			w.published.Store(uint64(t.end))
+		}
 		w.head = t.next
 		if w.head == nil {
 			w.tail = nil
@@ -151,6 +155,13 @@ func (w *Watermark) notify() {
 
 // Confirmed is the LSN that may be sent as the flush position.
 func (w *Watermark) Confirmed() wal.LSN { return wal.LSN(w.confirmed.Load()) }
+
+// Published is the end LSN of the last confirmed transaction that carried
+// events (0: none this session). Unlike Confirmed, keepalives (Idle) do not
+// move it: it is what the gap check compares with a server's WAL, since a
+// keepalive's position may not survive a crash of the server while a
+// decoded commit always does.
+func (w *Watermark) Published() wal.LSN { return wal.LSN(w.published.Load()) }
 
 // Stats is a snapshot for metrics and status.
 type Stats struct {

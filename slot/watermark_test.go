@@ -208,3 +208,22 @@ func TestWatermarkDrainedNeverMissesTheLastAck(t *testing.T) {
 		}
 	}
 }
+
+// Published follows confirmed transactions that carried events, never a
+// keepalive's position (Idle) or an empty transaction.
+func TestWatermarkPublished(t *testing.T) {
+	w := NewWatermark(0x100)
+	tx := w.Begin(time.Now())
+	w.Add(tx, 10)
+	w.Commit(tx, 0x200)
+	w.Ack(tx, 10, true)
+	if w.Published() != 0x200 || w.Confirmed() != 0x200 {
+		t.Fatalf("after a transaction with an event: published %s, confirmed %s", w.Published(), w.Confirmed())
+	}
+	w.Idle(0x900)
+	empty := w.Begin(time.Now())
+	w.Commit(empty, 0x950)
+	if w.Published() != 0x200 || w.Confirmed() != 0x950 {
+		t.Fatalf("after a keepalive and an empty transaction: published %s, confirmed %s", w.Published(), w.Confirmed())
+	}
+}

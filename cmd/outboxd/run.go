@@ -143,7 +143,7 @@ func (o *runOptions) register(s *optionSet) {
 	o.ReservedPrefixes = listValue{"outboxd.", "__"}
 	fs.Var(&o.ReservedPrefixes, "reserved-topic-prefixes", "comma-separated topic prefixes no event may be routed to (the checkpoint, progress and dead-letter topics always are)")
 	fs.IntVar(&o.MaxHeaders, "max-headers", router.DefaultMaxHeaders, "most headers one record may have; an event with more is invalid (--on-invalid)")
-	fs.StringVar(&o.ProgressTopic, "progress-topic", "outboxd.progress", "compacted topic holding the last confirmed LSN, system identifier and timeline per slot (at-least-once mode; --exactly-once uses the checkpoint): it outlives the slot, so a lost slot or a server behind it is reported as a gap")
+	fs.StringVar(&o.ProgressTopic, "progress-topic", "outboxd.progress", "compacted topic holding the last confirmed LSN, system identifier and timeline per slot, keyed <system id>/<slot> (at-least-once mode; --exactly-once uses the checkpoint): it outlives the slot, so a lost or re-created slot or a server behind it is reported as a gap")
 	fs.BoolVar(&o.AcceptGap, "accept-gap", false, "continue past a reported gap (a missing slot outboxd confirmed before, another cluster, a server behind what was published): set it once after checking, then remove it")
 	o.Topics.register(fs)
 	o.registerBrokers(s)
@@ -354,7 +354,16 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 		cfg.Sink, cfg.TxnSink, cfg.Done, cfg.SplitAge = sk, sk, done, o.TransactionTimeout/4
 	default:
 		cfg.Sink = sk
-		cfg.ProgressStore = kafka.ProgressStore{Sink: sk, Progress: kafka.Progress{Topic: o.ProgressTopic, Key: o.Slot}}
+		// Keyed "<system id>/<slot>"; the slot-only key of older versions is
+		// read once, for an upgrade.
+		key, err := outboxd.ProgressKey(ctx, log, o.Postgres, o.Slot)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		cfg.ProgressStore = kafka.ProgressStore{Sink: sk, Progress: kafka.Progress{Topic: o.ProgressTopic, Key: key, Legacy: o.Slot}}
 	}
 	cfg.Sink = tr.wrap(cfg.Sink)
 	relay, err := outboxd.New(cfg)

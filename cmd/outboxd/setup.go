@@ -18,7 +18,14 @@ import (
 const setupSummary = `Creates what outboxd needs in PostgreSQL: the outbox table (Debezium's layout),
 the publication (publish = 'insert'), the pgoutput replication slot and, with
 --role, a least-privilege role. Objects that already exist are left as they are,
-so running it again is safe. --print writes the SQL instead and touches nothing.`
+so running it again is safe. It checks the server first (wal_level, replication
+slots, privileges) and changes nothing if something is missing. --print writes
+the SQL instead and touches nothing.
+
+The slot retains WAL from its creation until outboxd run streams from it: with
+--no-slot, outboxd run creates it on its first start instead. Re-creating a
+dropped slot does not hide what was lost while it was gone: outboxd run compares
+the slot with its progress record and reports the gap.`
 
 type setupOptions struct {
 	Postgres    string
@@ -110,6 +117,9 @@ func setupCommand(ctx context.Context, e env, args []string) (err error) {
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	say := func(format string, args ...any) { fmt.Fprintf(e.stdout, format+"\n", args...) }
+	if err := checkPrerequisites(ctx, conn, o); err != nil {
+		return err
+	}
 	if err := migrations.Apply(ctx, conn, o.objects(), say); err != nil {
 		return err
 	}
@@ -138,6 +148,8 @@ func createSlot(ctx context.Context, o setupOptions, say func(format string, arg
 		return err
 	case created:
 		say("created slot %s (%s) at %s", o.Slot, info.Plugin, info.ConfirmedFlush)
+		say("note: the slot keeps every WAL segment from now on until outboxd run streams from it; if run starts later, " +
+			"drop it (outboxd slot drop) and use setup --no-slot: outboxd run creates the slot on its first start")
 	default:
 		say("slot %s exists (%s, confirmed_flush_lsn %s)", o.Slot, info.Plugin, info.ConfirmedFlush)
 	}

@@ -16,7 +16,14 @@ import (
 // is recognised at startup instead of being silently papered over.
 type Progress struct {
 	Topic string
-	Key   string // the slot name
+	// Key is "<system id>/<slot>" (outboxd.ProgressKey), like the
+	// checkpoint's: two clusters with the same slot name sharing the topic
+	// keep separate records.
+	Key string
+	// Legacy is the key before it carried the system identifier (the slot
+	// name alone), read once when Key has no record yet so that an upgrade
+	// keeps its gap check; "" reads none.
+	Legacy string
 }
 
 // ProgressStore is one slot's progress record on a sink, as the relay
@@ -31,6 +38,15 @@ func (t ProgressStore) EnsureProgressTopic(ctx context.Context) error {
 }
 func (t ProgressStore) LoadProgress(ctx context.Context) ([]byte, error) {
 	return t.Sink.LoadProgress(ctx, t.Progress)
+}
+
+// LoadLegacyProgress returns the latest record under the Legacy key (nil:
+// none, or no Legacy key).
+func (t ProgressStore) LoadLegacyProgress(ctx context.Context) ([]byte, error) {
+	if t.Legacy == "" {
+		return nil, nil
+	}
+	return t.Sink.LoadProgress(ctx, Progress{Topic: t.Topic, Key: t.Legacy})
 }
 func (t ProgressStore) WriteProgress(ctx context.Context, v []byte) error {
 	return t.Sink.WriteProgress(ctx, t.Progress, v)

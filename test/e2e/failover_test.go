@@ -113,8 +113,9 @@ func TestPGFailover(t *testing.T) {
 		testFailoverGap(t, f, primary)
 		return
 	}
+	role := f.asSetupRole()
 	standby := primary.StandbyForTest(t, "standby1")
-	f.dsn = multiHostDSN(f.db, primary, standby)
+	f.dsn = strings.Replace(multiHostDSN(f.db, primary, standby), "postgres://postgres@", "postgres://"+role+"@", 1)
 	r := f.startRelay("--replication-timeout", "5s", "--poll-interval", "200ms")
 	if st := r.statusDoc(t); st["failover"] != true {
 		t.Fatalf("/status failover = %v, want true", st["failover"])
@@ -136,7 +137,7 @@ func TestPGFailover(t *testing.T) {
 	}
 	defer sconn.Close(context.Background())
 
-	w := startFailoverWriter(f.ctx, f.dsn, f.agg)
+	w := startFailoverWriter(f.ctx, strings.Replace(f.dsn, "postgres://"+role+"@", "postgres://postgres@", 1), f.agg)
 	defer w.finish()
 	poll(t, 30*time.Second, "events relayed before the failover", func() bool { return f.topicCount(f.topic()) >= 2000 })
 	// A standby snapshot record lets the slot sync worker copy the slot now

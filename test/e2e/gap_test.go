@@ -14,14 +14,21 @@ import (
 // create a new one there (it would silently skip what the old slot had not
 // delivered): it reports the gap and exits, again after a restart (the
 // progress topic outlives the slot), and continues only with --accept-gap.
+// Two instances run, as the `setup --role` role, started 0.2 s apart as
+// pods are: the standby one read the progress record before the active
+// wrote any, and must still refuse to create the slot after the failover.
 func testFailoverGap(t *testing.T, f *fixture, primary *harness.Postgres) {
+	role := f.asSetupRole()
 	standby := primary.StandbyForTest(t, "standby1")
-	f.dsn = multiHostDSN(f.db, primary, standby)
-	p, r := f.spawn("--replication-timeout", "5s")
+	f.dsn = strings.Replace(multiHostDSN(f.db, primary, standby), "postgres://postgres@", "postgres://"+role+"@", 1)
+	p, r := f.spawn("--replication-timeout", haTimeout.String())
+	time.Sleep(200 * time.Millisecond) // the second pod starts a moment later, not once the first streams
+	pb, rb := f.spawn("--replication-timeout", haTimeout.String())
 	if err := r.waitStreaming(f.ctx); err != nil {
 		t.Fatalf("outboxd did not stream: %v", err)
 	}
-	w := startFailoverWriter(f.ctx, f.dsn, f.agg)
+	rb.waitRole(t, "standby", 20*time.Second)
+	w := startFailoverWriter(f.ctx, strings.Replace(f.dsn, "postgres://"+role+"@", "postgres://postgres@", 1), f.agg)
 	defer w.finish()
 	poll(t, 30*time.Second, "events relayed before the failover", func() bool { return f.topicCount(f.topic()) >= 2000 })
 	if err := primary.Kill(f.ctx); err != nil {
@@ -44,6 +51,7 @@ func testFailoverGap(t *testing.T, f *fixture, primary *harness.Postgres) {
 		}
 	}
 	exitsWithGap(p, "after the failover")
+	exitsWithGap(pb, "the standby instance, after the failover")
 	w.finish()
 	sconn, err := standby.Connect(f.ctx, f.db)
 	if err != nil {
@@ -82,10 +90,15 @@ func testFailoverGap(t *testing.T, f *fixture, primary *harness.Postgres) {
 	_ = end
 }
 
-// The same slot name on another cluster is a gap: the recorded progress
-// belongs to a different system identifier.
+// Two databases on two clusters, each with the default-style slot name
+// (the same) and the default progress topic, on one Kafka, as the `setup
+// --role` role: the normal deployment of many services. Each keeps its own
+// progress record ("<system id>/<slot>"), so neither reads the other's as
+// "another cluster": both stream, and each restarts cleanly after the other
+// ran, relaying exactly its own events.
 func TestGapAnotherCluster(t *testing.T) {
 	f := newFixture(t)
+	role := f.asSetupRole()
 	r := f.startRelay()
 	end := f.commit(event{1, "a", "E", `{}`})
 	f.waitConfirmed(end, 20*time.Second)
@@ -95,7 +108,7 @@ func TestGapAnotherCluster(t *testing.T) {
 	if other.External() {
 		t.Skip("needs a second, harness-started cluster (" + harness.EnvPostgres + " is set)")
 	}
-	dsn, err := other.NewDatabase(f.ctx, f.db)
+	superB, err := other.NewDatabase(f.ctx, f.db)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,20 +119,45 @@ func TestGapAnotherCluster(t *testing.T) {
 	if err := other.Exec(f.ctx, f.db, schema); err != nil {
 		t.Fatal(err)
 	}
-	f.dsn = dsn
-	p, _ := f.spawn()
-	ctx, cancel := context.WithTimeout(f.ctx, 30*time.Second)
-	defer cancel()
-	code, err := p.Wait(ctx)
-	if err != nil || code != 1 || !strings.Contains(p.Log(), "outboxd run: gap: this PostgreSQL server is another cluster (system identifier ") {
-		t.Fatalf("exit %d, err %v; want exit 1 naming another cluster\n%s", code, err, p.Log())
+	mustCLI(t, f.ctx, "setup", "--postgres", superB, "--no-slot", "--role", role)
+	dsnA, dsnB := f.dsn, strings.Replace(superB, "postgres://postgres@", "postgres://"+role+"@", 1)
+	connB, err := other.Connect(f.ctx, f.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer connB.Close(context.Background())
+	f.dsn = dsnB
+	rb := f.startRelay()
+	if _, err := connB.Exec(f.ctx, insertSQL, eventID(2), f.agg, "b", "E", `{}`); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, 20*time.Second, "cluster B's event relayed", func() bool { return f.topicCount(f.topic()) == 2 })
+	rb.stop(t, f.ctx)
+
+	f.dsn = dsnA
+	ra := f.startRelay()
+	f.waitConfirmed(f.commit(event{3, "a", "E", `{}`}), 20*time.Second)
+	ra.stop(t, f.ctx)
+	f.dsn = dsnB
+	f.startRelay().stop(t, f.ctx)
+	first, dups := byID(t, f.records())
+	if len(first) != 3 || dups != 0 {
+		t.Fatalf("%d distinct events, %d duplicates; want events 1-3 once each", len(first), dups)
+	}
+	for _, p := range []*relay{r, rb, ra} {
+		if strings.Contains(p.Log(), "another cluster") {
+			t.Fatalf("a cluster read the other's progress record:\n%s", tailString(p.Log(), 3000))
+		}
 	}
 }
 
 // A promoted standby that lagged (here: stopped while the primary went on,
 // with synchronized_standby_slots unset) has a synchronized slot, but its
-// WAL ends before what outboxd already published: Kafka holds events the new
-// primary never had. outboxd reports that gap instead of streaming on.
+// timeline forked before what outboxd already published: Kafka holds events
+// the new primary never had. outboxd reports that gap instead of streaming
+// on, even once the promoted server's new WAL has passed the published
+// position before outboxd gets in (the timeline history's switch point, not
+// the WAL end, decides).
 func TestGapPromotedStandbyBehind(t *testing.T) {
 	if v := sharedVersion(t); v < 170000 {
 		t.Skipf("needs failover slots (PostgreSQL 17+, server %d): on older servers the promoted standby has no slot at all, which TestPGFailover covers", v)
@@ -129,8 +167,9 @@ func TestGapPromotedStandbyBehind(t *testing.T) {
 		t.Skip("needs a harness-started server it may crash (" + harness.EnvPostgres + " is set)")
 	}
 	f := newFixture(t, withPostgres(primary))
+	role := f.asSetupRole()
 	standby := primary.StandbyForTest(t, "standby1")
-	f.dsn = multiHostDSN(f.db, primary, standby)
+	f.dsn = strings.Replace(multiHostDSN(f.db, primary, standby), "postgres://postgres@", "postgres://"+role+"@", 1)
 	p, r := f.spawn("--replication-timeout", "5s")
 	if err := r.waitStreaming(f.ctx); err != nil {
 		t.Fatalf("outboxd did not stream: %v", err)
@@ -144,6 +183,16 @@ func TestGapPromotedStandbyBehind(t *testing.T) {
 		_, _ = f.conn.Exec(f.ctx, `SELECT pg_log_standby_snapshot()`)
 		return slotSynced(f.ctx, sconn, f.slot)
 	})
+	// Keep outboxd out of the promoted server until the test lets it in
+	// (CONNECTION LIMIT 0 is retried, unlike a refused login; its open
+	// connections to the primary stay), so that the promoted server's new
+	// WAL can pass what was published first.
+	f.exec(`CREATE TABLE pad (x text)`) // not in the publication
+	f.exec(`ALTER ROLE ` + role + ` CONNECTION LIMIT 0`)
+	poll(t, 30*time.Second, "the standby replayed the connection limit", func() bool {
+		var limit int
+		return sconn.QueryRow(f.ctx, `SELECT rolconnlimit FROM pg_roles WHERE rolname = $1`, role).Scan(&limit) == nil && limit == 0
+	})
 	sconn.Close(context.Background())
 	if err := standby.Stop(f.ctx); err != nil {
 		t.Fatal(err)
@@ -153,7 +202,8 @@ func TestGapPromotedStandbyBehind(t *testing.T) {
 	for n := 2; n <= 300; n++ {
 		evs = append(evs, event{n, "a", "E", `{"pad": "` + strings.Repeat("x", 200) + `"}`})
 	}
-	f.waitConfirmed(f.commit(evs...), 20*time.Second)
+	published := f.commit(evs...)
+	f.waitConfirmed(published, 20*time.Second)
 	if err := primary.Kill(f.ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -163,10 +213,28 @@ func TestGapPromotedStandbyBehind(t *testing.T) {
 	if err := standby.Promote(f.ctx); err != nil {
 		t.Fatal(err)
 	}
+	pconn, err := standby.Connect(f.ctx, f.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pconn.Close(context.Background())
+	for lsn := uint64(0); lsn <= published; {
+		if _, err := pconn.Exec(f.ctx, `INSERT INTO pad SELECT repeat('x', 1000) FROM generate_series(1, 1000)`); err != nil {
+			t.Fatal(err)
+		}
+		if lsn, err = harness.CurrentWALLSN(f.ctx, pconn); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := pconn.Exec(f.ctx, `ALTER ROLE `+role+` CONNECTION LIMIT -1`); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(f.ctx, 60*time.Second)
 	defer cancel()
 	code, err := p.Wait(ctx)
-	if err != nil || code != 1 || !strings.Contains(p.Log(), "outboxd run: gap: the server's WAL ends at ") {
+	// The promoted server's timeline forked before what was published
+	// (TIMELINE_HISTORY): a gap even once its new WAL passes that position.
+	if err != nil || code != 1 || !strings.Contains(p.Log(), "outboxd run: gap: the server's timeline 2 forked from timeline 1 at ") {
 		t.Fatalf("exit %d, err %v; want exit 1: the promoted server is behind what was published\n%s", code, err, tailString(p.Log(), 4000))
 	}
 	for _, line := range strings.Split(p.Log(), "\n") {
@@ -191,4 +259,122 @@ func sharedVersion(t *testing.T) int {
 		t.Fatal(err)
 	}
 	return v
+}
+
+// A dropped slot re-created by `outboxd setup` (or its --print SQL run by a
+// migration tool) starts at the WAL position of its creation: the event
+// committed while no slot existed is in no slot. outboxd never confirms past
+// its progress record, so a slot beyond the record was made or moved by
+// something else: run reports the gap, whoever created the slot.
+func TestGapSlotRecreatedBySetup(t *testing.T) {
+	f := newFixture(t)
+	super := f.dsn
+	f.asSetupRole()
+	r := f.startRelay()
+	f.waitConfirmed(f.commit(event{1, "a", "E", `{}`}), 20*time.Second)
+	r.stop(t, f.ctx)
+	f.waitSlotInactive(10 * time.Second) // the walsender exits a moment after outboxd
+	f.exec(`SELECT pg_drop_replication_slot($1)`, f.slot)
+	f.commit(event{2, "a", "E", `{"while": "no slot"}`})
+	out := mustCLI(t, f.ctx, "setup", "--postgres", super, "--slot", f.slot)
+	if !strings.Contains(out, "created slot "+f.slot) {
+		t.Fatalf("setup did not re-create the slot:\n%s", out)
+	}
+	p, _ := f.spawn()
+	ctx, cancel := context.WithTimeout(f.ctx, 30*time.Second)
+	defer cancel()
+	code, err := p.Wait(ctx)
+	const want = `outboxd run: gap: replication slot "` // … is confirmed up to X, beyond LSN Y up to which outboxd recorded publishing it
+	if err != nil || code != 1 || !strings.Contains(p.Log(), want) || !strings.Contains(p.Log(), "up to which outboxd recorded publishing it") {
+		t.Fatalf("exit %d, err %v; want exit 1 with the gap\n%s", code, err, tailString(p.Log(), 4000))
+	}
+	if n := f.topicCount(f.topic()); n != 1 {
+		t.Fatalf("%d records, want event 1 only", n)
+	}
+}
+
+// A server restored from a cold copy of its data directory taken before
+// events A1-A5 were published, which then commits F1-F3 and enough other
+// WAL to pass A5's position before outboxd gets back in: outboxd must not
+// resume from where it had acked on the old server (past F1-F3's reused
+// positions) but from the restored slot's confirmed position, so F1-F3
+// reach Kafka. (A1-A5 stay in Kafka without a row: that the restore made
+// them phantom is not detectable once the WAL passed them.)
+func TestGapRestoreFromColdCopy(t *testing.T) {
+	primary := harness.PostgresForTest(t)
+	if primary.External() {
+		t.Skip("needs a harness-started server it may stop and restore (" + harness.EnvPostgres + " is set)")
+	}
+	f := newFixture(t, withPostgres(primary))
+	role := f.asSetupRole()
+	f.exec(`CREATE TABLE pad (x text)`) // not in the publication; created before the copy (its catalog WAL would move F1-F3)
+	r := f.startRelay()
+	f.waitConfirmed(f.commit(event{1, "a", "E", `{}`}), 20*time.Second)
+	// The copy keeps outboxd out (CONNECTION LIMIT 0 is retried, unlike a
+	// refused login) until the test lets it in.
+	reconnect := func() {
+		t.Helper()
+		f.conn.Close(context.Background())
+		var err error
+		if f.conn, err = primary.Connect(f.ctx, f.db); err != nil {
+			t.Fatal(err)
+		}
+	}
+	restart := func(restore string) {
+		t.Helper()
+		if err := primary.Stop(f.ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := primary.RestoreColdCopy(f.ctx, restore); err != nil {
+			t.Fatal(err)
+		}
+		if err := primary.Start(f.ctx); err != nil {
+			t.Fatal(err)
+		}
+		reconnect()
+	}
+	f.exec(`ALTER ROLE ` + role + ` CONNECTION LIMIT 0`)
+	if err := primary.Stop(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	backup := t.TempDir() + "/data"
+	if err := primary.ColdCopy(f.ctx, backup); err != nil {
+		if strings.Contains(err.Error(), "not supported") {
+			t.Skip(err)
+		}
+		t.Fatal(err)
+	}
+	if err := primary.Start(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	reconnect()
+	f.exec(`ALTER ROLE ` + role + ` CONNECTION LIMIT -1`)
+	// Bounds cover outboxd's reconnect backoff (up to 15 s) after the
+	// refused connections.
+	poll(t, 60*time.Second, "outboxd streaming again", func() bool { return f.slotState().Active && r.role(t) == "active" })
+	var evs []event
+	for n := 2; n <= 6; n++ {
+		evs = append(evs, event{n, "a", "A", `{"pad": "` + strings.Repeat("a", 2000) + `"}`}) // F1-F3 fall inside their WAL
+	}
+	published := f.commit(evs...)
+	f.waitConfirmed(published, 20*time.Second)
+
+	restart(backup)
+	end := f.commit(event{11, "f", "F", `{}`}, event{12, "f", "F", `{}`}, event{13, "f", "F", `{}`})
+	for end <= published {
+		f.exec(`INSERT INTO pad SELECT repeat('x', 1000) FROM generate_series(1, 1000)`)
+		end = f.walLSN()
+	}
+	f.exec(`ALTER ROLE ` + role + ` CONNECTION LIMIT -1`)
+	f.waitConfirmed(end, 60*time.Second)
+	first, _ := byID(t, f.records())
+	for _, n := range []int{11, 12, 13} {
+		if _, ok := first[eventID(n)]; !ok {
+			t.Errorf("event F%d, committed on the restored server, never reached Kafka", n-10)
+		}
+	}
+	if len(first) != 9 {
+		t.Errorf("%d distinct events in Kafka, want 9 (1, A1-A5, F1-F3)", len(first))
+	}
+	t.Logf("published up to %s on the old server; the restored one passed it at %s", harness.FormatLSN(published), harness.FormatLSN(end))
 }

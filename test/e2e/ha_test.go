@@ -1,11 +1,14 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/outboxd/outboxd/test/harness"
 )
 
 // role reads "role" from /status ("" if the endpoint does not answer).
@@ -54,15 +57,24 @@ func checkStandby(t *testing.T, r *relay, slot string) {
 	}
 }
 
-// Two instances on one slot: one streams, the other stands by (healthy,
-// ready, role standby, outboxd_active 0) and takes over within 2 s of the
-// active's connection closing, on SIGKILL and on SIGTERM, under load, with
-// nothing lost.
+// haTimeout is the e2e HA tests' --replication-timeout: short, so that a
+// test can watch two instances for several of it.
+const haTimeout = 3 * time.Second
+
+// Two instances on one slot, as the role `outboxd setup --role` creates (no
+// pg_read_all_stats: pg_stat_replication hides its walsenders' reply_time
+// from it): one streams, the other stands by (healthy, ready, role standby,
+// outboxd_active 0) and leaves the healthy active alone for three times
+// --replication-timeout (the same walsender PID throughout: no 57P01), then
+// takes over within 2 s of the active's connection closing, on SIGKILL and
+// on SIGTERM, under load, with nothing lost.
 func TestHAStandbyTakeover(t *testing.T) {
 	f := newFixture(t)
-	a := f.startRelay()
+	f.asSetupRole()
+	timeout := []string{"--replication-timeout", haTimeout.String()}
+	a := f.startRelay(timeout...)
 	a.waitRole(t, "active", 5*time.Second)
-	b := func() *relay { _, r := f.spawn(); return r }()
+	b := func() *relay { _, r := f.spawn(timeout...); return r }()
 	b.waitRole(t, "standby", 10*time.Second)
 	checkStandby(t, b, f.slot)
 	if v := a.metric(t, "outboxd_active"); v != 1 {
@@ -71,6 +83,7 @@ func TestHAStandbyTakeover(t *testing.T) {
 
 	const total = 6000
 	done := f.writeInBackground(total)
+	f.activeStays(a, 3*haTimeout)
 	poll(t, 20*time.Second, "first events relayed", func() bool { return f.topicCount(f.topic()) > 500 })
 	if err := a.Kill(); err != nil { // SIGKILL: the kernel closes its connection
 		t.Fatal(err)
@@ -82,7 +95,7 @@ func TestHAStandbyTakeover(t *testing.T) {
 	}
 
 	// The killed instance comes back as a standby; SIGTERM the active.
-	a = f.startStandby()
+	a = f.startStandby(timeout...)
 	checkStandby(t, a, f.slot)
 	end := <-done
 	if err := b.Signal(syscallSIGTERM); err != nil {
@@ -130,4 +143,73 @@ func (r *relay) statusDoc(t *testing.T) map[string]any {
 		t.Fatal(err)
 	}
 	return st
+}
+
+// asSetupRole creates the test's role with `outboxd setup --role --no-slot`
+// (as the superuser, which the fixture's conn stays) and points f.dsn, and
+// so every outboxd the test spawns, at it: HA, failover and gap tests run
+// with the privileges a deployment has, not the superuser's. The role is
+// dropped with the test.
+func (f *fixture) asSetupRole() string {
+	f.t.Helper()
+	role := "r_" + strings.TrimPrefix(f.slot, "s_")
+	if len(role) > 40 {
+		role = role[:40]
+	}
+	f.exec(`DROP ROLE IF EXISTS ` + role)
+	f.t.Cleanup(func() { // after every outboxd of the test (registered later, cleaned up first)
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		conn, err := f.pg.Connect(ctx, f.db)
+		if err != nil {
+			return
+		}
+		defer conn.Close(ctx)
+		_, _ = conn.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1`, role)
+		_, _ = conn.Exec(ctx, `DROP OWNED BY `+role)
+		_, _ = conn.Exec(ctx, `DROP ROLE IF EXISTS `+role)
+	})
+	mustCLI(f.t, f.ctx, "setup", "--postgres", f.dsn, "--no-slot", "--role", role)
+	dsn := strings.Replace(f.dsn, "postgres://postgres@", "postgres://"+role+"@", 1)
+	if dsn == f.dsn {
+		f.t.Fatalf("could not rewrite the user of %q", f.dsn)
+	}
+	f.dsn = dsn
+	var stats bool
+	if err := f.conn.QueryRow(f.ctx, `SELECT pg_has_role($1, 'pg_read_all_stats', 'USAGE')`, role).Scan(&stats); err != nil || stats {
+		f.t.Fatalf("role %s: pg_read_all_stats %v (err %v); the test needs the least-privilege role", role, stats, err)
+	}
+	return role
+}
+
+// activeStays watches the slot for d: the same walsender PID holds it
+// throughout (a standby that took it would show a new PID: the active was
+// terminated), and a still reports role active.
+func (f *fixture) activeStays(a *relay, d time.Duration) {
+	f.t.Helper()
+	conn, err := f.pg.Connect(f.ctx, f.db) // f.conn may be writing
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	state := func() harness.SlotState {
+		s, err := harness.SlotInfo(f.ctx, conn, f.slot)
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		return s
+	}
+	pid := state().ActivePID
+	if pid == 0 {
+		f.t.Fatal("slot not active")
+	}
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		if s := state(); s.ActivePID != pid {
+			f.t.Fatalf("the slot's walsender changed from PID %d to %d within %s of watching: the healthy active was terminated", pid, s.ActivePID, d)
+		}
+	}
+	if r := a.role(f.t); r != "active" {
+		f.t.Fatalf("active reports role %q after %s", r, d)
+	}
+	f.t.Logf("walsender PID %d held the slot for %s with a standby watching", pid, d)
 }

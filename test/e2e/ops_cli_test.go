@@ -361,8 +361,9 @@ func TestOpsSetupExistingPublication(t *testing.T) {
 	}
 }
 
-// wal_level = replica: setup still creates the SQL objects, then fails on the
-// slot with the fix.
+// wal_level = replica: setup checks every prerequisite before it changes
+// anything, so it fails with the fix and leaves neither table nor
+// publication nor role behind.
 func TestOpsSetupWALLevel(t *testing.T) {
 	if sharedPG.External() {
 		t.Skip("needs a throwaway cluster with wal_level=replica")
@@ -370,11 +371,23 @@ func TestOpsSetupWALLevel(t *testing.T) {
 	pg := harness.PostgresForTest(t, harness.WithConf("wal_level", "replica"))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	out, code := outboxdCLI(t, ctx, "setup", "--postgres", pg.DSN("postgres"))
+	out, code := outboxdCLI(t, ctx, "setup", "--postgres", pg.DSN("postgres"), "--role", "r_setup_wal_level")
 	t.Logf("outboxd setup with wal_level=replica:\n%s", out)
 	if code != 1 {
 		t.Fatalf("exit %d, want 1\n%s", code, out)
 	}
-	wantLines(t, out, "created table public.outbox\n", "created publication outboxd",
-		`outboxd setup: wal_level is "replica"; logical decoding needs wal_level = logical`, "ALTER SYSTEM SET wal_level = logical;")
+	wantLines(t, out, "setup: nothing was changed", `wal_level is "replica"; logical decoding needs wal_level = logical`, "ALTER SYSTEM SET wal_level = logical;")
+	conn, err := pg.Connect(ctx, "postgres")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var table, pub, role bool
+	if err := conn.QueryRow(ctx, `SELECT to_regclass('public.outbox') IS NOT NULL, EXISTS (SELECT 1 FROM pg_publication),
+		EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'r_setup_wal_level')`).Scan(&table, &pub, &role); err != nil {
+		t.Fatal(err)
+	}
+	if table || pub || role {
+		t.Fatalf("setup changed the server before failing: table %v, publication %v, role %v", table, pub, role)
+	}
 }

@@ -30,20 +30,13 @@ func TestTwoDatabasesOneKafka(t *testing.T) {
 			if fa.slot != fb.slot || fa.topic() != fb.topic() {
 				t.Fatalf("slots %s/%s, topics %s/%s: want the same", fa.slot, fb.slot, fa.topic(), fb.topic())
 			}
+			// Default topics: the progress record and the transactional id
+			// are both qualified by the system identifier.
 			args := []string{}
 			if mode == "exactly-once" {
 				args = append(args, "--exactly-once")
-			} else {
-				// The progress record is keyed by slot only until issue 22's
-				// item 1 lands (another branch): give each database its own
-				// progress topic meanwhile, so that this test checks the
-				// transactional id and the data path only.
-				args = append(args, "--progress-topic", "outboxd.progress."+fa.agg)
 			}
 			argsB := args
-			if mode != "exactly-once" {
-				argsB = []string{"--progress-topic", "outboxd.progress.b." + fa.agg}
-			}
 			ra, rb := fa.startRelay(args...), fb.startRelay(argsB...)
 
 			// Both databases take writes all along (one event a

@@ -5,9 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os/exec"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxd/outboxd/test/harness"
 )
@@ -40,8 +44,12 @@ func TestFaultsHA(t *testing.T) {
 		faults: []faultKind{faultHAKill, faultWalsenderKill, faultHAStop, faultHAKill, faultBrokerStop, faultPGRestart, faultHAKill},
 		// A SIGSTOPped active is cut off once its client has been silent
 		// for --replication-timeout: the standby terminates its walsender.
+		// Both run as the `setup --role` role, with the optional grant of
+		// pg_read_all_stats that lets a standby see that silence (docs/ha.md);
+		// the spread keeps them together for several timeouts.
 		relayArgs:   []string{"--replication-timeout", "4s"},
 		standby:     true,
+		setupRole:   "outboxd_fault_ha",
 		spread:      22 * time.Second,
 		warmup:      2 * time.Second,
 		cooldown:    2 * time.Second,
@@ -184,4 +192,28 @@ func (w *world) injectHA(kind faultKind) (string, error) {
 		w.relayMu.Unlock()
 	}
 	return detail, nil
+}
+
+// asSetupRole creates role with `outboxd setup --role --no-slot` (plus the
+// documented optional GRANT pg_read_all_stats, for the SIGSTOP takeover)
+// and points outboxd's DSN at it. The role goes with the test's cluster.
+func (w *world) asSetupRole(ctx context.Context, role string) {
+	w.t.Helper()
+	out, err := exec.CommandContext(ctx, w.bin, "setup", "--postgres", w.dsn, "--no-slot", "--role", role).CombinedOutput()
+	if err != nil {
+		w.t.Fatalf("outboxd setup --role: %v\n%s", err, out)
+	}
+	conn, err := pgx.Connect(ctx, w.dsn)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, `GRANT pg_read_all_stats TO `+role); err != nil {
+		w.t.Fatal(err)
+	}
+	dsn := strings.Replace(w.relayDSN, "postgres://postgres@", "postgres://"+role+"@", 1)
+	if dsn == w.relayDSN {
+		w.t.Fatalf("could not rewrite the user of %q", w.relayDSN)
+	}
+	w.relayDSN = dsn
 }

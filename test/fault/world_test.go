@@ -79,6 +79,9 @@ type scenario struct {
 	relayArgs []string
 	// standby runs a second outboxd on the slot (ha_test.go).
 	standby bool
+	// setupRole: outboxd runs as the role `outboxd setup --role` makes,
+	// not the superuser (ha_test.go, asSetupRole).
+	setupRole string
 }
 
 const (
@@ -181,6 +184,9 @@ func newWorld(t *testing.T, sc scenario, mode deliveryMode, seed uint64) *world 
 	}
 	t.Cleanup(w.pgProxy.Close)
 	w.relayDSN = fmt.Sprintf("postgres://postgres@%s/%s?sslmode=disable", w.pgProxy.Addr(), dbName)
+	if sc.setupRole != "" {
+		w.asSetupRole(setupCtx, sc.setupRole)
+	}
 
 	// Kafka side: every broker advertises its proxy's address (see broker.go).
 	kind, err := worldKafkaKind()

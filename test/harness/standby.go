@@ -7,6 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -21,7 +22,9 @@ import (
 // of the data directory without what pg_basebackup skips, and pg_backup_stop's
 // backup_label. The standby streams through slot name (primary_slot_name),
 // with hot_standby_feedback and, on PostgreSQL 17+, sync_replication_slots:
-// failover slots are copied to it. Close it when done.
+// failover slots are copied to it. On the docker backend the standby is a
+// container that runs pg_basebackup itself (dockerstandby.go). Close it
+// when done.
 func (p *Postgres) StartStandby(ctx context.Context, name string) (*Postgres, error) {
 	if p.External() {
 		return nil, p.errExternal("standby")
@@ -37,6 +40,9 @@ func (p *Postgres) StartStandby(ctx context.Context, name string) (*Postgres, er
 	}
 	if _, err := conn.Exec(ctx, `SELECT pg_create_physical_replication_slot($1, true)`, name); err != nil {
 		return nil, fmt.Errorf("standby slot: %w", err)
+	}
+	if p.ctr != nil {
+		return p.startDockerStandby(ctx, conn, name, version)
 	}
 	root, err := os.MkdirTemp("", "outboxd-pg-standby-")
 	if err != nil {
@@ -246,6 +252,9 @@ func (p *Postgres) Promote(ctx context.Context) error {
 	if p.External() {
 		return p.errExternal("promote")
 	}
+	if p.ctr != nil {
+		return p.dockerPromote(ctx)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	cmd := p.user.command(ctx, p.root, pgBinary("pg_ctl"), "promote", "-w", "-t", "60", "-D", p.dataDir)
@@ -261,6 +270,9 @@ func (p *Postgres) Kill(ctx context.Context) error {
 	if p.External() {
 		return p.errExternal("kill")
 	}
+	if p.ctr != nil {
+		return p.dockerKill(ctx)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.stop(ctx, "immediate")
@@ -273,4 +285,45 @@ func ServerVersionNum(ctx context.Context, conn *pgx.Conn) (int, error) {
 		return 0, fmt.Errorf("server_version_num: %w", err)
 	}
 	return strconv.Atoi(v)
+}
+
+// ColdCopy copies the stopped server's whole data directory (WAL and slots
+// included) to dst, as a file-system backup taken with the server down is.
+// RestoreColdCopy puts such a copy back in place of the data directory.
+// Both need a harness-started local server that is stopped.
+func (p *Postgres) ColdCopy(ctx context.Context, dst string) error {
+	if err := p.canCopyCold(ctx); err != nil {
+		return err
+	}
+	if out, err := exec.CommandContext(ctx, "cp", "-a", p.dataDir+"/.", dst).CombinedOutput(); err != nil {
+		return fmt.Errorf("cold copy: %w\n%s", err, out)
+	}
+	return nil
+}
+
+// RestoreColdCopy replaces the stopped server's data directory with the
+// copy ColdCopy made in src (which stays, for another restore).
+func (p *Postgres) RestoreColdCopy(ctx context.Context, src string) error {
+	if err := p.canCopyCold(ctx); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(p.dataDir); err != nil {
+		return err
+	}
+	if out, err := exec.CommandContext(ctx, "cp", "-a", src, p.dataDir).CombinedOutput(); err != nil {
+		return fmt.Errorf("restoring the cold copy: %w\n%s", err, out)
+	}
+	return nil
+}
+
+func (p *Postgres) canCopyCold(ctx context.Context) error {
+	switch {
+	case p.External():
+		return p.errExternal("copy the data directory of")
+	case p.ctr != nil:
+		return errors.New("harness: a cold copy of a container's data directory is not supported")
+	case p.isRunning(ctx):
+		return errors.New("harness: a cold copy needs the server stopped")
+	}
+	return nil
 }
