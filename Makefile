@@ -28,8 +28,8 @@ run: ## demo: throwaway PostgreSQL + embedded Kafka + outboxd + sample writes; C
 	$(GO) build -o bin/demo ./test/cmd/demo
 	bin/demo $(RUN_ARGS)
 
-# staticcheck, pinned; `go run` fetches it through the module proxy once and caches it.
-STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
+# staticcheck, pinned as a tool in go.mod.
+STATICCHECK ?= $(GO) tool staticcheck
 
 check: vet ## the inner loop (about 2 min on a busy 2-core machine; no PostgreSQL, no Kafka): vet, gofmt, unit tests with -race, then staticcheck over the whole tree
 	$(GO) test -count=1 -short -race $(UNIT_PKGS)

@@ -30,7 +30,7 @@ func TestEveryDurationAndSizeFlag(t *testing.T) {
 			t.Errorf("duration option --%s not found (found %v)", want, durations)
 		}
 	}
-	if strings.Join(sizes, ",") != "max-inflight-bytes,max-message-bytes,max-slot-lag" {
+	if strings.Join(sizes, ",") != "max-inflight-bytes,max-message-bytes,max-slot-lag,rabbitmq-max-message-size" {
 		t.Errorf("size options %v", sizes)
 	}
 

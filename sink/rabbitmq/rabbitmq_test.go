@@ -321,8 +321,10 @@ func TestTooLarge(t *testing.T) {
 	for _, d := range got {
 		ids = append(ids, d.MessageId)
 	}
-	if strings.Join(ids, ",") != "before,after" && strings.Join(ids, ",") != "before,before,after" {
-		t.Fatalf("queue: %v, want before,after (before may repeat: it was unconfirmed when the channel closed)", ids)
+	// before may repeat: it was unconfirmed when the channel closed, and is
+	// republished on every channel the sink opens until its confirm.
+	if n := len(ids); n < 2 || ids[n-1] != "after" || strings.Repeat("before,", n-1) != strings.Join(ids[:n-1], ",")+"," {
+		t.Fatalf("queue: %v, want before (once or more), then after once", ids)
 	}
 }
 
