@@ -119,8 +119,12 @@ func (s *Sink) start(ctx context.Context, rec *router.Record) (context.Context, 
 	if t.Parent.IsValid() {
 		ctx = trace.ContextWithRemoteSpanContext(ctx, t.Parent)
 	} else {
-		// A root span: whatever span ctx may carry is not the event's parent.
-		ctx = trace.ContextWithSpanContext(ctx, trace.SpanContext{})
+		// A root span: whatever span ctx may carry is not the event's
+		// parent. The SDK gives a new trace the flags of this invalid
+		// parent plus sampled: with the random flag, its traceparent says
+		// 03 as OpenTelemetry Java's (Debezium's) roots do, truthfully (the
+		// SDK's trace ids are random).
+		ctx = trace.ContextWithSpanContext(ctx, rootParent)
 	}
 	name := t.Name
 	if name == "" {
@@ -171,6 +175,8 @@ func (s *Sink) attributes(rec *router.Record, t *router.Trace) []attribute.KeyVa
 	}
 	return attrs
 }
+
+var rootParent = trace.SpanContext{}.WithTraceFlags(trace.FlagsRandom)
 
 var sendName = semconv.MessagingOperationName("send")
 

@@ -252,7 +252,7 @@ func TestSpanOutcomes(t *testing.T) {
 	}
 	tp, _ := header(inner.recs[0].Headers, "traceparent")
 	root := tpRE.FindStringSubmatch(tp)
-	if root == nil || root[3] != "01" || len(inner.recs[0].Headers) != 2 {
+	if root == nil || root[3] != "03" || len(inner.recs[0].Headers) != 2 {
 		t.Errorf("root span: headers %q", inner.recs[0].Headers)
 	}
 	tp, _ = header(inner.recs[1].Headers, "traceparent")
