@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
@@ -439,5 +440,32 @@ func TestLSNText(t *testing.T) {
 		if got := lsnText(lsn); got != want {
 			t.Errorf("lsnText(%#x) = %q, want %q", lsn, got, want)
 		}
+	}
+}
+
+// TestInjectAsPropagator: inject writes what OpenTelemetry's W3C
+// propagator writes, for every flag combination and with and without a
+// tracestate, replacing the router's headers in place.
+func TestInjectAsPropagator(t *testing.T) {
+	ts, err := trace.ParseTraceState("congo=t61rcWkgMzE,rojo=00f067aa0ba902b7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, flags := range []trace.TraceFlags{0, trace.FlagsSampled, trace.FlagsRandom, trace.FlagsSampled | trace.FlagsRandom} {
+		for _, state := range []trace.TraceState{{}, ts} {
+			sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: mustTraceID("4bf92f3577b34da6a3ce929d0e0e4736"), SpanID: mustSpanID("00f067aa0ba902b7"), TraceFlags: flags, TraceState: state})
+			want := propagation.MapCarrier{}
+			propagation.TraceContext{}.Inject(trace.ContextWithSpanContext(context.Background(), sc), want)
+			in := []router.Header{{Key: "traceparent", Value: []byte("router's")}, {Key: "id", Value: []byte("1")}}
+			got := inject(sc, in)
+			tp, _ := header(got, "traceparent")
+			gs, nState := header(got, "tracestate")
+			if tp != want["traceparent"] || gs != want["tracestate"] || (nState == 1) != (want["tracestate"] != "") || got[0].Key != "traceparent" || string(in[0].Value) != "router's" {
+				t.Errorf("flags %v state %q: headers %q, propagator %v", flags, state, got, want)
+			}
+		}
+	}
+	if got := inject(trace.SpanContext{}, nil); len(got) != 0 {
+		t.Errorf("invalid span context: %q", got)
 	}
 }
