@@ -155,8 +155,15 @@ func TestTracingOptions(t *testing.T) {
 	}})
 	all := rel("public.all", "id", tUUID, "aggregatetype", tText, "aggregateid", tText, "payload", tJSONB)
 	rec, _ := r.Route(row(all, uuid1, "Order", "1", `{}`), testTx)
-	if rec.Trace == nil || rec.Trace.Parent.IsValid() || rec.Trace.Name != "outbox-relay" || rec.Trace.CommitLSN != testTx.CommitLSN || !rec.Trace.CommitTime.Equal(commitTime) || len(rec.Headers) != 1 {
-		t.Errorf("with.context.field.only false: Trace %+v headers %q", rec.Trace, rec.Headers)
+	if m := tpRE.FindStringSubmatch(string(rec.Headers[0].Value)); rec.Trace == nil || rec.Trace.Parent.IsValid() || rec.Trace.Name != "outbox-relay" || rec.Trace.CommitLSN != testTx.CommitLSN || !rec.Trace.CommitTime.Equal(commitTime) ||
+		len(rec.Headers) != 2 || rec.Headers[0].Key != "traceparent" || m == nil || m[3] != "03" {
+		t.Errorf("with.context.field.only false: Trace %+v headers %q, want a root's traceparent first, as Debezium's", rec.Trace, rec.Headers)
+	}
+	// The same without outboxd's spans: the header is Debezium's too.
+	off := mustNew(t, Config{Defaults: Options{optPlacement: ""}, Tables: map[string]Options{"public.all": {optContextOnly: "false"}}})
+	rec, _ = off.Route(row(all, uuid1, "Order", "1", `{}`), testTx)
+	if m := tpRE.FindStringSubmatch(string(rec.Headers[0].Value)); rec.Trace != nil || len(rec.Headers) != 2 || m == nil || m[3] != "03" || rec.Size() != len(rec.Topic)+len(rec.Key)+len(rec.Value)+traceparentLen+len("traceparent")+len(uuid1)+2+2*HeaderOverhead {
+		t.Errorf("with.context.field.only false, spans off: Trace %+v headers %q size %d", rec.Trace, rec.Headers, rec.Size())
 	}
 	rec, _ = r.Route(row(debeziumRel(), uuid1, "Order", "1", "T", `{}`), testTx)
 	if rec.Trace != nil {

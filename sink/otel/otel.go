@@ -25,6 +25,7 @@ package otel
 import (
 	"context"
 	"encoding/hex"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -249,23 +250,27 @@ func inject(sc trace.SpanContext, hdrs []router.Header) []router.Header {
 	tp = hex.AppendEncode(tp, sid[:])
 	tp = append(tp, '-')
 	tp = hex.AppendEncode(tp, []byte{byte(sc.TraceFlags() & (trace.FlagsSampled | trace.FlagsRandom))})
-	out = setHeader(out, "traceparent", tp)
+	out, at := setHeader(out, "traceparent", tp, 0)
 	if ts := sc.TraceState(); ts.Len() > 0 {
-		out = setHeader(out, "tracestate", []byte(ts.String()))
+		out, _ = setHeader(out, "tracestate", []byte(ts.String()), at+1)
 	}
 	return out
 }
 
 const traceparentLen = 55 // 00-<32 hex>-<16 hex>-<2 hex>
 
-func setHeader(hdrs []router.Header, key string, value []byte) []router.Header {
+// setHeader replaces the first header named key, or inserts one at index
+// at: a record without a context (a root span, tracing.with.context.field.only
+// false) gets its traceparent first, where Debezium's tracing puts it too
+// (TestTracingParity). It returns where the header is.
+func setHeader(hdrs []router.Header, key string, value []byte, at int) ([]router.Header, int) {
 	for i := range hdrs {
 		if hdrs[i].Key == key {
 			hdrs[i].Value = value
-			return hdrs
+			return hdrs, i
 		}
 	}
-	return append(hdrs, router.Header{Key: key, Value: value})
+	return slices.Insert(hdrs, at, router.Header{Key: key, Value: value}), at
 }
 
 // Check checks a traced record as Produce will send it: a record without a

@@ -230,7 +230,7 @@ func TestSpanPerEvent(t *testing.T) {
 
 // TestSpanOutcomes: a failed record's span says why; an unsampled parent
 // gives an unsampled child's traceparent and no span; a root span (no
-// context) gets a traceparent appended; an untraced record passes as it is.
+// context) gets a traceparent first, as Debezium's; an untraced record passes as it is.
 func TestSpanOutcomes(t *testing.T) {
 	rcv := newReceiver(t)
 	p := testProvider(t, rcv.srv.URL)
@@ -253,7 +253,7 @@ func TestSpanOutcomes(t *testing.T) {
 	}
 	tp, _ := header(inner.recs[0].Headers, "traceparent")
 	root := tpRE.FindStringSubmatch(tp)
-	if root == nil || root[3] != "03" || len(inner.recs[0].Headers) != 2 {
+	if root == nil || root[3] != "03" || len(inner.recs[0].Headers) != 2 || inner.recs[0].Headers[0].Key != "traceparent" {
 		t.Errorf("root span: headers %q", inner.recs[0].Headers)
 	}
 	tp, _ = header(inner.recs[1].Headers, "traceparent")
@@ -464,6 +464,10 @@ func TestInjectAsPropagator(t *testing.T) {
 				t.Errorf("flags %v state %q: headers %q, propagator %v", flags, state, got, want)
 			}
 		}
+	}
+	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: mustTraceID("4bf92f3577b34da6a3ce929d0e0e4736"), SpanID: mustSpanID("00f067aa0ba902b7"), TraceFlags: 3, TraceState: ts})
+	if got := inject(sc, []router.Header{{Key: "id", Value: []byte("1")}}); len(got) != 3 || got[0].Key != "traceparent" || got[1].Key != "tracestate" || got[2].Key != "id" {
+		t.Errorf("no traceparent before: headers %q, want traceparent, tracestate, id", got)
 	}
 	if got := inject(trace.SpanContext{}, nil); len(got) != 0 {
 		t.Errorf("invalid span context: %q", got)

@@ -141,6 +141,15 @@ var tracingRows = []tracingRow{
 	{name: "uber only", ctx: strp("uber-trace-id=4bf92f3577b34da6a3ce929d0e0e4736:00f067aa0ba902b7:0:1\n")},
 }
 
+// tracingModes are the runs of TestTracingParity: Debezium's outbox default
+// (it forces tracing.with.context.field.only to true when the option is
+// absent), and the option set to false on both.
+var tracingModes = []tracingMode{{"default", ""}, {"every_row", "false"}}
+
+type tracingMode struct{ name, contextOnly string }
+
+func (m tracingMode) everyRow() bool { return m.contextOnly == "false" }
+
 // tracingRecord is what one system made of a row.
 type tracingRecord struct {
 	headers     []string // keys, in order
@@ -207,11 +216,17 @@ func TestTracingParity(t *testing.T) {
 		`CREATE TABLE outboxevent (id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL, aggregateid varchar(255) NOT NULL,
 			type varchar(255) NOT NULL, timestamp timestamp NOT NULL, payload varchar(8000), tracingspancontext varchar(256))`,
 		`CREATE PUBLICATION tracing FOR TABLE outboxevent`,
-		`SELECT pg_create_logical_replication_slot('dbz_tracing', 'pgoutput')`,
-		`SELECT pg_create_logical_replication_slot('od_tracing', 'pgoutput')`,
 	} {
 		if _, err := conn.Exec(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	// Every slot before the rows: each run sees all of them.
+	for _, m := range tracingModes {
+		for _, sys := range []string{"dbz", "od"} {
+			if _, err := conn.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, sys+"_"+m.name); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	ids := make([]string, len(tracingRows))
@@ -237,117 +252,131 @@ func TestTracingParity(t *testing.T) {
 	} {
 		t.Setenv(k, v)
 	}
-	cfg := []byte("tables:\n  public.outboxevent:\n    key.format: raw\n    table.fields.additional.placement: \"type:header:type\"\n")
-	startOutboxd(t, ctx, e, kafka.Brokers(), "od_tracing", "tracing", cfg)
-	d := harness.DebeziumForTest(t, harness.DebeziumOptions{DSN: e.dsn, Brokers: kafka.Brokers(), Slot: "dbz_tracing", Publication: "tracing",
-		OTel: true, SystemProperties: []string{"otel.java.global-autoconfigure.enabled=true"}, Env: []string{"OTEL_SERVICE_NAME=debezium"},
-		Connector: map[string]string{
-			"transforms.outbox.table.fields.additional.placement": "type:header:type",
-			"transforms.outbox.route.topic.replacement":           "dbz.outbox.event.${routedByValue}",
-			"message.prefix.exclude.list":                         `outboxd\.heartbeat`,
-		}})
-	if err := waitSlot(ctx, e.dsn, "od_tracing", "outboxd to confirm the rows", func(st harness.SlotState) bool {
-		return st.ConfirmedFlushLSN >= endLSN
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if err := topicHas(ctx, kafka, "dbz.outbox.event.Order", int64(len(tracingRows)), d.Alive); err != nil {
-		t.Fatalf("debezium: %v", err)
-	}
-	recs, err := readCluster(ctx, kafka)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var dbzRecs, odRecs []*kgo.Record
-	for _, r := range recs {
-		switch r.Topic {
-		case "dbz.outbox.event.Order":
-			dbzRecs = append(dbzRecs, r)
-		case "outbox.event.Order":
-			odRecs = append(odRecs, r)
-		}
-	}
-	dbz, od := tracingRecords(dbzRecs), tracingRecords(odRecs)
-	if len(dbz) != len(tracingRows) || len(od) != len(tracingRows) {
-		t.Fatalf("debezium published %d records, outboxd %d, want %d each", len(dbz), len(od), len(tracingRows))
-	}
+	for _, m := range tracingModes {
+		t.Run(m.name, func(t *testing.T) {
+			dbzTopic, odTopic := "dbz_"+m.name+".Order", "od_"+m.name+".Order"
+			cfg := []byte("tables:\n  public.outboxevent:\n    key.format: raw\n    table.fields.additional.placement: \"type:header:type\"\n" +
+				"    route.topic.replacement: od_" + m.name + ".${routedByValue}\n")
+			smt := map[string]string{
+				"transforms.outbox.table.fields.additional.placement": "type:header:type",
+				"transforms.outbox.route.topic.replacement":           "dbz_" + m.name + ".${routedByValue}",
+				"message.prefix.exclude.list":                         `outboxd\.heartbeat`,
+			}
+			if m.contextOnly != "" {
+				cfg = append(cfg, "    tracing.with.context.field.only: \""+m.contextOnly+"\"\n"...)
+				smt["transforms.outbox.tracing.with.context.field.only"] = m.contextOnly
+			}
+			startOutboxd(t, ctx, e, kafka.Brokers(), "od_"+m.name, "tracing", cfg)
+			d := harness.DebeziumForTest(t, harness.DebeziumOptions{DSN: e.dsn, Brokers: kafka.Brokers(), Slot: "dbz_" + m.name, Publication: "tracing",
+				OTel: true, SystemProperties: []string{"otel.java.global-autoconfigure.enabled=true"}, Env: []string{"OTEL_SERVICE_NAME=debezium"},
+				Connector: smt})
+			if err := waitSlot(ctx, e.dsn, "od_"+m.name, "outboxd to confirm the rows", func(st harness.SlotState) bool {
+				return st.ConfirmedFlushLSN >= endLSN
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if err := topicHas(ctx, kafka, dbzTopic, int64(len(tracingRows)), d.Alive); err != nil {
+				t.Fatalf("debezium: %v", err)
+			}
+			recs, err := readCluster(ctx, kafka)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var dbzRecs, odRecs []*kgo.Record
+			for _, r := range recs {
+				switch r.Topic {
+				case dbzTopic:
+					dbzRecs = append(dbzRecs, r)
+				case odTopic:
+					odRecs = append(odRecs, r)
+				}
+			}
+			dbz, od := tracingRecords(dbzRecs), tracingRecords(odRecs)
+			if len(dbz) != len(tracingRows) || len(od) != len(tracingRows) {
+				t.Fatalf("debezium published %d records, outboxd %d, want %d each", len(dbz), len(od), len(tracingRows))
+			}
 
-	// Wait until every sampled traceparent's span has arrived from both.
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		missing := 0
-		for _, m := range []map[string]tracingRecord{dbz, od} {
-			for _, r := range m {
-				if p := traceparentRE.FindStringSubmatch(r.traceparent); p != nil && sampled(p[3]) {
-					if _, ok := rcv.span(p[2]); !ok {
-						missing++
+			// Wait until every sampled traceparent's span has arrived from both.
+			deadline := time.Now().Add(60 * time.Second)
+			for {
+				missing := 0
+				for _, m := range []map[string]tracingRecord{dbz, od} {
+					for _, r := range m {
+						if p := traceparentRE.FindStringSubmatch(r.traceparent); p != nil && sampled(p[3]) {
+							if _, ok := rcv.span(p[2]); !ok {
+								missing++
+							}
+						}
 					}
 				}
+				if missing == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%d sampled records' spans never reached the receiver (%d spans there)", missing, len(rcv.all()))
+				}
+				time.Sleep(50 * time.Millisecond)
 			}
-		}
-		if missing == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d sampled records' spans never reached the receiver (%d spans there)", missing, len(rcv.all()))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 
-	for i, row := range tracingRows {
-		dr, or := dbz[ids[i]], od[ids[i]]
-		t.Logf("%-10s debezium headers %v traceparent %q tracestate %q", row.name, dr.headers, dr.traceparent, dr.tracestate)
-		t.Logf("%-10s outboxd  headers %v traceparent %q tracestate %q", row.name, or.headers, or.traceparent, or.tracestate)
-		for sys, r := range map[string]tracingRecord{"debezium": dr, "outboxd": or} {
-			p := traceparentRE.FindStringSubmatch(r.traceparent)
-			if r.n > 1 {
-				t.Errorf("%s %s: %d traceparent headers", sys, row.name, r.n)
-			}
-			if p == nil {
-				if r.traceparent != "" {
-					t.Errorf("%s %s: traceparent %q is not W3C", sys, row.name, r.traceparent)
+			for i, row := range tracingRows {
+				dr, or := dbz[ids[i]], od[ids[i]]
+				if row.ctx == nil && (dr.traceparent != "") != m.everyRow() {
+					t.Errorf("%s: debezium traceparent %q with tracing.with.context.field.only %q", row.name, dr.traceparent, m.contextOnly)
 				}
-				continue
-			}
-			if sampled(p[3]) {
-				names, root := rcv.chain(p[2])
-				s, _ := rcv.span(p[2])
-				t.Logf("%-10s %s: the header's span %s (service %s), up to %s: %v", row.name, sys, p[2], s.service, root, names)
-				if row.trace != "" && root != row.span {
-					t.Errorf("%s %s: the header's span %s descends from %s (%v), not the writer's span %s", sys, row.name, p[2], root, names, row.span)
+				t.Logf("%-10s debezium headers %v traceparent %q tracestate %q", row.name, dr.headers, dr.traceparent, dr.tracestate)
+				t.Logf("%-10s outboxd  headers %v traceparent %q tracestate %q", row.name, or.headers, or.traceparent, or.tracestate)
+				for sys, r := range map[string]tracingRecord{"debezium": dr, "outboxd": or} {
+					p := traceparentRE.FindStringSubmatch(r.traceparent)
+					if r.n > 1 {
+						t.Errorf("%s %s: %d traceparent headers", sys, row.name, r.n)
+					}
+					if p == nil {
+						if r.traceparent != "" {
+							t.Errorf("%s %s: traceparent %q is not W3C", sys, row.name, r.traceparent)
+						}
+						continue
+					}
+					if sampled(p[3]) {
+						names, root := rcv.chain(p[2])
+						s, _ := rcv.span(p[2])
+						t.Logf("%-10s %s: the header's span %s (service %s), up to %s: %v", row.name, sys, p[2], s.service, root, names)
+						if row.trace != "" && root != row.span {
+							t.Errorf("%s %s: the header's span %s descends from %s (%v), not the writer's span %s", sys, row.name, p[2], root, names, row.span)
+						}
+					} else if _, ok := rcv.span(p[2]); ok {
+						t.Errorf("%s %s: an unsampled span %s was exported", sys, row.name, p[2])
+					}
 				}
-			} else if _, ok := rcv.span(p[2]); ok {
-				t.Errorf("%s %s: an unsampled span %s was exported", sys, row.name, p[2])
+				// What must be equal.
+				dp, op := traceparentRE.FindStringSubmatch(dr.traceparent), traceparentRE.FindStringSubmatch(or.traceparent)
+				switch {
+				case (dp == nil) != (op == nil):
+					t.Errorf("%s: debezium traceparent %q, outboxd %q", row.name, dr.traceparent, or.traceparent)
+				case dp != nil:
+					if row.trace != "" && (dp[1] != row.trace || op[1] != row.trace) {
+						t.Errorf("%s: trace ids %s (debezium) and %s (outboxd), want the writer's %s", row.name, dp[1], op[1], row.trace)
+					}
+					if row.trace == "" && dp[1] == op[1] {
+						t.Errorf("%s: no valid parent, yet both roots have trace id %s", row.name, dp[1])
+					}
+					if dp[3] != op[3] {
+						t.Errorf("%s: sampled flags %s (debezium) and %s (outboxd)", row.name, dp[3], op[3])
+					}
+					if row.trace != "" && sampled(dp[3]) != row.sampled {
+						t.Errorf("%s: sampled flag %s, the writer's sampled=%v", row.name, dp[3], row.sampled)
+					}
+					if dp[2] == op[2] || dp[2] == row.span {
+						t.Errorf("%s: span ids %s and %s (writer %s): each should be a span of its own", row.name, dp[2], op[2], row.span)
+					}
+				}
+				if dr.tracestate != or.tracestate || dr.tracestate != row.state {
+					t.Errorf("%s: tracestate %q (debezium), %q (outboxd), want %q", row.name, dr.tracestate, or.tracestate, row.state)
+				}
+				if strings.Join(dr.headers, ",") != strings.Join(or.headers, ",") {
+					t.Errorf("%s: header keys %v (debezium), %v (outboxd)", row.name, dr.headers, or.headers)
+				}
 			}
-		}
-		// What must be equal.
-		dp, op := traceparentRE.FindStringSubmatch(dr.traceparent), traceparentRE.FindStringSubmatch(or.traceparent)
-		switch {
-		case (dp == nil) != (op == nil):
-			t.Errorf("%s: debezium traceparent %q, outboxd %q", row.name, dr.traceparent, or.traceparent)
-		case dp != nil:
-			if row.trace != "" && (dp[1] != row.trace || op[1] != row.trace) {
-				t.Errorf("%s: trace ids %s (debezium) and %s (outboxd), want the writer's %s", row.name, dp[1], op[1], row.trace)
-			}
-			if row.trace == "" && dp[1] == op[1] {
-				t.Errorf("%s: no valid parent, yet both roots have trace id %s", row.name, dp[1])
-			}
-			if dp[3] != op[3] {
-				t.Errorf("%s: sampled flags %s (debezium) and %s (outboxd)", row.name, dp[3], op[3])
-			}
-			if row.trace != "" && sampled(dp[3]) != row.sampled {
-				t.Errorf("%s: sampled flag %s, the writer's sampled=%v", row.name, dp[3], row.sampled)
-			}
-			if dp[2] == op[2] || dp[2] == row.span {
-				t.Errorf("%s: span ids %s and %s (writer %s): each should be a span of its own", row.name, dp[2], op[2], row.span)
-			}
-		}
-		if dr.tracestate != or.tracestate || dr.tracestate != row.state {
-			t.Errorf("%s: tracestate %q (debezium), %q (outboxd), want %q", row.name, dr.tracestate, or.tracestate, row.state)
-		}
-		if strings.Join(dr.headers, ",") != strings.Join(or.headers, ",") {
-			t.Errorf("%s: header keys %v (debezium), %v (outboxd)", row.name, dr.headers, or.headers)
-		}
+		})
 	}
 	// Every span either system exported, for the record.
 	spans := rcv.all()
