@@ -360,7 +360,7 @@ func TestTracingParity(t *testing.T) {
 						t.Errorf("%s: no valid parent, yet both roots have trace id %s", row.name, dp[1])
 					}
 					if dp[3] != op[3] {
-						t.Errorf("%s: sampled flags %s (debezium) and %s (outboxd)", row.name, dp[3], op[3])
+						t.Errorf("%s: flags %s (debezium) and %s (outboxd)", row.name, dp[3], op[3])
 					}
 					if row.trace != "" && sampled(dp[3]) != row.sampled {
 						t.Errorf("%s: sampled flag %s, the writer's sampled=%v", row.name, dp[3], row.sampled)
