@@ -243,6 +243,13 @@ func (r *Router) Route(row *wal.Row, tx Tx) (Record, error) {
 			sc = parseSpanContext(v.data)
 		}
 	}
+	if !sc.present && p.s.tracing.all && nHdrCol == 0 {
+		// tracing.with.context.field.only false: Debezium traces a row
+		// without a context too, a new trace's root (TestTracingParity).
+		// A headers column's entries keep their own meaning (a traceparent
+		// there is the parent).
+		sc.present = true
+	}
 	payload := get(vals, p.payload)
 	tombstone := p.s.tombstone && blankPayload(p.payloadOID, payload)
 	key := get(vals, p.key)

@@ -125,20 +125,23 @@ func (c *spanContext) keyBytes() int {
 }
 
 // appendHeaders appends the traceparent (and tracestate) of a child span
-// of the parent, as OpenTelemetry Java's SDK and W3C propagator write them
-// for Debezium: version 00, the parent's trace id, a new span id, the
-// parent's sampled flag (the default parentbased sampler) and its
-// tracestate. Without a valid parent the span is a new trace's root, which
-// the default sampler samples.
+// of the parent, as OpenTelemetry Java's SDK (1.68) and W3C propagator
+// write them for Debezium (test/parity's TestTracingParity compares them):
+// version 00, the parent's trace id, a new span id, the parent's sampled
+// and random flags (the default parentbased sampler keeps the sampled one)
+// and its tracestate. Without a valid parent the span is a new trace's
+// root, which the default sampler samples, with flags 03: sampled, and
+// W3C Trace Context level 2's "random trace id", which OpenTelemetry Java
+// sets on the trace ids it generates (and outboxd's are random too).
 func (c *spanContext) appendHeaders(buf []byte, hdrs []Header) ([]byte, []Header) {
 	if !c.present {
 		return buf, hdrs
 	}
 	var tid trace.TraceID
-	flags := byte(1)
+	flags := byte(trace.FlagsSampled | trace.FlagsRandom)
 	if c.parent.IsValid() {
 		tid = c.parent.TraceID()
-		flags = byte(c.parent.TraceFlags() & trace.FlagsSampled)
+		flags = byte(c.parent.TraceFlags() & (trace.FlagsSampled | trace.FlagsRandom))
 	} else {
 		for tid == (trace.TraceID{}) {
 			hi, lo := rand.Uint64(), rand.Uint64()

@@ -55,7 +55,7 @@ func TestParseProperties(t *testing.T) {
 	}
 }
 
-var tpRE = regexp.MustCompile(`^00-([0-9a-f]{32})-([0-9a-f]{16})-(0[01])$`)
+var tpRE = regexp.MustCompile(`^00-([0-9a-f]{32})-([0-9a-f]{16})-(0[0-3])$`)
 
 func traceHeader(rec Record, key string) (string, int) {
 	n, v := 0, ""
@@ -104,6 +104,14 @@ func TestRouteSpanContext(t *testing.T) {
 	if m2 == nil || m2[1] != traceID || m2[2] == m[2] || m2[3] != "00" || len(rec2.Headers) != 2 {
 		t.Errorf("unsampled parent: headers %q", rec2.Headers)
 	}
+	// The parent's random-trace-id flag (W3C level 2) is kept, as
+	// OpenTelemetry Java keeps it.
+	for parentFlags, want := range map[string]string{"03": "03", "02": "02"} {
+		rec3, _ := r.Route(row(qr, uuid1, "Order", "1", "OrderCreated", null, `{}`, "traceparent="+strings.TrimSuffix(parentTP, "01")+parentFlags), testTx)
+		if m3 := tpRE.FindStringSubmatch(string(rec3.Headers[0].Value)); m3 == nil || m3[1] != traceID || m3[3] != want {
+			t.Errorf("parent flags %s: headers %q, want flags %s", parentFlags, rec3.Headers, want)
+		}
+	}
 }
 
 // TestRouteSpanContextAbsent: NULL, a missing column, or a table whose
@@ -129,7 +137,7 @@ func TestRouteSpanContextAbsent(t *testing.T) {
 		rec, _ = r.Route(row(billing, uuid1, "Order", "1", `{}`, null, bad), testTx)
 		tp, n := traceHeader(rec, "traceparent")
 		m := tpRE.FindStringSubmatch(tp)
-		if n != 1 || m == nil || m[1] == traceID || m[3] != "01" || len(rec.Headers) != 2 {
+		if n != 1 || m == nil || m[1] == traceID || m[3] != "03" || len(rec.Headers) != 2 {
 			t.Errorf("context %q: headers %q, want a new trace's traceparent", bad, rec.Headers)
 		}
 	}
@@ -147,8 +155,15 @@ func TestTracingOptions(t *testing.T) {
 	}})
 	all := rel("public.all", "id", tUUID, "aggregatetype", tText, "aggregateid", tText, "payload", tJSONB)
 	rec, _ := r.Route(row(all, uuid1, "Order", "1", `{}`), testTx)
-	if rec.Trace == nil || rec.Trace.Parent.IsValid() || rec.Trace.Name != "outbox-relay" || rec.Trace.CommitLSN != testTx.CommitLSN || !rec.Trace.CommitTime.Equal(commitTime) || len(rec.Headers) != 1 {
-		t.Errorf("with.context.field.only false: Trace %+v headers %q", rec.Trace, rec.Headers)
+	if m := tpRE.FindStringSubmatch(string(rec.Headers[0].Value)); rec.Trace == nil || rec.Trace.Parent.IsValid() || rec.Trace.Name != "outbox-relay" || rec.Trace.CommitLSN != testTx.CommitLSN || !rec.Trace.CommitTime.Equal(commitTime) ||
+		len(rec.Headers) != 2 || rec.Headers[0].Key != "traceparent" || m == nil || m[3] != "03" {
+		t.Errorf("with.context.field.only false: Trace %+v headers %q, want a root's traceparent first, as Debezium's", rec.Trace, rec.Headers)
+	}
+	// The same without outboxd's spans: the header is Debezium's too.
+	off := mustNew(t, Config{Defaults: Options{optPlacement: ""}, Tables: map[string]Options{"public.all": {optContextOnly: "false"}}})
+	rec, _ = off.Route(row(all, uuid1, "Order", "1", `{}`), testTx)
+	if m := tpRE.FindStringSubmatch(string(rec.Headers[0].Value)); rec.Trace != nil || len(rec.Headers) != 2 || m == nil || m[3] != "03" || rec.Size() != len(rec.Topic)+len(rec.Key)+len(rec.Value)+traceparentLen+len("traceparent")+len(uuid1)+2+2*HeaderOverhead {
+		t.Errorf("with.context.field.only false, spans off: Trace %+v headers %q size %d", rec.Trace, rec.Headers, rec.Size())
 	}
 	rec, _ = r.Route(row(debeziumRel(), uuid1, "Order", "1", "T", `{}`), testTx)
 	if rec.Trace != nil {

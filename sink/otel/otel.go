@@ -24,6 +24,8 @@ package otel
 
 import (
 	"context"
+	"encoding/hex"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -33,7 +35,6 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
 
@@ -61,7 +62,6 @@ type Sink struct {
 	sink.Sink
 	tracer trace.Tracer
 	system attribute.KeyValue
-	prop   propagation.TraceContext
 	names  sync.Map // topic → span name
 	nNames atomic.Int64
 }
@@ -119,21 +119,39 @@ func (s *Sink) start(ctx context.Context, rec *router.Record) (context.Context, 
 	if t.Parent.IsValid() {
 		ctx = trace.ContextWithRemoteSpanContext(ctx, t.Parent)
 	} else {
-		// A root span: whatever span ctx may carry is not the event's parent.
-		ctx = trace.ContextWithSpanContext(ctx, trace.SpanContext{})
+		// A root span: whatever span ctx may carry is not the event's
+		// parent. The SDK gives a new trace the flags of this invalid
+		// parent plus sampled: with the random flag, its traceparent says
+		// 03 as OpenTelemetry Java's (Debezium's) roots do, truthfully (the
+		// SDK's trace ids are random).
+		ctx = trace.ContextWithSpanContext(ctx, rootParent)
 	}
 	name := t.Name
 	if name == "" {
 		name = s.spanName(rec.Topic)
 	}
-	ctx, span := s.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindProducer), trace.WithTimestamp(t.CommitTime))
+	ctx, span := s.tracer.Start(ctx, name, producerKind, trace.WithTimestamp(t.CommitTime))
 	if span.IsRecording() {
-		span.SetAttributes(s.attributes(rec, t)...)
+		a := attrPool.Get().(*[maxAttrs]attribute.KeyValue)
+		// SetAttributes copies them into the span: the array is free again.
+		span.SetAttributes(s.attributes(a[:0], rec, t)...)
+		*a = [maxAttrs]attribute.KeyValue{}
+		attrPool.Put(a)
 	}
 	out := *rec
-	out.Headers = s.inject(ctx, rec.Headers)
+	out.Headers = inject(span.SpanContext(), rec.Headers)
 	return ctx, &out, span
 }
+
+// producerKind is the span start option every span shares, made once (an
+// option made per call is an allocation per span).
+var producerKind = trace.WithSpanKind(trace.SpanKindProducer)
+
+// maxAttrs is the most attributes a span gets (see attributes).
+const maxAttrs = 8
+
+// attrPool holds the attribute arrays spans are started with.
+var attrPool = sync.Pool{New: func() any { return new([maxAttrs]attribute.KeyValue) }}
 
 // finish ends span at the broker's answer.
 func finish(span trace.Span, end time.Time, err error) {
@@ -150,8 +168,7 @@ func finish(span trace.Span, end time.Time, err error) {
 // commit LSN, no more: each attribute costs about 0.7 µs of CPU per event
 // from the span to the exported bytes, so the body size and the key are
 // left out (the key may also be what a trace backend should not hold).
-func (s *Sink) attributes(rec *router.Record, t *router.Trace) []attribute.KeyValue {
-	attrs := make([]attribute.KeyValue, 0, 8)
+func (s *Sink) attributes(attrs []attribute.KeyValue, rec *router.Record, t *router.Trace) []attribute.KeyValue {
 	attrs = append(attrs, s.system,
 		semconv.MessagingOperationTypeSend,
 		sendName,
@@ -171,6 +188,8 @@ func (s *Sink) attributes(rec *router.Record, t *router.Trace) []attribute.KeyVa
 	}
 	return attrs
 }
+
+var rootParent = trace.SpanContext{}.WithTraceFlags(trace.FlagsRandom)
 
 var sendName = semconv.MessagingOperationName("send")
 
@@ -212,43 +231,46 @@ func text(b []byte) string {
 	return strings.ToValidUTF8(string(b), "\uFFFD")
 }
 
-// inject returns a copy of hdrs with the span's traceparent and tracestate:
-// the first header of each name is replaced (the router put the row's
-// context there), a missing one is appended.
-func (s *Sink) inject(ctx context.Context, hdrs []router.Header) []router.Header {
-	c := headerCarrier{hdrs: make([]router.Header, len(hdrs), len(hdrs)+2)}
-	copy(c.hdrs, hdrs)
-	s.prop.Inject(ctx, &c)
-	return c.hdrs
+// inject returns a copy of hdrs with sc's traceparent and tracestate, as
+// OpenTelemetry's W3C propagator writes them (version 00, the sampled and
+// random flags; a tracestate only when sc has one), without its string
+// building: the first header of each name is replaced (the router put the
+// row's context there), a missing one is appended.
+func inject(sc trace.SpanContext, hdrs []router.Header) []router.Header {
+	out := make([]router.Header, len(hdrs), len(hdrs)+2)
+	copy(out, hdrs)
+	if !sc.IsValid() {
+		return out
+	}
+	tid, sid := sc.TraceID(), sc.SpanID()
+	tp := make([]byte, 0, traceparentLen)
+	tp = append(tp, "00-"...)
+	tp = hex.AppendEncode(tp, tid[:])
+	tp = append(tp, '-')
+	tp = hex.AppendEncode(tp, sid[:])
+	tp = append(tp, '-')
+	tp = hex.AppendEncode(tp, []byte{byte(sc.TraceFlags() & (trace.FlagsSampled | trace.FlagsRandom))})
+	out, at := setHeader(out, "traceparent", tp, 0)
+	if ts := sc.TraceState(); ts.Len() > 0 {
+		out, _ = setHeader(out, "tracestate", []byte(ts.String()), at+1)
+	}
+	return out
 }
 
-type headerCarrier struct{ hdrs []router.Header }
+const traceparentLen = 55 // 00-<32 hex>-<16 hex>-<2 hex>
 
-func (c *headerCarrier) Get(key string) string {
-	for _, h := range c.hdrs {
-		if h.Key == key {
-			return string(h.Value)
+// setHeader replaces the first header named key, or inserts one at index
+// at: a record without a context (a root span, tracing.with.context.field.only
+// false) gets its traceparent first, where Debezium's tracing puts it too
+// (TestTracingParity). It returns where the header is.
+func setHeader(hdrs []router.Header, key string, value []byte, at int) ([]router.Header, int) {
+	for i := range hdrs {
+		if hdrs[i].Key == key {
+			hdrs[i].Value = value
+			return hdrs, i
 		}
 	}
-	return ""
-}
-
-func (c *headerCarrier) Set(key, value string) {
-	for i := range c.hdrs {
-		if c.hdrs[i].Key == key {
-			c.hdrs[i].Value = []byte(value)
-			return
-		}
-	}
-	c.hdrs = append(c.hdrs, router.Header{Key: key, Value: []byte(value)})
-}
-
-func (c *headerCarrier) Keys() []string {
-	keys := make([]string, len(c.hdrs))
-	for i, h := range c.hdrs {
-		keys[i] = h.Key
-	}
-	return keys
+	return slices.Insert(hdrs, at, router.Header{Key: key, Value: value}), at
 }
 
 // Check checks a traced record as Produce will send it: a record without a
@@ -267,4 +289,4 @@ func (s *Sink) Check(ctx context.Context, rec *router.Record) error {
 	return s.Sink.Check(ctx, &out)
 }
 
-var placeholder [55]byte // a version-00 traceparent's length
+var placeholder [traceparentLen]byte

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
@@ -229,7 +230,7 @@ func TestSpanPerEvent(t *testing.T) {
 
 // TestSpanOutcomes: a failed record's span says why; an unsampled parent
 // gives an unsampled child's traceparent and no span; a root span (no
-// context) gets a traceparent appended; an untraced record passes as it is.
+// context) gets a traceparent first, as Debezium's; an untraced record passes as it is.
 func TestSpanOutcomes(t *testing.T) {
 	rcv := newReceiver(t)
 	p := testProvider(t, rcv.srv.URL)
@@ -252,7 +253,7 @@ func TestSpanOutcomes(t *testing.T) {
 	}
 	tp, _ := header(inner.recs[0].Headers, "traceparent")
 	root := tpRE.FindStringSubmatch(tp)
-	if root == nil || root[3] != "01" || len(inner.recs[0].Headers) != 2 {
+	if root == nil || root[3] != "03" || len(inner.recs[0].Headers) != 2 || inner.recs[0].Headers[0].Key != "traceparent" {
 		t.Errorf("root span: headers %q", inner.recs[0].Headers)
 	}
 	tp, _ = header(inner.recs[1].Headers, "traceparent")
@@ -439,5 +440,36 @@ func TestLSNText(t *testing.T) {
 		if got := lsnText(lsn); got != want {
 			t.Errorf("lsnText(%#x) = %q, want %q", lsn, got, want)
 		}
+	}
+}
+
+// TestInjectAsPropagator: inject writes what OpenTelemetry's W3C
+// propagator writes, for every flag combination and with and without a
+// tracestate, replacing the router's headers in place.
+func TestInjectAsPropagator(t *testing.T) {
+	ts, err := trace.ParseTraceState("congo=t61rcWkgMzE,rojo=00f067aa0ba902b7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, flags := range []trace.TraceFlags{0, trace.FlagsSampled, trace.FlagsRandom, trace.FlagsSampled | trace.FlagsRandom} {
+		for _, state := range []trace.TraceState{{}, ts} {
+			sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: mustTraceID("4bf92f3577b34da6a3ce929d0e0e4736"), SpanID: mustSpanID("00f067aa0ba902b7"), TraceFlags: flags, TraceState: state})
+			want := propagation.MapCarrier{}
+			propagation.TraceContext{}.Inject(trace.ContextWithSpanContext(context.Background(), sc), want)
+			in := []router.Header{{Key: "traceparent", Value: []byte("router's")}, {Key: "id", Value: []byte("1")}}
+			got := inject(sc, in)
+			tp, _ := header(got, "traceparent")
+			gs, nState := header(got, "tracestate")
+			if tp != want["traceparent"] || gs != want["tracestate"] || (nState == 1) != (want["tracestate"] != "") || got[0].Key != "traceparent" || string(in[0].Value) != "router's" {
+				t.Errorf("flags %v state %q: headers %q, propagator %v", flags, state, got, want)
+			}
+		}
+	}
+	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: mustTraceID("4bf92f3577b34da6a3ce929d0e0e4736"), SpanID: mustSpanID("00f067aa0ba902b7"), TraceFlags: 3, TraceState: ts})
+	if got := inject(sc, []router.Header{{Key: "id", Value: []byte("1")}}); len(got) != 3 || got[0].Key != "traceparent" || got[1].Key != "tracestate" || got[2].Key != "id" {
+		t.Errorf("no traceparent before: headers %q, want traceparent, tracestate, id", got)
+	}
+	if got := inject(trace.SpanContext{}, nil); len(got) != 0 {
+		t.Errorf("invalid span context: %q", got)
 	}
 }

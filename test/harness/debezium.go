@@ -44,6 +44,17 @@ type DebeziumOptions struct {
 	// JVM, when set, replaces the harness's small-heap JVM flags (heap, GC,
 	// JIT), e.g. with those connect-standalone.sh uses.
 	JVM []string
+	// SystemProperties are -D flags added to the JVM's (key=value, without
+	// the -D), e.g. otel.java.global-autoconfigure.enabled=true.
+	SystemProperties []string
+	// Env is added to the worker's environment (KEY=value), e.g. the
+	// OpenTelemetry SDK's OTEL_* variables.
+	Env []string
+	// OTel puts the OpenTelemetry Java API, SDK, autoconfigure and OTLP
+	// exporter jars (DebeziumOTelLibs) on Connect's classpath: what
+	// Debezium's tracing needs. Without them it is a no-op, as for most
+	// Debezium users.
+	OTel bool
 }
 
 // Debezium is one Kafka Connect standalone JVM running Debezium's
@@ -52,10 +63,11 @@ type DebeziumOptions struct {
 // as a restarted Connect worker does. A reaper child SIGKILLs the JVM and
 // removes the dir should the test process die without cleaning up.
 type Debezium struct {
-	opts DebeziumOptions
-	libs string
-	dir  string
-	port int // REST listener
+	opts     DebeziumOptions
+	libs     string
+	otelLibs string // "": no OpenTelemetry jars on the classpath
+	dir      string
+	port     int // REST listener
 
 	mu     sync.Mutex
 	proc   *Proc
@@ -81,6 +93,23 @@ func DebeziumLibs(ctx context.Context) (string, error) {
 	})
 }
 
+// OTelJavaVersion is the opentelemetry-bom version of test/debezium/pom.xml's
+// otel profile.
+const OTelJavaVersion = "1.68.0"
+
+// DebeziumOTelLibs returns the directory of the OpenTelemetry Java jars
+// (test/debezium/pom.xml, profile otel), fetching them when the cache lacks
+// them. Only the io.opentelemetry jars are copied: Debezium's are in
+// DebeziumLibs.
+func DebeziumOTelLibs(ctx context.Context) (string, error) {
+	return mavenLibs(ctx, mavenJars{
+		what: "OpenTelemetry Java " + OTelJavaVersion, dir: "opentelemetry-java-" + OTelJavaVersion,
+		marker: "opentelemetry-exporter-sender-jdk-" + OTelJavaVersion + ".jar",
+		pom:    filepath.Join("test", "debezium", "pom.xml"), script: ".ci/debezium.sh",
+		props: []string{"-P", "otel", "-DincludeGroupIds=io.opentelemetry"},
+	})
+}
+
 // StartDebezium writes the worker and connector configs and starts Kafka
 // Connect standalone, waiting until the connector's task is RUNNING (REST
 // API) and holds the slot (pg_replication_slots.active). Close it when done.
@@ -95,6 +124,11 @@ func StartDebezium(ctx context.Context, opts DebeziumOptions) (*Debezium, error)
 	var err error
 	if d.libs, err = DebeziumLibs(ctx); err != nil {
 		return nil, err
+	}
+	if opts.OTel {
+		if d.otelLibs, err = DebeziumOTelLibs(ctx); err != nil {
+			return nil, err
+		}
 	}
 	if d.dir, err = os.MkdirTemp("", "outboxd-debezium-"); err != nil {
 		return nil, fmt.Errorf("debezium: %w", err)
@@ -243,9 +277,16 @@ func (d *Debezium) Start(ctx context.Context) error {
 	if d.opts.JVM != nil {
 		args = append([]string(nil), d.opts.JVM...)
 	}
-	args = append(args, "-Dlog4j2.configurationFile="+logCfg, "-cp", filepath.Join(d.libs, "*"),
+	for _, p := range d.opts.SystemProperties {
+		args = append(args, "-D"+p)
+	}
+	cp := filepath.Join(d.libs, "*")
+	if d.otelLibs != "" {
+		cp += string(os.PathListSeparator) + filepath.Join(d.otelLibs, "*")
+	}
+	args = append(args, "-Dlog4j2.configurationFile="+logCfg, "-cp", cp,
 		"org.apache.kafka.connect.cli.ConnectStandalone", d.workerPath(), d.connectorPath())
-	proc, err := StartProc(ctx, "connect", "java", args, nil, d.dir)
+	proc, err := StartProc(ctx, "connect", "java", args, d.opts.Env, d.dir)
 	if err != nil {
 		return err
 	}
