@@ -15,6 +15,7 @@ import (
 
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/protobuf/proto"
@@ -266,9 +267,10 @@ func TestSpanOutcomes(t *testing.T) {
 	if err := p.ForceFlush(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	got := waitSpans(t, rcv, 1)
-	time.Sleep(50 * time.Millisecond)
-	if got = rcv.got(); len(got) != 1 {
+	// ForceFlush returned: every span ended so far has been exported.
+	waitSpans(t, rcv, 1)
+	got := rcv.got()
+	if len(got) != 1 {
 		t.Fatalf("%d spans, want 1 (the unsampled and the untraced have none)", len(got))
 	}
 	span := got[0]
@@ -296,7 +298,7 @@ func TestSpanOutcomes(t *testing.T) {
 // checked with it.
 func TestCheckCountsTheTraceparent(t *testing.T) {
 	inner := &fakeSink{}
-	s := Wrap(inner, trace.NewNoopTracerProvider())
+	s := Wrap(inner, noop.NewTracerProvider())
 	rec := &router.Record{Topic: "t", Headers: []router.Header{{Key: "id", Value: []byte("1")}}, Trace: &router.Trace{}}
 	s.Check(context.Background(), rec)
 	if got := inner.checked[0]; len(got.Headers) != 2 || got.Size() != rec.Size()+len("traceparent")+55+router.HeaderOverhead || len(rec.Headers) != 1 {
