@@ -24,7 +24,11 @@ type memProgress struct {
 	failing error
 }
 
-func (m *memProgress) EnsureProgressTopic(context.Context) error { return m.failing }
+func (m *memProgress) EnsureProgressTopic(context.Context) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.failing
+}
 func (m *memProgress) LoadProgress(context.Context) ([]byte, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
