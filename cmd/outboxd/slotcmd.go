@@ -22,7 +22,10 @@ Run "outboxd slot drop --help" for its options.
 const slotDropSummary = `Drops a replication slot, so that PostgreSQL stops keeping WAL for it. Events
 committed but not yet relayed through it are then never relayed. A slot in use
 is refused, naming the process that holds it; --force terminates that process
-first. A running outboxd recreates its slot when it reconnects: stop it first.`
+first. Stop outboxd first: a running outboxd that had confirmed the slot does
+not recreate it when it reconnects but reports the gap and exits 1 (and a slot
+re-created by outboxd setup is reported as a gap too); start it once with
+--accept-gap after you have checked what the dropped slot had not delivered.`
 
 // dropWait bounds how long --force waits for a terminated holder to let go.
 const dropWait = 15 * time.Second

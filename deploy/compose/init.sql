@@ -37,6 +37,11 @@ $outboxd$;
 -- read the outbox table, nothing else. Set its password out of band:
 --   ALTER ROLE "outboxd" PASSWORD '…';
 -- outboxd creates its slot on first start (REPLICATION suffices for that).
+-- EXECUTE on pg_logical_emit_message (every overload: PostgreSQL 17 added a
+-- fourth argument, flush) is for outboxd's heartbeats (--heartbeat-interval):
+-- granted to the role itself, so that revoking it from PUBLIC (hardening) does
+-- not silently stop them. Only its owner (the bootstrap superuser) may grant
+-- it; anyone else gets a notice.
 DO $outboxd$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'outboxd') THEN
@@ -47,6 +52,18 @@ END
 $outboxd$;
 GRANT USAGE ON SCHEMA public TO "outboxd";
 GRANT SELECT ON public.outbox TO "outboxd";
+DO $outboxd$
+DECLARE
+    f regprocedure;
+BEGIN
+    FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
+             WHERE p.proname = 'pg_logical_emit_message' AND p.pronamespace = 'pg_catalog'::regnamespace LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', f, 'outboxd');
+    END LOOP;
+EXCEPTION WHEN insufficient_privilege THEN
+    RAISE NOTICE 'cannot grant EXECUTE on pg_logical_emit_message to %: heartbeats need it once it is revoked from PUBLIC', 'outboxd';
+END
+$outboxd$;
 
 -- Demo password only. In production set it out of band (deploy/README.md).
 ALTER ROLE outboxd PASSWORD 'outboxd';
