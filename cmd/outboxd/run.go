@@ -21,8 +21,9 @@ import (
 	"github.com/outboxd/outboxd/slot"
 )
 
-const runSummary = `Streams committed outbox INSERTs from a pgoutput replication slot to Kafka and
-confirms the slot's flush LSN only after Kafka has acked every event up to it.`
+const runSummary = `Streams committed outbox INSERTs from a pgoutput replication slot to a broker (Kafka,
+or NATS JetStream / RabbitMQ with --broker) and confirms the slot's flush LSN only after the
+broker has durably accepted every event up to it.`
 
 // runOptions are the daemon's options.
 type runOptions struct {
@@ -365,7 +366,7 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 		}
 		cfg.ProgressStore = kafka.ProgressStore{Sink: sk, Progress: kafka.Progress{Topic: o.ProgressTopic, Key: key, Legacy: o.Slot}}
 	}
-	cfg.Sink = tr.wrap(cfg.Sink)
+	cfg.Sink = tr.wrap(cfg.Sink, messagingSystem(o.Broker))
 	relay, err := outboxd.New(cfg)
 	if err != nil {
 		return err

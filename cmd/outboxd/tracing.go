@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -43,12 +44,26 @@ func startTracing(ctx context.Context, e env, log *slog.Logger) (*tracing, error
 	return &tracing{p: p, log: log}, nil
 }
 
-// wrap returns the sink the relay produces through.
-func (t *tracing) wrap(s sink.Sink) sink.Sink {
+// wrap returns the sink the relay produces through; system is the spans'
+// messaging.system (messagingSystem).
+func (t *tracing) wrap(s sink.Sink, system string) sink.Sink {
 	if t == nil {
 		return s
 	}
-	return otelsink.Wrap(s, t.p)
+	return otelsink.Wrap(s, t.p, otelsink.System(system))
+}
+
+// messagingSystem is OpenTelemetry's messaging.system for --broker's URL
+// ("" is Kafka).
+func messagingSystem(brokerURL string) string {
+	scheme, _, _ := strings.Cut(brokerURL, "://")
+	switch strings.ToLower(scheme) {
+	case "nats":
+		return "nats"
+	case "amqp", "amqps":
+		return "rabbitmq"
+	}
+	return "kafka"
 }
 
 // register adds the export's series to the relay's /metrics.

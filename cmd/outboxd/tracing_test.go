@@ -23,7 +23,7 @@ func TestTracingOffWithoutEndpoint(t *testing.T) {
 			t.Errorf("%v: tracing %v, err %v; want off", vars, tr, err)
 		}
 		var s sink.Sink
-		if tr.wrap(s) != s {
+		if tr.wrap(s, "kafka") != s {
 			t.Error("off, the sink is wrapped")
 		}
 		tr.stop()
@@ -39,5 +39,13 @@ func TestTracingRefusesGRPC(t *testing.T) {
 	_, err := startTracing(context.Background(), e, slog.New(slog.DiscardHandler))
 	if err == nil || !strings.Contains(err.Error(), "http/protobuf") {
 		t.Errorf("grpc: %v", err)
+	}
+}
+
+func TestMessagingSystem(t *testing.T) {
+	for url, want := range map[string]string{"": "kafka", "nats://127.0.0.1:4222": "nats", "amqp://u@h/": "rabbitmq", "AMQPS://h": "rabbitmq"} {
+		if got := messagingSystem(url); got != want {
+			t.Errorf("messagingSystem(%q) = %q, want %q", url, got, want)
+		}
 	}
 }
