@@ -1,5 +1,5 @@
 // Command outboxd relays transactional-outbox rows from a PostgreSQL logical
-// replication slot (pgoutput) to Kafka, confirming the slot only after Kafka
+// replication slot (pgoutput) to a broker, confirming the slot only after it
 // has acked every event before it.
 //
 // One file per subcommand; each has a Run-style entry taking a context and
@@ -22,7 +22,7 @@ import (
 // version is set at build time: -ldflags "-X main.version=…".
 var version = "dev"
 
-const usage = `outboxd relays outbox rows from a PostgreSQL logical replication slot to Kafka.
+const usage = `outboxd relays outbox rows from a PostgreSQL logical replication slot to Kafka, NATS JetStream or RabbitMQ.
 
 Usage:
   outboxd run      stream the slot to Kafka (the daemon)
