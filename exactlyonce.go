@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/outboxd/outboxd/internal/backoff"
+	"github.com/outboxd/outboxd/internal/pgerr"
+	"github.com/outboxd/outboxd/internal/sysid"
 	"log/slog"
 	"time"
 
@@ -12,7 +15,7 @@ import (
 )
 
 // StartExactlyOnce runs init, which registers the transactional producer
-// and reads the checkpoint record named by key (CheckpointKey), at startup.
+// and reads the checkpoint record named by key (sysid.Key), at startup.
 // Kafka may be down then: it waits for it like the relay would, but gives
 // up at once on what waiting cannot fix (fenced, unauthorised, a checkpoint
 // this server cannot have written, a role PostgreSQL refuses). waiting runs
@@ -20,7 +23,7 @@ import (
 func StartExactlyOnce(ctx context.Context, log *slog.Logger, key func(ctx context.Context) (string, error),
 	init func(ctx context.Context, key string) (sink.Checkpoint, error), waiting func()) (sink.Checkpoint, error) {
 	name := ""
-	bo := Backoff{Min: 500 * time.Millisecond, Max: 15 * time.Second}
+	bo := backoff.Backoff{Min: 500 * time.Millisecond, Max: 15 * time.Second}
 	for warned := false; ; {
 		var err error
 		if name == "" {
@@ -33,7 +36,7 @@ func StartExactlyOnce(ctx context.Context, log *slog.Logger, key func(ctx contex
 		if err == nil {
 			return done, nil
 		}
-		if k := sink.KindOf(err); k == sink.Fenced || k == sink.Denied || errors.Is(err, wal.ErrAheadOfServer) || IsConfigError(err) {
+		if k := sink.KindOf(err); k == sink.Fenced || k == sink.Denied || errors.Is(err, wal.ErrAheadOfServer) || pgerr.IsConfigError(err) {
 			return sink.Checkpoint{}, err
 		}
 		if !warned {
@@ -45,17 +48,6 @@ func StartExactlyOnce(ctx context.Context, log *slog.Logger, key func(ctx contex
 			return sink.Checkpoint{}, ctx.Err()
 		}
 	}
-}
-
-// CheckpointKey names this slot's checkpoint record: the slot qualified by
-// the PostgreSQL system identifier, so that instances of different clusters
-// sharing a checkpoint topic (and slot names) never read each other's.
-func CheckpointKey(ctx context.Context, dsn, slotName string) (string, error) {
-	sys, err := identify(ctx, dsn)
-	if err != nil {
-		return "", err
-	}
-	return sys.ID + "/" + slotName, nil
 }
 
 // CheckpointGuard refuses a checkpoint beyond the server's WAL position: it
@@ -70,9 +62,9 @@ func CheckpointGuard(dsn string) func(ctx context.Context, lsn string) error {
 		}
 		lsn := c.LSN
 		var sys wal.System
-		bo := Backoff{Min: 500 * time.Millisecond, Max: 15 * time.Second}
+		bo := backoff.Backoff{Min: 500 * time.Millisecond, Max: 15 * time.Second}
 		for {
-			if sys, err = identify(ctx, dsn); err == nil || IsConfigError(err) {
+			if sys, err = sysid.Identify(ctx, dsn); err == nil || pgerr.IsConfigError(err) {
 				break
 			}
 			if !bo.Wait(ctx) {
@@ -89,15 +81,4 @@ func CheckpointGuard(dsn string) func(ctx context.Context, lsn string) error {
 		}
 		return nil
 	}
-}
-
-// identify asks the server for its system identifier and WAL position over
-// a short-lived replication connection (outboxd's role always may open one).
-func identify(ctx context.Context, dsn string) (wal.System, error) {
-	conn, err := wal.Connect(ctx, dsn)
-	if err != nil {
-		return wal.System{}, err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	return wal.Identify(ctx, conn)
 }

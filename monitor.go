@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/outboxd/outboxd/internal/humanize"
+	"github.com/outboxd/outboxd/internal/redact"
 	"log/slog"
 	"math"
 	"strconv"
@@ -90,7 +92,7 @@ func (mo *monitor) run(ctx context.Context) {
 		}
 		c, err := dial(ctx, mo.dsn)
 		if err != nil {
-			mo.log.Debug("monitor: postgres connect failed", "err", RedactErr(err, mo.dsn))
+			mo.log.Debug("monitor: postgres connect failed", "err", redact.Err(err, mo.dsn))
 			return false
 		}
 		conn = c
@@ -133,7 +135,7 @@ func (mo *monitor) pollSlot(ctx context.Context, conn sqlConn) {
 	defer cancel()
 	row, found, err := conn.Slot(qctx, mo.slot)
 	if err != nil {
-		mo.log.Debug("monitor: slot poll failed", "err", RedactErr(err, mo.dsn))
+		mo.log.Debug("monitor: slot poll failed", "err", redact.Err(err, mo.dsn))
 		return
 	}
 	v := newSlotView(row, found, time.Now())
@@ -205,7 +207,7 @@ func (mo *monitor) heartbeatResult(err error) {
 	}
 	mo.m.heartbeatErrors.Inc()
 	mo.m.replDelay.Set(math.NaN())
-	why := "heartbeats fail, so outboxd_replication_delay_seconds is unknown: " + RedactErr(err, mo.dsn).Error()
+	why := "heartbeats fail, so outboxd_replication_delay_seconds is unknown: " + redact.Err(err, mo.dsn).Error()
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "42501" {
 		why += "; outboxd's role may not call pg_logical_emit_message (REVOKEd from PUBLIC?): " +
 			"GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) TO <outboxd's role> (PostgreSQL 17+: pg_logical_emit_message(boolean, text, text, boolean)), " +
@@ -246,5 +248,5 @@ func (mo *monitor) checkLag() {
 		return
 	}
 	mo.lastLagWarn = time.Now()
-	mo.log.Warn("replication slot lag above --max-slot-lag", "lag", HumanBytes(lag), "max", HumanBytes(mo.maxSlotLag), "cause", mo.st.lagCause())
+	mo.log.Warn("replication slot lag above --max-slot-lag", "lag", humanize.Bytes(lag), "max", humanize.Bytes(mo.maxSlotLag), "cause", mo.st.lagCause())
 }

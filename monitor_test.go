@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"github.com/outboxd/outboxd/internal/humanize"
 	"log/slog"
 	"math"
 	"strconv"
@@ -63,7 +64,7 @@ func TestMonitorKafkaLagAndHeartbeat(t *testing.T) {
 	if v := newSlotView(slot.Slot{}, false, time.Time{}); v.ConfirmedFlush != "" || v.Found {
 		t.Fatalf("missing slot's view %+v", v)
 	}
-	if HumanBytes(1536<<20) != "1.5GiB" || HumanBytes(-2048) != "-2.0KiB" {
+	if humanize.Bytes(1536<<20) != "1.5GiB" || humanize.Bytes(-2048) != "-2.0KiB" {
 		t.Fatal("helpers")
 	}
 }

@@ -3,6 +3,7 @@ package outboxd
 import (
 	"context"
 	"errors"
+	"github.com/outboxd/outboxd/internal/pgerr"
 	"io"
 	"net/http/httptest"
 	"strings"
@@ -325,7 +326,7 @@ func TestRunDecidesOnHowASessionEnded(t *testing.T) {
 	if err := r.run(ctx); err != nil {
 		t.Fatalf("shutdown: %v", err)
 	}
-	if !IsConfigError(&pgconn.PgError{Code: "28P01"}) || IsConfigError(errors.New("x")) {
+	if !pgerr.IsConfigError(&pgconn.PgError{Code: "28P01"}) || pgerr.IsConfigError(errors.New("x")) {
 		t.Fatal("IsConfigError")
 	}
 }

@@ -3,6 +3,8 @@ package outboxd
 import (
 	"errors"
 	"fmt"
+	"github.com/outboxd/outboxd/internal/humanize"
+	"github.com/outboxd/outboxd/internal/redact"
 	"strings"
 	"sync"
 	"time"
@@ -81,7 +83,7 @@ func (s *state) setErr(err error) {
 	if busy := (*slot.BusyError)(nil); !errors.As(err, &busy) {
 		s.holder = "" // not a standby: the session failed for another reason
 	}
-	s.lastErr, s.lastErrAt = Redact(err.Error(), s.dsn), time.Now()
+	s.lastErr, s.lastErrAt = redact.String(err.Error(), s.dsn), time.Now()
 	s.mu.Unlock()
 }
 
@@ -101,7 +103,7 @@ func (s *state) ready() (bool, string) {
 	case !s.kafkaOK:
 		return false, "kafka unreachable" + s.errSuffix()
 	case s.maxSlotLag > 0 && s.slot.LagBytes > s.maxSlotLag:
-		return false, fmt.Sprintf("slot lag %s above --max-slot-lag %s: %s", HumanBytes(s.slot.LagBytes), HumanBytes(s.maxSlotLag), s.lagCauseLocked())
+		return false, fmt.Sprintf("slot lag %s above --max-slot-lag %s: %s", humanize.Bytes(s.slot.LagBytes), humanize.Bytes(s.maxSlotLag), s.lagCauseLocked())
 	}
 	if st := s.wm.Stats(); !st.OldestUnacked.IsZero() && time.Since(st.OldestUnacked) > stalledAfter {
 		return false, fmt.Sprintf("watermark stalled: %d events unacked for %s", st.InflightEvents, time.Since(st.OldestUnacked).Round(time.Second))
@@ -215,7 +217,7 @@ func (s *state) endSession() {
 // longer does).
 func (s *state) setStalled(reason string) {
 	s.mu.Lock()
-	s.stalled = Redact(reason, s.dsn)
+	s.stalled = redact.String(reason, s.dsn)
 	s.mu.Unlock()
 }
 

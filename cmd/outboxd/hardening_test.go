@@ -1,13 +1,12 @@
 package main
 
 import (
+	"github.com/outboxd/outboxd/internal/redact"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/outboxd/outboxd"
 )
 
 func noEnv(string) string { return "" }
@@ -89,8 +88,8 @@ func TestPostgresFileAndRedaction(t *testing.T) {
 		`err="connect: host=db password='a\\'b c9Zq' dbname=x"`,
 		`"host=db password='a\\\'b c9Zq'"`,
 	} {
-		if got := outboxd.Redact(text, dsn); strings.Contains(got, "c9Zq") || strings.Contains(got, "a'b") {
-			t.Errorf("outboxd.Redact(%s) = %s", text, got)
+		if got := redact.String(text, dsn); strings.Contains(got, "c9Zq") || strings.Contains(got, "a'b") {
+			t.Errorf("redact.String(%s) = %s", text, got)
 		}
 	}
 }

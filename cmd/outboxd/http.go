@@ -2,18 +2,17 @@ package main
 
 import (
 	"encoding/json"
+	"github.com/outboxd/outboxd/internal/pprofcap"
 	"net/http"
 	"sync/atomic"
 	"time"
-
-	"github.com/outboxd/outboxd"
 )
 
 // The endpoints have no authentication: the binary listens on loopback by
 // default, and every connection is bounded in time.
 const (
 	httpReadTimeout  = 10 * time.Second
-	httpWriteTimeout = outboxd.MaxPprofSeconds*time.Second + 10*time.Second // a whole profile
+	httpWriteTimeout = pprofcap.MaxSeconds*time.Second + 10*time.Second // a whole profile
 	httpIdleTimeout  = 60 * time.Second
 )
 

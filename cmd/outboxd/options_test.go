@@ -1,13 +1,13 @@
 package main
 
 import (
+	"github.com/outboxd/outboxd/internal/humanize"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/outboxd/outboxd"
 	"github.com/outboxd/outboxd/router"
 )
 
@@ -96,8 +96,8 @@ func TestByteSize(t *testing.T) {
 			t.Errorf("%q → %d, %v; want %d", in, b, err, want)
 		}
 	}
-	if outboxd.HumanBytes(1536<<20) != "1.5GiB" || outboxd.HumanBytes(544) != "544B" {
-		t.Errorf("humanBytes: %s %s", outboxd.HumanBytes(1536<<20), outboxd.HumanBytes(544))
+	if humanize.Bytes(1536<<20) != "1.5GiB" || humanize.Bytes(544) != "544B" {
+		t.Errorf("humanBytes: %s %s", humanize.Bytes(1536<<20), humanize.Bytes(544))
 	}
 }
 

@@ -1,6 +1,9 @@
 package main
 
 import (
+	"github.com/outboxd/outboxd/internal/pgsql"
+	"github.com/outboxd/outboxd/internal/redact"
+	"github.com/outboxd/outboxd/internal/sysid"
 	"sync/atomic"
 
 	"github.com/outboxd/outboxd"
@@ -210,7 +213,7 @@ func (o *runOptions) validate() error {
 
 func runCommand(ctx context.Context, e env, args []string) (err error) {
 	var o runOptions
-	defer func() { err = outboxd.RedactErr(err, o.Postgres) }()
+	defer func() { err = redact.Err(err, o.Postgres) }()
 	set := newOptionSet("run", "router", "tables")
 	o.register(set)
 	if err := set.parse(args, e.getenv); err != nil {
@@ -236,7 +239,7 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 	for _, w := range warnings {
 		log.Warn("insecure transport: " + w)
 	}
-	if w := outboxd.CheckEmitMessagePublic(ctx, log, o.Postgres, o.MessagePrefix); w != "" {
+	if w := pgsql.CheckEmitMessagePublic(ctx, log, o.Postgres, o.MessagePrefix); w != "" {
 		warnings = append(warnings, w)
 	}
 	defaults, tables, err := router.ConfigFromYAML(set.sections["router"], set.sections["tables"])
@@ -334,7 +337,7 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 	case o.ExactlyOnce && outboxd.SlotBusy(ctx, o.Postgres, o.Slot, o.ReplicationTimeout):
 		// Registering the transactional id now would fence the instance
 		// streaming: stand by, and register it once the slot is ours.
-		key, err := outboxd.CheckpointKey(ctx, o.Postgres, o.Slot)
+		key, err := sysid.Key(ctx, o.Postgres, o.Slot)
 		if err != nil {
 			return err
 		}
@@ -411,7 +414,7 @@ func transactional(o runOptions) *kafka.Transactional {
 // runs once Kafka has failed to answer (/status then says so).
 func prepareExactlyOnce(ctx context.Context, log *slog.Logger, sk *kafka.Sink, o runOptions, waiting func()) (sink.Checkpoint, error) {
 	cp := kafka.Checkpoints{Topic: o.CheckpointTopic, Check: outboxd.CheckpointGuard(o.Postgres), MessagePrefix: o.MessagePrefix}
-	key := func(ctx context.Context) (string, error) { return outboxd.CheckpointKey(ctx, o.Postgres, o.Slot) }
+	key := func(ctx context.Context) (string, error) { return sysid.Key(ctx, o.Postgres, o.Slot) }
 	done, err := outboxd.StartExactlyOnce(ctx, log, key, func(ctx context.Context, key string) (sink.Checkpoint, error) {
 		cp.Key, cp.TransactionalID = key, transactionalID(o, key)
 		if err := sk.InitTransactions(ctx, cp); err != nil {

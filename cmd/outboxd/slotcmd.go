@@ -5,9 +5,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/outboxd/outboxd/internal/pgsql"
+	"github.com/outboxd/outboxd/internal/redact"
 	"time"
 
-	"github.com/outboxd/outboxd"
 	"github.com/outboxd/outboxd/slot"
 )
 
@@ -52,7 +53,7 @@ type slotDropOptions struct {
 
 func slotDropCommand(ctx context.Context, e env, args []string) (err error) {
 	var o slotDropOptions
-	defer func() { err = outboxd.RedactErr(err, o.Postgres) }()
+	defer func() { err = redact.Err(err, o.Postgres) }()
 	set := newOptionSet("slot drop")
 	set.fs.StringVar(&o.Postgres, "postgres", "", "PostgreSQL connection string, to the slot's database")
 	registerPostgresFile(set, &o.Postgres)
@@ -77,7 +78,7 @@ func slotDropCommand(ctx context.Context, e env, args []string) (err error) {
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	conn, err := outboxd.ConnectPlain(ctx, o.Postgres, "outboxd slot drop")
+	conn, err := pgsql.Connect(ctx, o.Postgres, "outboxd slot drop")
 	if err != nil {
 		return err
 	}
