@@ -24,6 +24,7 @@ package outboxd
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -31,8 +32,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/outboxd/outboxd/internal/sysid"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
+	"github.com/outboxd/outboxd/wal"
 )
 
 // Config configures a Relay. Zero durations and sizes take the defaults
@@ -64,24 +67,43 @@ type Config struct {
 	SlotFailover       string        // "auto" (default), "true" or "false": create the slot as a failover slot (PostgreSQL 17+)
 	PgoutputBinary     string        // "off" (default): text; "auto": pgoutput's binary mode where the router renders every published column type (binary.go)
 
+	// Delivery is the promise to consumers: AtLeastOnce (the default) or
+	// ExactlyOnce, which needs TxnSink and Checkpoints. In ExactlyOnce,
+	// Run first names the checkpoint record after the PostgreSQL system,
+	// registers the producer (fencing a previous instance) and reads the
+	// checkpoint, waiting for the broker and PostgreSQL as long as it takes
+	// (Handler's /readyz says so meanwhile); when another instance streams
+	// from the slot it registers nothing and stands by instead.
+	Delivery Delivery
+
 	// ProgressStore keeps, in at-least-once mode, the record of how far
 	// outboxd has published that outlives the slot, for the gap check
 	// (progress.go; exactly-once mode uses the checkpoint). AcceptGap lets
-	// outboxd continue past a reported gap.
-	ProgressStore sink.ProgressStore
-	AcceptGap     bool
+	// outboxd continue past a reported gap. NewProgressStore, instead,
+	// builds the store once Run has read the record's key ("<system
+	// id>/<slot>", so that clusters sharing the record's home never read
+	// each other's), waiting for PostgreSQL to answer.
+	ProgressStore    sink.ProgressStore
+	NewProgressStore func(key string) sink.ProgressStore
+	AcceptGap        bool
 
-	// Exactly-once mode: a transactional sink whose InitTransactions has
-	// run, and what it held then.
-	TxnSink sink.Transactional
-	Done    sink.Checkpoint
-	// SplitAge: a Kafka transaction this old commits even in the middle of
-	// a PostgreSQL transaction (a quarter of the transaction timeout).
+	// TxnSink is exactly-once mode's transactional sink (usually Sink
+	// itself), and Checkpoints binds it to this slot's checkpoint record
+	// at startup (see CheckpointBinding): Run calls it once, before it
+	// reads the checkpoint with TxnSink.LoadCheckpoint.
+	TxnSink     sink.Transactional
+	Checkpoints func(ctx context.Context, b CheckpointBinding) error
+	// SplitAge: a broker transaction this old commits even in the middle
+	// of a PostgreSQL transaction (a quarter of the transaction timeout).
 	SplitAge time.Duration
-	// DeferInit: TxnSink's transactional id is not registered yet, because
-	// another instance streamed when this one started (SlotBusy) and
-	// registering would fence it. The relay registers it, and reads the
-	// checkpoint, once it holds the slot.
+
+	// Done and DeferInit are what exactly-once startup found; with
+	// Delivery ExactlyOnce Run sets them, and an embedder leaves them
+	// zero. Done: the checkpoint TxnSink held. DeferInit: TxnSink's
+	// producer is not registered yet, because another instance streamed
+	// when this one started and registering would fence it; the relay
+	// registers it, and reads the checkpoint, once it holds the slot.
+	Done      sink.Checkpoint
 	DeferInit bool
 }
 
@@ -142,6 +164,16 @@ func (c *Config) defaults() error {
 	def(&c.ReleaseAfter, 5*time.Second)
 	def(&c.PollInterval, 5*time.Second)
 	def(&c.SplitAge, 15*time.Second)
+	switch {
+	case c.Delivery == ExactlyOnce && (c.TxnSink == nil || c.Checkpoints == nil):
+		return errors.New("outboxd: Delivery ExactlyOnce needs TxnSink and Checkpoints (a transactional sink; sink/kafka's with Transactional set)")
+	case c.Delivery != ExactlyOnce && c.Delivery != AtLeastOnce:
+		return fmt.Errorf("outboxd: unknown %s", c.Delivery)
+	case c.Delivery == ExactlyOnce && (c.ProgressStore != nil || c.NewProgressStore != nil):
+		return errors.New("outboxd: exactly-once mode keeps its progress in the checkpoint: leave ProgressStore and NewProgressStore unset")
+	case c.ProgressStore != nil && c.NewProgressStore != nil:
+		return errors.New("outboxd: set ProgressStore or NewProgressStore, not both")
+	}
 	if c.OnInvalid == "" {
 		c.OnInvalid = "fail"
 	}
@@ -167,6 +199,11 @@ type Relay struct {
 	progress *progress
 	m        *metrics
 	st       *state
+
+	// Seams of Run's startup (prepare); tests script them.
+	key      func(ctx context.Context, dsn, slot string) (string, error)
+	identify func(ctx context.Context, dsn string) (wal.System, error)
+	slotBusy func(ctx context.Context, dsn, slot string, staleAfter time.Duration) bool
 }
 
 // New checks cfg and builds the relay; it contacts nothing.
@@ -193,7 +230,13 @@ func New(cfg Config) (*Relay, error) {
 		prog.store = cfg.ProgressStore
 	}
 	r.progress = prog
-	return &Relay{relay: r, monitor: mo, progress: prog, m: m, st: st}, nil
+	switch { // until Run's startup is done (prepare)
+	case cfg.Delivery == ExactlyOnce:
+		st.starting = startingCheckpoint
+	case cfg.NewProgressStore != nil:
+		st.starting = startingSystemID
+	}
+	return &Relay{relay: r, monitor: mo, progress: prog, m: m, st: st, key: sysid.Key, identify: sysid.Identify, slotBusy: slotBusy}, nil
 }
 
 // Run streams until ctx ends, then drains what is in flight (up to
@@ -205,6 +248,12 @@ func New(cfg Config) (*Relay, error) {
 // waits for before returning (and, in at-least-once mode, the progress
 // writer's).
 func (r *Relay) Run(ctx context.Context) error {
+	if err := r.prepare(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while waiting
+		}
+		return err
+	}
 	mctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	r.progress.start(ctx)

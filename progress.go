@@ -4,10 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/outboxd/outboxd/internal/backoff"
-	"github.com/outboxd/outboxd/internal/pgerr"
-	"github.com/outboxd/outboxd/internal/redact"
-	"github.com/outboxd/outboxd/internal/sysid"
 	"log/slog"
 	"sync"
 	"time"
@@ -335,26 +331,4 @@ func (p *progress) save(ctx context.Context) {
 	p.mu.Lock()
 	p.written = rec
 	p.mu.Unlock()
-}
-
-// ProgressKey names the slot's progress record like the checkpoint's
-// (sysid.Key): "<system id>/<slot>", so that clusters sharing a
-// progress topic and a slot name keep separate records. It waits for
-// PostgreSQL (as the relay would), giving up at once on what waiting cannot
-// fix (credentials, privileges).
-func ProgressKey(ctx context.Context, log *slog.Logger, dsn, slotName string) (string, error) {
-	bo := backoff.Backoff{Min: 500 * time.Millisecond, Max: 15 * time.Second}
-	for warned := false; ; {
-		key, err := sysid.Key(ctx, dsn, slotName)
-		if err == nil || pgerr.IsConfigError(err) {
-			return key, err
-		}
-		if !warned {
-			log.Warn("waiting for PostgreSQL to read its system identifier (the progress record's key)", "err", redact.Err(err, dsn))
-			warned = true
-		}
-		if !bo.Wait(ctx) {
-			return "", ctx.Err()
-		}
-	}
 }

@@ -40,6 +40,17 @@ type state struct {
 	topicHolds  map[string]string // topics whose events the sink holds, and why
 	// heartbeatErr: why heartbeats fail ("" while they work; monitor.go).
 	heartbeatErr string
+	// starting: what Run's startup waits for ("" once it streams or
+	// stands by); waitingForBroker once the broker has failed to answer.
+	starting         string
+	waitingForBroker bool
+}
+
+// setStarting records what Run's startup waits for ("" when done).
+func (s *state) setStarting(why string, waitingForBroker bool) {
+	s.mu.Lock()
+	s.starting, s.waitingForBroker = why, waitingForBroker
+	s.mu.Unlock()
 }
 
 // setTopicHold records (err != nil) or clears a topic the sink cannot write
@@ -92,6 +103,8 @@ func (s *state) ready() (bool, string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
+	case s.starting != "":
+		return false, "starting: " + s.starting
 	case s.stalled != "":
 		return false, s.stalled
 	case len(s.topicHolds) > 0:
@@ -150,6 +163,11 @@ func (s *state) lagCauseLocked() string {
 func (s *state) status() map[string]any {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.starting != "" {
+		// Before the relay streams: what it waits for. waiting_for_kafka
+		// keeps its name: scripts and the tests read it (README).
+		return map[string]any{"role": roleInactive, "streaming": false, "starting": s.starting, "waiting_for_kafka": s.waitingForBroker}
+	}
 	out := map[string]any{
 		"slot":             s.slotName,
 		"role":             s.roleLocked(),

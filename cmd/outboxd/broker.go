@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/outboxd/outboxd/internal/sysid"
 	"log/slog"
 	"slices"
 	"strings"
 	"sync"
 
+	"github.com/outboxd/outboxd/internal/sysid"
 	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/sink/kafka"
 )

@@ -3,12 +3,13 @@ package main
 import (
 	"errors"
 	"fmt"
-	"github.com/outboxd/outboxd/internal/pgsql"
 	"net"
 	"os"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxd/outboxd/internal/pgsql"
 )
 
 // Startup checks of how outboxd is exposed: the transport to PostgreSQL,

@@ -1,12 +1,13 @@
 package main
 
 import (
-	"github.com/outboxd/outboxd/internal/redact"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/outboxd/outboxd/internal/redact"
 )
 
 func noEnv(string) string { return "" }

@@ -2,10 +2,11 @@ package main
 
 import (
 	"encoding/json"
-	"github.com/outboxd/outboxd/internal/pprofcap"
 	"net/http"
 	"sync/atomic"
 	"time"
+
+	"github.com/outboxd/outboxd/internal/pprofcap"
 )
 
 // The endpoints have no authentication: the binary listens on loopback by

@@ -11,11 +11,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/outboxd/outboxd/internal/pgerr"
 	"io"
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/outboxd/outboxd/internal/pgerr"
 )
 
 // version is set at build time: -ldflags "-X main.version=…".

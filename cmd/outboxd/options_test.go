@@ -1,13 +1,13 @@
 package main
 
 import (
-	"github.com/outboxd/outboxd/internal/humanize"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/outboxd/outboxd/internal/humanize"
 	"github.com/outboxd/outboxd/router"
 )
 

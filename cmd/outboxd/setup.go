@@ -1,15 +1,14 @@
 package main
 
 import (
-	"github.com/outboxd/outboxd/internal/pgsql"
-	"github.com/outboxd/outboxd/internal/redact"
-
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 
+	"github.com/outboxd/outboxd/internal/pgsql"
+	"github.com/outboxd/outboxd/internal/redact"
 	"github.com/outboxd/outboxd/migrations"
 	"github.com/outboxd/outboxd/pgquote"
 	"github.com/outboxd/outboxd/slot"

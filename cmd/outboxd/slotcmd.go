@@ -5,10 +5,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/outboxd/outboxd/internal/pgsql"
-	"github.com/outboxd/outboxd/internal/redact"
 	"time"
 
+	"github.com/outboxd/outboxd/internal/pgsql"
+	"github.com/outboxd/outboxd/internal/redact"
 	"github.com/outboxd/outboxd/slot"
 )
 
