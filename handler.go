@@ -6,8 +6,9 @@ import (
 	"net/http/pprof"
 	"strings"
 
-	"github.com/outboxd/outboxd/internal/pprofcap"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/outboxd/outboxd/internal/pprofcap"
 )
 
 // newHTTPHandler serves /metrics, /healthz, /readyz, /status and, when

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/outboxd/outboxd/internal/humanize"
-	"github.com/outboxd/outboxd/internal/redact"
 	"log/slog"
 	"math"
 	"strconv"
@@ -13,6 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outboxd/outboxd/internal/humanize"
+	"github.com/outboxd/outboxd/internal/redact"
 	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/slot"
 )

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"github.com/outboxd/outboxd/internal/humanize"
 	"log/slog"
 	"math"
 	"strconv"
@@ -15,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/outboxd/outboxd/internal/humanize"
 	"github.com/outboxd/outboxd/slot"
 )
 

@@ -4,14 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/outboxd/outboxd/internal/backoff"
-	"github.com/outboxd/outboxd/internal/pgerr"
-	"github.com/outboxd/outboxd/internal/redact"
 	"log/slog"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/outboxd/outboxd/internal/backoff"
+	"github.com/outboxd/outboxd/internal/pgerr"
+	"github.com/outboxd/outboxd/internal/redact"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/slot"

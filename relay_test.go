@@ -3,7 +3,6 @@ package outboxd
 import (
 	"context"
 	"errors"
-	"github.com/outboxd/outboxd/internal/pgerr"
 	"io"
 	"net/http/httptest"
 	"strings"
@@ -14,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/outboxd/outboxd/internal/pgerr"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/slot"

@@ -3,12 +3,12 @@ package outboxd
 import (
 	"errors"
 	"fmt"
-	"github.com/outboxd/outboxd/internal/humanize"
-	"github.com/outboxd/outboxd/internal/redact"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/outboxd/outboxd/internal/humanize"
+	"github.com/outboxd/outboxd/internal/redact"
 	"github.com/outboxd/outboxd/slot"
 	"github.com/outboxd/outboxd/wal"
 )

@@ -3,13 +3,13 @@ package fault
 import (
 	"context"
 	"fmt"
-	"github.com/outboxd/outboxd/internal/sysid"
 	"math/rand/v2"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxd/outboxd/internal/sysid"
 	"github.com/outboxd/outboxd/sink/kafka"
 	"github.com/outboxd/outboxd/test/harness"
 )
