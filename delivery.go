@@ -61,7 +61,9 @@ type CheckpointBinding struct {
 
 // The /readyz and /status reasons while Run prepares (state.starting).
 const (
-	startingCheckpoint = "waiting for the broker to register the transactional producer and read the checkpoint"
+	// Kafka is exactly-once mode's only broker; scripts and tests match
+	// this text.
+	startingCheckpoint = "waiting for Kafka to register the transactional producer and read the checkpoint"
 	startingSystemID   = "waiting for PostgreSQL to read its system identifier (the progress record's key)"
 )
 

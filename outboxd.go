@@ -49,23 +49,23 @@ type Config struct {
 	Logger      *slog.Logger // default: discard
 	Version     string       // outboxd_build_info's version label
 
-	MaxInflightEvents  int           // events handed to the sink and not yet acked before reading pauses (50000)
-	MaxInflightBytes   int64         // the same in bytes (32 MiB)
-	StatusInterval     time.Duration // the longest gap between standby status updates (10s)
-	ConfirmInterval    time.Duration // the shortest gap between confirmations while events flow (25ms)
-	ReplicationTimeout time.Duration // silence after which the connection is presumed dead (30s)
-	ShutdownTimeout    time.Duration // on shutdown, the wait for in-flight acks (30s)
-	ReleaseAfter       time.Duration // a full in-flight window without acks this long lets go of the connection (5s)
-	MaxMessageBytes    int           // a record larger than this is an invalid event, not a broker error (1000012)
-	OnInvalid          string        // "fail" (hold before the event, default) or "dead-letter"
-	DeadLetterTopic    string        // with OnInvalid "dead-letter" (default "outboxd.deadletter")
-	MessagePrefix      string        // the table-less outbox's pg_logical_emit_message prefix ("" disables)
-	HeartbeatInterval  time.Duration // heartbeat messages measuring replication delay (0 disables)
-	PollInterval       time.Duration // slot and broker polls (5s)
-	MaxSlotLag         int64         // slot lag above which the relay warns and is not ready (0 disables)
-	Warnings           []string      // insecure settings found at startup, shown on /status
-	SlotFailover       string        // "auto" (default), "true" or "false": create the slot as a failover slot (PostgreSQL 17+)
-	PgoutputBinary     string        // "off" (default): text; "auto": pgoutput's binary mode where the router renders every published column type (binary.go)
+	MaxInflightEvents  int            // events handed to the sink and not yet acked before reading pauses (50000)
+	MaxInflightBytes   int64          // the same in bytes (32 MiB)
+	StatusInterval     time.Duration  // the longest gap between standby status updates (10s)
+	ConfirmInterval    time.Duration  // the shortest gap between confirmations while events flow (25ms)
+	ReplicationTimeout time.Duration  // silence after which the connection is presumed dead (30s)
+	ShutdownTimeout    time.Duration  // on shutdown, the wait for in-flight acks (30s)
+	ReleaseAfter       time.Duration  // a full in-flight window without acks this long lets go of the connection (5s)
+	MaxMessageBytes    int            // a record larger than this is an invalid event, not a broker error (1000012)
+	OnInvalid          OnInvalid      // OnInvalidFail (hold before the event, default) or OnInvalidDeadLetter
+	DeadLetterTopic    string         // with OnInvalidDeadLetter (default "outboxd.deadletter")
+	MessagePrefix      string         // the table-less outbox's pg_logical_emit_message prefix ("" disables)
+	HeartbeatInterval  time.Duration  // heartbeat messages measuring replication delay (0 disables)
+	PollInterval       time.Duration  // slot and broker polls (5s)
+	MaxSlotLag         int64          // slot lag above which the relay warns and is not ready (0 disables)
+	Warnings           []string       // insecure settings found at startup, shown on /status
+	SlotFailover       SlotFailover   // create the slot as a failover slot (PostgreSQL 17+): SlotFailoverAuto (default), SlotFailoverTrue, SlotFailoverFalse
+	PgoutputBinary     PgoutputBinary // PgoutputBinaryOff (default): text; PgoutputBinaryAuto: pgoutput's binary mode where the router renders every published column type (binary.go)
 
 	// Delivery is the promise to consumers: AtLeastOnce (the default) or
 	// ExactlyOnce, which needs TxnSink and Checkpoints. In ExactlyOnce,
@@ -174,17 +174,8 @@ func (c *Config) defaults() error {
 	case c.ProgressStore != nil && c.NewProgressStore != nil:
 		return errors.New("outboxd: set ProgressStore or NewProgressStore, not both")
 	}
-	if c.OnInvalid == "" {
-		c.OnInvalid = "fail"
-	}
-	if c.PgoutputBinary == "" {
-		c.PgoutputBinary = "off"
-	}
-	if c.PgoutputBinary != "auto" && c.PgoutputBinary != "off" {
-		return errors.New(`outboxd: PgoutputBinary must be "auto" or "off"`)
-	}
-	if c.OnInvalid != "fail" && c.OnInvalid != "dead-letter" {
-		return errors.New(`outboxd: OnInvalid must be "fail" or "dead-letter"`)
+	if err := c.validChoices(); err != nil {
+		return err
 	}
 	if c.DeadLetterTopic == "" {
 		c.DeadLetterTopic = "outboxd.deadletter"

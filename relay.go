@@ -134,7 +134,7 @@ func (r *relay) run(ctx context.Context) error {
 			// tries each alone, then holds before it (fail) or dead-letters
 			// it in order (dead-letter), re-sending only what was not
 			// confirmed.
-			r.log.Warn("kafka rejected an outbox event; resuming before it to apply --on-invalid "+r.cfg.OnInvalid, "err", err)
+			r.log.Warn("kafka rejected an outbox event; resuming before it to apply --on-invalid "+r.cfg.OnInvalid.String(), "err", err)
 		case errors.As(err, &hold):
 		case errors.Is(err, errReleased):
 			r.logOnce(slog.LevelWarn, "released the replication connection", err)
@@ -256,7 +256,7 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 
 	info, created, err := conn.Prepare(ctx, slot.Config{
 		Slot: r.cfg.Slot, Publication: r.cfg.Publication, TakeOver: r.lastPID, StaleAfter: r.cfg.ReplicationTimeout,
-		Failover: r.cfg.SlotFailover, Progress: r.progress, AcceptGap: r.cfg.AcceptGap, Unroutable: r.router.Unroutable,
+		Failover: r.cfg.SlotFailover.String(), Progress: r.progress, AcceptGap: r.cfg.AcceptGap, Unroutable: r.router.Unroutable,
 	})
 	if err != nil {
 		return false, nil, err

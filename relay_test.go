@@ -170,14 +170,14 @@ func TestNewAndHandler(t *testing.T) {
 		t.Fatal("New without Postgres, Router and Sink")
 	}
 	rt, _ := router.New(router.Config{})
-	if _, err := New(Config{Postgres: "host=x", Router: rt, Sink: newHeldSink(), OnInvalid: "drop"}); err == nil {
-		t.Fatal(`OnInvalid "drop" accepted`)
+	if _, err := New(Config{Postgres: "host=x", Router: rt, Sink: newHeldSink(), OnInvalid: 7}); err == nil {
+		t.Fatal(`OnInvalid 7 accepted`)
 	}
 	r, err := New(Config{Postgres: "host=x", Router: rt, Sink: newHeldSink(), Version: "v1"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c := r.relay.cfg; c.Slot != "outboxd" || c.MaxInflightEvents != 50000 || c.OnInvalid != "fail" || c.wantMessages() {
+	if c := r.relay.cfg; c.Slot != "outboxd" || c.MaxInflightEvents != 50000 || c.OnInvalid != OnInvalidFail || c.wantMessages() {
 		t.Fatalf("defaults %+v", c)
 	}
 	h := r.Handler(false)

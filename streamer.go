@@ -360,7 +360,7 @@ func (s *streamer) publish(ctx context.Context, pos eventPos, src source, rec ro
 	} else {
 		id = eventID(rec.Headers)
 	}
-	if s.cfg.OnInvalid != "dead-letter" {
+	if s.cfg.OnInvalid != OnInvalidDeadLetter {
 		h := &holdError{pos: pos, table: table, id: id, cause: err}
 		if retry {
 			h.rec = &rec

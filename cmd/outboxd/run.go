@@ -326,10 +326,12 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 		MaxInflightEvents: o.MaxInflightEvents, MaxInflightBytes: int64(o.MaxInflightBytes),
 		StatusInterval: o.StatusInterval, ConfirmInterval: o.ConfirmInterval, ShutdownTimeout: o.ShutdownTimeout,
 		ReplicationTimeout: o.ReplicationTimeout, MaxMessageBytes: int(o.MaxMessageBytes),
-		OnInvalid: o.OnInvalid, DeadLetterTopic: o.DeadLetterTopic, MessagePrefix: o.MessagePrefix,
+		DeadLetterTopic: o.DeadLetterTopic, MessagePrefix: o.MessagePrefix,
 		HeartbeatInterval: o.HeartbeatInterval, PollInterval: o.PollInterval, MaxSlotLag: int64(o.MaxSlotLag),
-		Warnings: warnings, SlotFailover: o.SlotFailover, AcceptGap: o.AcceptGap,
-		PgoutputBinary: o.PgoutputBinary,
+		Warnings: warnings, AcceptGap: o.AcceptGap,
+	}
+	if err := engineChoices(o, &cfg); err != nil {
+		return err
 	}
 	switch {
 	case other != nil:
