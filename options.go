@@ -62,7 +62,9 @@ func (v SlotFailover) String() string   { return word(slotFailoverWords, int(v),
 func (v PgoutputBinary) String() string { return word(pgoutputBinaryWords, int(v), "PgoutputBinary") }
 
 // MarshalText writes the flag's word.
-func (v OnInvalid) MarshalText() ([]byte, error) { return marshalWord(onInvalidWords, int(v), "OnInvalid") }
+func (v OnInvalid) MarshalText() ([]byte, error) {
+	return marshalWord(onInvalidWords, int(v), "OnInvalid")
+}
 
 // MarshalText writes the flag's word.
 func (v SlotFailover) MarshalText() ([]byte, error) {

@@ -9,7 +9,7 @@ import (
 // default; an unknown word or value is refused.
 func TestChoicesText(t *testing.T) {
 	for _, c := range []struct {
-		v     interface {
+		v interface {
 			encoding.TextMarshaler
 			encoding.TextUnmarshaler
 			String() string
