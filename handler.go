@@ -24,7 +24,7 @@ func newHTTPHandler(m *metrics, st *state, withPprof bool) http.Handler {
 		switch {
 		case !ok:
 			http.Error(w, why, http.StatusServiceUnavailable)
-		case strings.HasPrefix(why, roleStandby):
+		case strings.HasPrefix(why, string(roleStandby)):
 			w.Write([]byte(why + "\n")) // ready to take over
 		default:
 			w.Write([]byte("ok\n"))

@@ -24,7 +24,7 @@ import (
 type monitor struct {
 	dsn               string
 	slot              string
-	interval          time.Duration // slot and Kafka polls
+	interval          time.Duration // slot and broker polls
 	heartbeatInterval time.Duration // 0 disables heartbeats
 	maxSlotLag        int64
 	log               *slog.Logger
@@ -98,13 +98,13 @@ func (mo *monitor) run(ctx context.Context) {
 		conn = c
 		return true
 	}
-	kafkaOK := true
+	brokerOK := true
 	poll := func() {
 		if connected() {
 			mo.pollSlot(ctx, conn)
 			mo.pollStandbys(ctx, conn)
 		}
-		kafkaOK = mo.pollKafka(ctx, kafkaOK)
+		brokerOK = mo.pollBroker(ctx, brokerOK)
 		mo.checkLag()
 	}
 	pollTick := time.NewTicker(mo.interval)
@@ -149,12 +149,10 @@ func (mo *monitor) pollSlot(ctx context.Context, conn sqlConn) {
 		}
 		mo.m.slotWALStatus.WithLabelValues(s).Set(val)
 	}
-	mo.st.mu.Lock()
-	mo.st.slot = v
-	mo.st.mu.Unlock()
+	mo.st.setSlotView(v)
 }
 
-func (mo *monitor) pollKafka(ctx context.Context, wasOK bool) bool {
+func (mo *monitor) pollBroker(ctx context.Context, wasOK bool) bool {
 	pctx, cancel := context.WithTimeout(ctx, mo.interval)
 	defer cancel()
 	err := mo.sink.Ping(pctx)
@@ -164,15 +162,13 @@ func (mo *monitor) pollKafka(ctx context.Context, wasOK bool) bool {
 	}
 	switch {
 	case wasOK && !ok:
-		mo.log.Warn("kafka unreachable; events wait in the slot, nothing is confirmed past them", "err", err)
-		mo.st.setErr(fmt.Errorf("kafka unreachable: %w", err))
+		mo.log.Warn("broker unreachable; events wait in the slot, nothing is confirmed past them", "err", err)
+		mo.st.setErr(fmt.Errorf("broker unreachable: %w", err))
 	case !wasOK && ok:
-		mo.log.Info("kafka reachable again")
+		mo.log.Info("broker reachable again")
 		mo.m.reconnects.WithLabelValues("kafka").Inc()
 	}
-	mo.st.mu.Lock()
-	mo.st.kafkaOK = ok
-	mo.st.mu.Unlock()
+	mo.st.setBrokerOK(ok)
 	return ok
 }
 

@@ -34,12 +34,12 @@ func TestMonitorKafkaLagAndHeartbeat(t *testing.T) {
 	m := newMetrics("test", st)
 	ps := &pingSink{heldSink: newHeldSink(), err: errors.New("dial: connection refused")}
 	mo := &monitor{interval: time.Second, maxSlotLag: 100, log: slog.New(slog.NewTextHandler(&logs, nil)), m: m, st: st, sink: ps}
-	ok := mo.pollKafka(context.Background(), true)
-	if ok || !strings.Contains(logs.String(), "kafka unreachable") {
+	ok := mo.pollBroker(context.Background(), true)
+	if ok || !strings.Contains(logs.String(), "broker unreachable") {
 		t.Fatalf("down: ok=%v log %s", ok, logs.String())
 	}
 	ps.err = nil
-	if !mo.pollKafka(context.Background(), ok) || testutil.ToFloat64(m.reconnects.WithLabelValues("kafka")) != 1 {
+	if !mo.pollBroker(context.Background(), ok) || testutil.ToFloat64(m.reconnects.WithLabelValues("kafka")) != 1 {
 		t.Fatal("kafka back: not reachable, or no reconnection counted")
 	}
 	st.mu.Lock()
@@ -75,7 +75,7 @@ func TestMonitorKafkaLagAndHeartbeat(t *testing.T) {
 // delay unknown, not at its last good value; a success clears it all.
 func TestMonitorHeartbeatFailureIsVisible(t *testing.T) {
 	var logs bytes.Buffer
-	st := &state{slotName: "s", kafkaOK: true}
+	st := &state{slotName: "s", brokerOK: true}
 	m := newMetrics("test", st)
 	mo := &monitor{interval: time.Second, heartbeatInterval: time.Second, log: slog.New(slog.NewTextHandler(&logs, nil)), m: m, st: st}
 	st.startSession(slot.NewWatermark(0), slot.Info{})

@@ -207,7 +207,7 @@ func (p *progress) run(ctx context.Context) {
 			break
 		}
 		if !warned && ctx.Err() == nil {
-			p.log.Warn("progress record: cannot read it from Kafka yet; a missing slot is not created meanwhile", "record", p.store.String(), "err", err)
+			p.log.Warn("progress record: cannot read it from the broker yet; a missing slot is not created meanwhile", "record", p.store.String(), "err", err)
 			warned = true
 		}
 		select {

@@ -91,7 +91,7 @@ type rejection struct {
 }
 
 func (r *rejection) Error() string {
-	return fmt.Sprintf("kafka rejected the outbox event in %s (id %s) for topic %q at commit LSN %s (event %d of its transaction): %v", r.table, r.id, r.topic, r.pos.commit, r.pos.n+1, r.err)
+	return fmt.Sprintf("the broker rejected the outbox event in %s (id %s) for topic %q at commit LSN %s (event %d of its transaction): %v", r.table, r.id, r.topic, r.pos.commit, r.pos.n+1, r.err)
 }
 
 func (r *rejection) Unwrap() error { return r.err }
@@ -134,7 +134,7 @@ func (r *relay) run(ctx context.Context) error {
 			// tries each alone, then holds before it (fail) or dead-letters
 			// it in order (dead-letter), re-sending only what was not
 			// confirmed.
-			r.log.Warn("kafka rejected an outbox event; resuming before it to apply --on-invalid "+r.cfg.OnInvalid.String(), "err", err)
+			r.log.Warn("the broker rejected an outbox event; resuming before it to apply --on-invalid "+r.cfg.OnInvalid.String(), "err", err)
 		case errors.As(err, &hold):
 		case errors.Is(err, errReleased):
 			r.logOnce(slog.LevelWarn, "released the replication connection", err)
@@ -188,7 +188,7 @@ func (r *relay) run(ctx context.Context) error {
 func (r *relay) hold(ctx context.Context, h *holdError) bool {
 	reason := h.Error() + "; fix the cause, or run with --on-invalid dead-letter"
 	if h.rec != nil {
-		reason = h.Error() + "; outboxd retries it with backoff and streams on once Kafka accepts it (or run with --on-invalid dead-letter)"
+		reason = h.Error() + "; outboxd retries it with backoff and streams on once the broker accepts it (or run with --on-invalid dead-letter)"
 	}
 	args := []any{"err", reason, "table", h.table, "event_id", h.id, "commit_lsn", h.pos.commit.String(), "event", h.pos.n + 1}
 	if inv := (*router.InvalidError)(nil); errors.As(h.cause, &inv) && inv.Detail != "" {

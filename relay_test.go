@@ -130,11 +130,11 @@ func TestReadyReasons(t *testing.T) {
 	}
 	wm := slot.NewWatermark(0)
 	st.startSession(wm, slot.Info{})
-	if _, why := st.ready(); !strings.Contains(why, "kafka unreachable") {
+	if _, why := st.ready(); !strings.Contains(why, "broker unreachable") {
 		t.Fatalf("kafka: %q", why)
 	}
 	st.mu.Lock()
-	st.kafkaOK = true
+	st.brokerOK = true
 	st.slot.LagBytes = 5000
 	st.mu.Unlock()
 	if _, why := st.ready(); !strings.Contains(why, "above --max-slot-lag") {

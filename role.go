@@ -15,10 +15,13 @@ import (
 // needed: the slot is the lock, and PostgreSQL releases it the moment the
 // active's walsender exits.
 
+// role is what /status's role says this instance is doing.
+type role string
+
 const (
-	roleActive   = "active"   // streaming from the slot
-	roleStandby  = "standby"  // another process holds the slot
-	roleInactive = "inactive" // neither: starting, reconnecting, or stopped on an error
+	roleActive   role = "active"   // streaming from the slot
+	roleStandby  role = "standby"  // another process holds the slot
+	roleInactive role = "inactive" // neither: starting, reconnecting, or stopped on an error
 )
 
 // standbyPoll is how often a standby looks at the slot. The walsender of an
@@ -98,7 +101,7 @@ func (s *state) setStandby(busy *slot.BusyError) {
 }
 
 // roleLocked derives the role; s.mu is held.
-func (s *state) roleLocked() string {
+func (s *state) roleLocked() role {
 	switch {
 	case s.streaming:
 		return roleActive

@@ -38,7 +38,7 @@ func (mo *monitor) pollStandbys(ctx context.Context, conn sqlConn) {
 	mo.st.unprotected = unprotected
 	mo.st.mu.Unlock()
 	if changed && len(unprotected) > 0 {
-		mo.log.Warn("a physical standby streams through a slot that synchronized_standby_slots does not name: after its promotion Kafka may hold events the new primary never had (phantom events)",
+		mo.log.Warn("a physical standby streams through a slot that synchronized_standby_slots does not name: after its promotion the broker may hold events the new primary never had (phantom events)",
 			"standby_slots", strings.Join(unprotected, ","), "synchronized_standby_slots", listed,
 			"fix", "ALTER SYSTEM SET synchronized_standby_slots = '"+strings.Join(append(nonEmpty(strings.Split(listed, ",")), unprotected...), ",")+"'; SELECT pg_reload_conf();")
 	}

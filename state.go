@@ -27,7 +27,7 @@ type state struct {
 	streaming  bool
 	slotInfo   slot.Info // as read when the session started
 	slot       slotView  // as last polled by the monitor
-	kafkaOK    bool
+	brokerOK   bool      // the sink answered its last Ping
 	received   wal.LSN
 	confirmed  wal.LSN // last flush position sent to the server
 	lastErr    string
@@ -44,6 +44,20 @@ type state struct {
 	// stands by); waitingForBroker once the broker has failed to answer.
 	starting         string
 	waitingForBroker bool
+}
+
+// setBrokerOK records the outcome of the monitor's Ping.
+func (s *state) setBrokerOK(ok bool) {
+	s.mu.Lock()
+	s.brokerOK = ok
+	s.mu.Unlock()
+}
+
+// setSlotView records the slot as the monitor last polled it.
+func (s *state) setSlotView(v slotView) {
+	s.mu.Lock()
+	s.slot = v
+	s.mu.Unlock()
 }
 
 // setStarting records what Run's startup waits for ("" when done).
@@ -109,12 +123,12 @@ func (s *state) ready() (bool, string) {
 		return false, s.stalled
 	case len(s.topicHolds) > 0:
 		return false, s.topicHoldLocked()
-	case s.roleLocked() == roleStandby && s.kafkaOK:
-		return true, fmt.Sprintf("standby: slot %s is held by %s; taking over when it lets go", s.slotName, s.holder)
+	case s.roleLocked() == roleStandby && s.brokerOK:
+		return true, fmt.Sprintf("%s: slot %s is held by %s; taking over when it lets go", roleStandby, s.slotName, s.holder)
 	case !s.streaming:
 		return false, "not streaming from the replication slot" + s.errSuffix()
-	case !s.kafkaOK:
-		return false, "kafka unreachable" + s.errSuffix()
+	case !s.brokerOK:
+		return false, "broker unreachable" + s.errSuffix()
 	case s.maxSlotLag > 0 && s.slot.LagBytes > s.maxSlotLag:
 		return false, fmt.Sprintf("slot lag %s above --max-slot-lag %s: %s", humanize.Bytes(s.slot.LagBytes), humanize.Bytes(s.maxSlotLag), s.lagCauseLocked())
 	}
@@ -145,12 +159,12 @@ func (s *state) lagCauseLocked() string {
 	switch {
 	case !s.streaming:
 		return "outboxd is not streaming" + s.errSuffix()
-	case !s.kafkaOK:
-		return "kafka is unreachable; events wait unacked"
+	case !s.brokerOK:
+		return "the broker is unreachable; events wait unacked"
 	}
 	if s.wm != nil {
 		if st := s.wm.Stats(); !st.OldestUnacked.IsZero() && time.Since(st.OldestUnacked) > 10*time.Second {
-			return fmt.Sprintf("%d events unacked by Kafka for %s", st.InflightEvents, time.Since(st.OldestUnacked).Round(time.Second))
+			return fmt.Sprintf("%d events unacked by the broker for %s", st.InflightEvents, time.Since(st.OldestUnacked).Round(time.Second))
 		}
 	}
 	if s.lastErr != "" && time.Since(s.lastErrAt) < 5*time.Minute {
@@ -174,7 +188,7 @@ func (s *state) status() map[string]any {
 		"failover":         s.slotInfo.Failover || s.slot.Failover,
 		"plugin":           s.slotInfo.Plugin,
 		"streaming":        s.streaming,
-		"kafka_reachable":  s.kafkaOK,
+		"kafka_reachable":  s.brokerOK,
 		"received_lsn":     s.received.String(),
 		"confirmed_lsn":    s.confirmed.String(),
 		"slot_server_view": s.slot,
@@ -186,7 +200,7 @@ func (s *state) status() map[string]any {
 	if len(s.unprotected) > 0 {
 		out["unprotected_standbys"] = s.unprotected
 		out["warning"] = "physical standbys stream through slots that synchronized_standby_slots does not name (" + strings.Join(s.unprotected, ", ") +
-			"): after a promotion Kafka may hold events the new primary never had; add them to synchronized_standby_slots on the primary"
+			"): after a promotion the broker may hold events the new primary never had; add them to synchronized_standby_slots on the primary"
 	}
 	if s.holder != "" && !s.streaming {
 		out["slot_holder"] = s.holder

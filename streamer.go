@@ -248,7 +248,7 @@ func (s *streamer) handle(ctx context.Context, msg *wal.Msg, now time.Time) erro
 				s.log.Debug("keepalive asks for a reply", "wal_end", msg.Keepalive.WALEnd.String(), "confirmed", s.wm.Confirmed().String())
 			}
 			if s.pings.persistent() && s.wm.Confirmed() < msg.Keepalive.WALEnd {
-				return fmt.Errorf("PostgreSQL is shutting down and waits for outboxd to confirm %s, but Kafka has not acked the events before it: disconnecting so the server can stop; those events are sent again after it restarts", msg.Keepalive.WALEnd)
+				return fmt.Errorf("PostgreSQL is shutting down and waits for outboxd to confirm %s, but the broker has not acked the events before it: disconnecting so the server can stop; those events are sent again after it restarts", msg.Keepalive.WALEnd)
 			}
 			return s.sendStatus(false)
 		}
@@ -341,7 +341,7 @@ func (s *streamer) publish(ctx context.Context, pos eventPos, src source, rec ro
 		if err = s.probe(ctx, &rec, pos); err == nil {
 			delete(s.poison, pos)
 			if s.commit.probeDelivers() {
-				return nil // it is in Kafka now
+				return nil // it is in the broker now
 			}
 			return s.produce(ctx, &rec, pos, src)
 		}
