@@ -73,9 +73,7 @@ func newMetrics(version string, st *state) *metrics {
 	// Read from the watermark at scrape time: always current, no hot-path cost.
 	gf := func(name, help string, fn func(slot.Stats) float64) {
 		f(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 {
-			st.mu.Lock()
-			wm := st.wm
-			st.mu.Unlock()
+			wm, _ := st.session()
 			if wm == nil {
 				return 0
 			}

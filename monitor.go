@@ -215,16 +215,6 @@ func (mo *monitor) heartbeatResult(err error) {
 	}
 }
 
-// setHeartbeatErr records why heartbeats fail ("" when they work) and
-// returns the previous reason.
-func (s *state) setHeartbeatErr(why string) string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	prev := s.heartbeatErr
-	s.heartbeatErr = why
-	return prev
-}
-
 // onHeartbeat runs in the relay's goroutine when a heartbeat arrives.
 func (mo *monitor) onHeartbeat(content []byte, received time.Time) {
 	ns, err := strconv.ParseInt(string(content), 10, 64)
@@ -237,9 +227,7 @@ func (mo *monitor) onHeartbeat(content []byte, received time.Time) {
 // checkLag warns (once a minute) while the slot lags more than allowed, with
 // the most likely cause.
 func (mo *monitor) checkLag() {
-	mo.st.mu.Lock()
-	lag := mo.st.slot.LagBytes
-	mo.st.mu.Unlock()
+	lag := mo.st.slotView().LagBytes
 	if mo.maxSlotLag <= 0 || lag <= mo.maxSlotLag || time.Since(mo.lastLagWarn) < time.Minute {
 		return
 	}

@@ -87,40 +87,6 @@ func (r *relay) standBy(ctx context.Context, busy *slot.BusyError) bool {
 	}
 }
 
-// setStandby records who holds the slot; nil clears it.
-func (s *state) setStandby(busy *slot.BusyError) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.holder = ""
-	if busy != nil {
-		s.holder = fmt.Sprintf("PID %d", busy.PID)
-		if busy.Holder != "" {
-			s.holder += " (" + busy.Holder + ")"
-		}
-	}
-}
-
-// roleLocked derives the role; s.mu is held.
-func (s *state) roleLocked() role {
-	switch {
-	case s.streaming:
-		return roleActive
-	case s.holder != "":
-		return roleStandby
-	}
-	return roleInactive
-}
-
-// isActive is the outboxd_active metric: 1 while this instance streams.
-func (s *state) isActive() float64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.roleLocked() == roleActive {
-		return 1
-	}
-	return 0
-}
-
 // sleepCtx waits d; false if ctx ended first.
 func sleepCtx(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)

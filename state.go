@@ -3,6 +3,7 @@ package outboxd
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -44,6 +45,31 @@ type state struct {
 	// stands by); waitingForBroker once the broker has failed to answer.
 	starting         string
 	waitingForBroker bool
+}
+
+// session is the current session's watermark (nil before the first) and
+// the slot as read when it started.
+func (s *state) session() (*slot.Watermark, slot.Info) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.wm, s.slotInfo
+}
+
+// slotView is the slot as the monitor last polled it.
+func (s *state) slotView() slotView {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.slot
+}
+
+// setUnprotected records the physical standbys synchronized_standby_slots
+// lacks, and reports whether the list changed.
+func (s *state) setUnprotected(slots []string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	changed := !slices.Equal(s.unprotected, slots)
+	s.unprotected = slots
+	return changed
 }
 
 // setBrokerOK records the outcome of the monitor's Ping.
@@ -258,4 +284,55 @@ func (s *state) setPositions(confirmed, received wal.LSN) {
 	s.mu.Lock()
 	s.confirmed, s.received = confirmed, received
 	s.mu.Unlock()
+}
+
+// setHeartbeatErr records why heartbeats fail ("" when they work) and
+// returns the previous reason.
+func (s *state) setHeartbeatErr(why string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	prev := s.heartbeatErr
+	s.heartbeatErr = why
+	return prev
+}
+
+// setStandby records who holds the slot; nil clears it.
+func (s *state) setStandby(busy *slot.BusyError) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.holder = ""
+	if busy != nil {
+		s.holder = fmt.Sprintf("PID %d", busy.PID)
+		if busy.Holder != "" {
+			s.holder += " (" + busy.Holder + ")"
+		}
+	}
+}
+
+// roleLocked derives the role; s.mu is held.
+func (s *state) roleLocked() role {
+	switch {
+	case s.streaming:
+		return roleActive
+	case s.holder != "":
+		return roleStandby
+	}
+	return roleInactive
+}
+
+// isActive is the outboxd_active metric: 1 while this instance streams.
+func (s *state) isActive() float64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.roleLocked() == roleActive {
+		return 1
+	}
+	return 0
+}
+
+// hasTopicHolds reports whether the sink holds any topic's events.
+func (s *state) hasTopicHolds() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.topicHolds) > 0
 }
