@@ -304,7 +304,7 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 	r.m.connected.Set(1)
 	r.log.Info("streaming", "slot", info.Name, "publication", r.cfg.Publication, "from_lsn", start.String(), "failover", info.Failover, "pgoutput", streamMode(stream))
 
-	s := &streamer{relay: r, stream: stream, wm: wm, commit: atLeastOnce{wm}, errc: make(chan error, 1), rejected: &r.rejected, lastSent: start, sentAt: time.Now()}
+	s := newStreamer(r, stream, wm, start)
 	if r.cfg.TxnSink != nil {
 		s.commit = &eos{sink: r.cfg.TxnSink, wm: wm, done: r.cfg.Done, splitAge: r.cfg.SplitAge}
 	}

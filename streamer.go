@@ -29,7 +29,23 @@ type replStream interface {
 // watermark. It runs in the relay's goroutine; only produce callbacks run
 // elsewhere, and they touch nothing but the watermark, errc and metrics.
 type streamer struct {
-	*relay
+	// What the session uses of the relay (newStreamer): its configuration,
+	// logger, router, sink, metrics and state; the rejected events it
+	// dead-letters or holds before (poison: the relay goroutine's, which
+	// this session runs in); and the progress record's cap on
+	// confirmations.
+	cfg           *Config
+	log           *slog.Logger
+	router        *router.Router
+	sink          sink.Sink
+	m             *metrics
+	state         *state
+	onHeartbeat   func(content []byte, received time.Time)
+	poison        map[eventPos]string
+	published     map[string]prometheus.Counter // outboxd_events_published_total by topic, cached
+	confirmable   func(lsn wal.LSN) wal.LSN
+	flushProgress func(ctx context.Context)
+
 	stream   replStream
 	wm       *slot.Watermark
 	errc     chan error // first produce failure of the session
@@ -44,6 +60,16 @@ type streamer struct {
 	lastRecv time.Time
 	wakeAt   time.Time // read deadline while acks are awaited
 	pings    pingStreak
+}
+
+// newStreamer is the session's read loop over stream, from start, with the
+// relay's dependencies.
+func newStreamer(r *relay, stream replStream, wm *slot.Watermark, start wal.LSN) *streamer {
+	return &streamer{
+		cfg: &r.cfg, log: r.log, router: r.router, sink: r.sink, m: r.m, state: r.state, onHeartbeat: r.onHeartbeat,
+		poison: r.poison, published: r.published, confirmable: r.confirmable, flushProgress: r.flushProgress,
+		stream: stream, wm: wm, commit: atLeastOnce{wm}, errc: make(chan error, 1), rejected: &r.rejected, lastSent: start, sentAt: time.Now(),
+	}
 }
 
 // pingStreak counts keepalives that ask for a reply in quick succession. A

@@ -237,7 +237,7 @@ func newHarness(t *testing.T, start wal.LSN, tweak func(*Config)) *harness {
 	ss := newScriptStream()
 	wm := slot.NewWatermark(start)
 	st.startSession(wm, slot.Info{})
-	s := &streamer{relay: r, stream: ss, wm: wm, commit: atLeastOnce{wm}, errc: make(chan error, 1), rejected: &r.rejected, lastSent: start, sentAt: time.Now()}
+	s := newStreamer(r, ss, wm, start)
 	return &harness{t: t, relay: r, stream: ss, sink: hs, s: s}
 }
 
