@@ -202,9 +202,10 @@ func TestStreamerMessagesAndUpdates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.relay.router = rt
+	h.relay.router, h.s.router = rt, rt
 	beats := 0
 	h.relay.onHeartbeat = func([]byte, time.Time) { beats++ }
+	h.s.onHeartbeat = h.relay.onHeartbeat
 	h.start()
 	h.stream.push(&wal.Msg{Kind: wal.KindMessage, Message: wal.Message{Prefix: heartbeatPrefix, Content: []byte("1")}})
 	msgs := txn(200, 210)
