@@ -9,13 +9,19 @@
 //	go http.ListenAndServe("127.0.0.1:9187", r.Handler(false))
 //	err = r.Run(ctx) // until ctx ends
 //
+// Exactly-once is Config.Delivery ExactlyOnce with a transactional sink
+// (TxnSink, Checkpoints; see Example_exactlyOnce).
+//
 // One event's path, file by file: relay.go holds the replication connection
 // (one goroutine, one session at a time, opened through session.go's seams)
 // and streamer.go reads it, routes each
 // insert with the router and hands the record to the Sink; the Sink's
 // acknowledgement reaches the slot.Watermark, whose contiguous position is the
 // only flush LSN ever sent to PostgreSQL. eos.go is exactly-once mode's
-// batching of whole PostgreSQL transactions into Kafka transactions.
+// batching of whole PostgreSQL transactions into broker transactions, and
+// delivery.go its startup (Config.Delivery: the checkpoint's key, the
+// producer's registration, the checkpoint). options.go holds the typed
+// choices of Config.
 // monitor.go polls the slot and the broker on an ordinary connection;
 // state.go and metrics.go are what /status, /readyz and /metrics show
 // (handler.go).
