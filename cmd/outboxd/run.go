@@ -299,7 +299,7 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 	var handler swapHandler
 	// Until the relay exists; then the relay's handler answers, also while
 	// its startup waits (exactly-once mode registering its producer).
-	handler.set(startingHandler("building the relay", false))
+	handler.set(startingHandler("building the relay"))
 	if o.HTTPAddr != "" {
 		ln, err := net.Listen("tcp", o.HTTPAddr)
 		if err != nil {
