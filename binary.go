@@ -14,10 +14,10 @@ import (
 // column type of the publication's tables under the session's settings.
 
 // binaryTypes is the session's wal.StartOptions.Binary: nil (text) when
-// Config.PgoutputBinary is "off" or an earlier binary session met a column
+// Config.PgoutputBinary is PgoutputBinaryOff or an earlier binary session met a column
 // type the router does not render.
 func (r *relay) binaryTypes() func(uint32, wal.Settings) bool {
-	if r.cfg.PgoutputBinary == "off" || r.textOnly {
+	if r.cfg.PgoutputBinary == PgoutputBinaryOff || r.textOnly {
 		return nil
 	}
 	return router.RendersBinary

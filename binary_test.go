@@ -11,9 +11,9 @@ import (
 
 // TestBinaryFallback: a session that ended at a relation the router does
 // not render from binary makes every later session stream text, and
-// PgoutputBinary "off" never asks for binary.
+// PgoutputBinaryOff never asks for binary.
 func TestBinaryFallback(t *testing.T) {
-	r := &relay{cfg: Config{PgoutputBinary: "auto"}, log: slog.New(slog.DiscardHandler)}
+	r := &relay{cfg: Config{PgoutputBinary: PgoutputBinaryAuto}, log: slog.New(slog.DiscardHandler)}
 	if r.binaryTypes() == nil {
 		t.Fatal("auto: no binary predicate")
 	}
@@ -23,7 +23,7 @@ func TestBinaryFallback(t *testing.T) {
 	if !r.binaryEnded(fmt.Errorf("pgoutput: %w: column x", wal.ErrBinaryUnsupported)) || r.binaryTypes() != nil {
 		t.Fatal("ErrBinaryUnsupported did not switch to text")
 	}
-	off := &relay{cfg: Config{PgoutputBinary: "off"}}
+	off := &relay{cfg: Config{PgoutputBinary: PgoutputBinaryOff}}
 	if off.binaryTypes() != nil {
 		t.Fatal("off: binary predicate")
 	}

@@ -4,10 +4,11 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/pprof"
-	"strconv"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/outboxd/outboxd/internal/pprofcap"
 )
 
 // newHTTPHandler serves /metrics, /healthz, /readyz, /status and, when
@@ -23,7 +24,7 @@ func newHTTPHandler(m *metrics, st *state, withPprof bool) http.Handler {
 		switch {
 		case !ok:
 			http.Error(w, why, http.StatusServiceUnavailable)
-		case strings.HasPrefix(why, roleStandby):
+		case strings.HasPrefix(why, string(roleStandby)):
 			w.Write([]byte(why + "\n")) // ready to take over
 		default:
 			w.Write([]byte("ok\n"))
@@ -37,25 +38,9 @@ func newHTTPHandler(m *metrics, st *state, withPprof bool) http.Handler {
 	})
 	if withPprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/profile", capSeconds(pprof.Profile))
+		mux.HandleFunc("/debug/pprof/profile", pprofcap.Seconds(pprof.Profile))
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-		mux.HandleFunc("/debug/pprof/trace", capSeconds(pprof.Trace))
+		mux.HandleFunc("/debug/pprof/trace", pprofcap.Seconds(pprof.Trace))
 	}
 	return mux
-}
-
-// MaxPprofSeconds caps a CPU profile or trace: an unbounded one would hold a
-// connection and a core for as long as the caller asks.
-const MaxPprofSeconds = 60
-
-func capSeconds(h http.HandlerFunc) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		if v := r.URL.Query().Get("seconds"); v != "" {
-			if n, err := strconv.ParseFloat(v, 64); err != nil || n <= 0 || n > MaxPprofSeconds {
-				http.Error(w, "seconds must be a number in (0, "+strconv.Itoa(MaxPprofSeconds)+"]", http.StatusBadRequest)
-				return
-			}
-		}
-		h(w, r)
-	}
 }

@@ -51,13 +51,13 @@ func newMetrics(version string, st *state) *metrics {
 	f(m.slotWALStatus)
 	m.confirmedLSN = g("outboxd_confirmed_flush_lsn", "Last LSN confirmed to PostgreSQL, as a number.")
 	m.receivedLSN = g("outboxd_received_lsn", "Newest WAL position received from the server, as a number.")
-	m.published = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_events_published_total", Help: "Events acked by Kafka, by topic."}, []string{"topic"})
+	m.published = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_events_published_total", Help: "Events acked by the broker, by topic."}, []string{"topic"})
 	f(m.published)
 	m.skipped = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_events_skipped_total", Help: "Rows not published, by reason (update, delete, truncate, invalid, ...)."}, []string{"reason"})
 	f(m.skipped)
 	m.transactions = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_transactions_total", Help: "Committed transactions decoded from the slot."})
 	f(m.transactions)
-	m.produceErrors = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_kafka_produce_errors_total", Help: "Records Kafka rejected or failed to ack."})
+	m.produceErrors = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_kafka_produce_errors_total", Help: "Records the broker rejected or failed to ack (any broker; the name is kept from when Kafka was the only one)."})
 	f(m.produceErrors)
 	m.reconnects = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_reconnects_total", Help: "Reconnections, by target (postgres, kafka)."}, []string{"target"})
 	f(m.reconnects)
@@ -66,27 +66,25 @@ func newMetrics(version string, st *state) *metrics {
 	}
 	m.publishLatency = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "outboxd_publish_latency_seconds",
-		Help:    "Time from the transaction's commit to Kafka's ack of its event.",
+		Help:    "Time from the transaction's commit to the broker's ack of its event.",
 		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300},
 	})
 	f(m.publishLatency)
 	// Read from the watermark at scrape time: always current, no hot-path cost.
 	gf := func(name, help string, fn func(slot.Stats) float64) {
 		f(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 {
-			st.mu.Lock()
-			wm := st.wm
-			st.mu.Unlock()
+			wm, _ := st.session()
 			if wm == nil {
 				return 0
 			}
 			return fn(wm.Stats())
 		}))
 	}
-	gf("outboxd_acked_lsn", "Newest LSN up to which Kafka has acked every event, as a number.",
+	gf("outboxd_acked_lsn", "Newest LSN up to which the broker has acked every event, as a number.",
 		func(s slot.Stats) float64 { return float64(s.Confirmed) })
-	gf("outboxd_inflight_events", "Events handed to Kafka and not yet acked.",
+	gf("outboxd_inflight_events", "Events handed to the broker and not yet acked.",
 		func(s slot.Stats) float64 { return float64(s.InflightEvents) })
-	gf("outboxd_inflight_bytes", "Bytes of events handed to Kafka and not yet acked.",
+	gf("outboxd_inflight_bytes", "Bytes of events handed to the broker and not yet acked.",
 		func(s slot.Stats) float64 { return float64(s.InflightBytes) })
 	gf("outboxd_oldest_unacked_age_seconds", "Age of the oldest transaction not yet fully acked (0 when none).",
 		func(s slot.Stats) float64 {
@@ -103,7 +101,7 @@ func newMetrics(version string, st *state) *metrics {
 	m.heartbeatErrors = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_heartbeat_errors_total", Help: "Heartbeat messages that could not be written."})
 	f(m.heartbeatErrors)
 	m.blocked = g("outboxd_blocked", "1 while the relay holds on an event it may not pass (on-invalid = fail, or table.op.invalid.behavior = fatal).")
-	m.unprotectedStandbys = g("outboxd_unprotected_standbys", "Physical standbys streaming through a slot that synchronized_standby_slots does not name (PostgreSQL 17+, failover slot): promoting one may leave events in Kafka that the new primary never had.")
+	m.unprotectedStandbys = g("outboxd_unprotected_standbys", "Physical standbys streaming through a slot that synchronized_standby_slots does not name (PostgreSQL 17+, failover slot): promoting one may leave events in the broker that the new primary never had.")
 	bi := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outboxd_build_info", Help: "Build information."}, []string{"version"})
 	bi.WithLabelValues(version).Set(1)
 	f(bi)

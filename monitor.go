@@ -11,6 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outboxd/outboxd/internal/humanize"
+	"github.com/outboxd/outboxd/internal/redact"
 	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/slot"
 )
@@ -22,7 +24,7 @@ import (
 type monitor struct {
 	dsn               string
 	slot              string
-	interval          time.Duration // slot and Kafka polls
+	interval          time.Duration // slot and broker polls
 	heartbeatInterval time.Duration // 0 disables heartbeats
 	maxSlotLag        int64
 	log               *slog.Logger
@@ -90,19 +92,19 @@ func (mo *monitor) run(ctx context.Context) {
 		}
 		c, err := dial(ctx, mo.dsn)
 		if err != nil {
-			mo.log.Debug("monitor: postgres connect failed", "err", RedactErr(err, mo.dsn))
+			mo.log.Debug("monitor: postgres connect failed", "err", redact.Err(err, mo.dsn))
 			return false
 		}
 		conn = c
 		return true
 	}
-	kafkaOK := true
+	brokerOK := true
 	poll := func() {
 		if connected() {
 			mo.pollSlot(ctx, conn)
 			mo.pollStandbys(ctx, conn)
 		}
-		kafkaOK = mo.pollKafka(ctx, kafkaOK)
+		brokerOK = mo.pollBroker(ctx, brokerOK)
 		mo.checkLag()
 	}
 	pollTick := time.NewTicker(mo.interval)
@@ -133,7 +135,7 @@ func (mo *monitor) pollSlot(ctx context.Context, conn sqlConn) {
 	defer cancel()
 	row, found, err := conn.Slot(qctx, mo.slot)
 	if err != nil {
-		mo.log.Debug("monitor: slot poll failed", "err", RedactErr(err, mo.dsn))
+		mo.log.Debug("monitor: slot poll failed", "err", redact.Err(err, mo.dsn))
 		return
 	}
 	v := newSlotView(row, found, time.Now())
@@ -147,12 +149,10 @@ func (mo *monitor) pollSlot(ctx context.Context, conn sqlConn) {
 		}
 		mo.m.slotWALStatus.WithLabelValues(s).Set(val)
 	}
-	mo.st.mu.Lock()
-	mo.st.slot = v
-	mo.st.mu.Unlock()
+	mo.st.setSlotView(v)
 }
 
-func (mo *monitor) pollKafka(ctx context.Context, wasOK bool) bool {
+func (mo *monitor) pollBroker(ctx context.Context, wasOK bool) bool {
 	pctx, cancel := context.WithTimeout(ctx, mo.interval)
 	defer cancel()
 	err := mo.sink.Ping(pctx)
@@ -162,15 +162,13 @@ func (mo *monitor) pollKafka(ctx context.Context, wasOK bool) bool {
 	}
 	switch {
 	case wasOK && !ok:
-		mo.log.Warn("kafka unreachable; events wait in the slot, nothing is confirmed past them", "err", err)
-		mo.st.setErr(fmt.Errorf("kafka unreachable: %w", err))
+		mo.log.Warn("broker unreachable; events wait in the slot, nothing is confirmed past them", "err", err)
+		mo.st.setErr(fmt.Errorf("broker unreachable: %w", err))
 	case !wasOK && ok:
-		mo.log.Info("kafka reachable again")
+		mo.log.Info("broker reachable again")
 		mo.m.reconnects.WithLabelValues("kafka").Inc()
 	}
-	mo.st.mu.Lock()
-	mo.st.kafkaOK = ok
-	mo.st.mu.Unlock()
+	mo.st.setBrokerOK(ok)
 	return ok
 }
 
@@ -205,7 +203,7 @@ func (mo *monitor) heartbeatResult(err error) {
 	}
 	mo.m.heartbeatErrors.Inc()
 	mo.m.replDelay.Set(math.NaN())
-	why := "heartbeats fail, so outboxd_replication_delay_seconds is unknown: " + RedactErr(err, mo.dsn).Error()
+	why := "heartbeats fail, so outboxd_replication_delay_seconds is unknown: " + redact.Err(err, mo.dsn).Error()
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "42501" {
 		why += "; outboxd's role may not call pg_logical_emit_message (REVOKEd from PUBLIC?): " +
 			"GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) TO <outboxd's role> (PostgreSQL 17+: pg_logical_emit_message(boolean, text, text, boolean)), " +
@@ -215,16 +213,6 @@ func (mo *monitor) heartbeatResult(err error) {
 		mo.lastHeartbeatWarn = time.Now()
 		mo.log.Warn("heartbeat failed", "err", why)
 	}
-}
-
-// setHeartbeatErr records why heartbeats fail ("" when they work) and
-// returns the previous reason.
-func (s *state) setHeartbeatErr(why string) string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	prev := s.heartbeatErr
-	s.heartbeatErr = why
-	return prev
 }
 
 // onHeartbeat runs in the relay's goroutine when a heartbeat arrives.
@@ -239,12 +227,10 @@ func (mo *monitor) onHeartbeat(content []byte, received time.Time) {
 // checkLag warns (once a minute) while the slot lags more than allowed, with
 // the most likely cause.
 func (mo *monitor) checkLag() {
-	mo.st.mu.Lock()
-	lag := mo.st.slot.LagBytes
-	mo.st.mu.Unlock()
+	lag := mo.st.slotView().LagBytes
 	if mo.maxSlotLag <= 0 || lag <= mo.maxSlotLag || time.Since(mo.lastLagWarn) < time.Minute {
 		return
 	}
 	mo.lastLagWarn = time.Now()
-	mo.log.Warn("replication slot lag above --max-slot-lag", "lag", HumanBytes(lag), "max", HumanBytes(mo.maxSlotLag), "cause", mo.st.lagCause())
+	mo.log.Warn("replication slot lag above --max-slot-lag", "lag", humanize.Bytes(lag), "max", humanize.Bytes(mo.maxSlotLag), "cause", mo.st.lagCause())
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/outboxd/outboxd/internal/humanize"
 	"github.com/outboxd/outboxd/slot"
 )
 
@@ -33,12 +34,12 @@ func TestMonitorKafkaLagAndHeartbeat(t *testing.T) {
 	m := newMetrics("test", st)
 	ps := &pingSink{heldSink: newHeldSink(), err: errors.New("dial: connection refused")}
 	mo := &monitor{interval: time.Second, maxSlotLag: 100, log: slog.New(slog.NewTextHandler(&logs, nil)), m: m, st: st, sink: ps}
-	ok := mo.pollKafka(context.Background(), true)
-	if ok || !strings.Contains(logs.String(), "kafka unreachable") {
+	ok := mo.pollBroker(context.Background(), true)
+	if ok || !strings.Contains(logs.String(), "broker unreachable") {
 		t.Fatalf("down: ok=%v log %s", ok, logs.String())
 	}
 	ps.err = nil
-	if !mo.pollKafka(context.Background(), ok) || testutil.ToFloat64(m.reconnects.WithLabelValues("kafka")) != 1 {
+	if !mo.pollBroker(context.Background(), ok) || testutil.ToFloat64(m.reconnects.WithLabelValues("kafka")) != 1 {
 		t.Fatal("kafka back: not reachable, or no reconnection counted")
 	}
 	st.mu.Lock()
@@ -63,7 +64,7 @@ func TestMonitorKafkaLagAndHeartbeat(t *testing.T) {
 	if v := newSlotView(slot.Slot{}, false, time.Time{}); v.ConfirmedFlush != "" || v.Found {
 		t.Fatalf("missing slot's view %+v", v)
 	}
-	if HumanBytes(1536<<20) != "1.5GiB" || HumanBytes(-2048) != "-2.0KiB" {
+	if humanize.Bytes(1536<<20) != "1.5GiB" || humanize.Bytes(-2048) != "-2.0KiB" {
 		t.Fatal("helpers")
 	}
 }
@@ -74,7 +75,7 @@ func TestMonitorKafkaLagAndHeartbeat(t *testing.T) {
 // delay unknown, not at its last good value; a success clears it all.
 func TestMonitorHeartbeatFailureIsVisible(t *testing.T) {
 	var logs bytes.Buffer
-	st := &state{slotName: "s", kafkaOK: true}
+	st := &state{slotName: "s", brokerOK: true}
 	m := newMetrics("test", st)
 	mo := &monitor{interval: time.Second, heartbeatInterval: time.Second, log: slog.New(slog.NewTextHandler(&logs, nil)), m: m, st: st}
 	st.startSession(slot.NewWatermark(0), slot.Info{})

@@ -9,13 +9,19 @@
 //	go http.ListenAndServe("127.0.0.1:9187", r.Handler(false))
 //	err = r.Run(ctx) // until ctx ends
 //
+// Exactly-once is Config.Delivery ExactlyOnce with a transactional sink
+// (TxnSink, Checkpoints; see Example_exactlyOnce).
+//
 // One event's path, file by file: relay.go holds the replication connection
 // (one goroutine, one session at a time, opened through session.go's seams)
 // and streamer.go reads it, routes each
 // insert with the router and hands the record to the Sink; the Sink's
 // acknowledgement reaches the slot.Watermark, whose contiguous position is the
 // only flush LSN ever sent to PostgreSQL. eos.go is exactly-once mode's
-// batching of whole PostgreSQL transactions into Kafka transactions.
+// batching of whole PostgreSQL transactions into broker transactions, and
+// delivery.go its startup (Config.Delivery: the checkpoint's key, the
+// producer's registration, the checkpoint). options.go holds the typed
+// choices of Config.
 // monitor.go polls the slot and the broker on an ordinary connection;
 // state.go and metrics.go are what /status, /readyz and /metrics show
 // (handler.go).
@@ -24,6 +30,7 @@ package outboxd
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -31,8 +38,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/outboxd/outboxd/internal/sysid"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
+	"github.com/outboxd/outboxd/wal"
 )
 
 // Config configures a Relay. Zero durations and sizes take the defaults
@@ -46,42 +55,61 @@ type Config struct {
 	Logger      *slog.Logger // default: discard
 	Version     string       // outboxd_build_info's version label
 
-	MaxInflightEvents  int           // events handed to the sink and not yet acked before reading pauses (50000)
-	MaxInflightBytes   int64         // the same in bytes (32 MiB)
-	StatusInterval     time.Duration // the longest gap between standby status updates (10s)
-	ConfirmInterval    time.Duration // the shortest gap between confirmations while events flow (25ms)
-	ReplicationTimeout time.Duration // silence after which the connection is presumed dead (30s)
-	ShutdownTimeout    time.Duration // on shutdown, the wait for in-flight acks (30s)
-	ReleaseAfter       time.Duration // a full in-flight window without acks this long lets go of the connection (5s)
-	MaxMessageBytes    int           // a record larger than this is an invalid event, not a broker error (1000012)
-	OnInvalid          string        // "fail" (hold before the event, default) or "dead-letter"
-	DeadLetterTopic    string        // with OnInvalid "dead-letter" (default "outboxd.deadletter")
-	MessagePrefix      string        // the table-less outbox's pg_logical_emit_message prefix ("" disables)
-	HeartbeatInterval  time.Duration // heartbeat messages measuring replication delay (0 disables)
-	PollInterval       time.Duration // slot and broker polls (5s)
-	MaxSlotLag         int64         // slot lag above which the relay warns and is not ready (0 disables)
-	Warnings           []string      // insecure settings found at startup, shown on /status
-	SlotFailover       string        // "auto" (default), "true" or "false": create the slot as a failover slot (PostgreSQL 17+)
-	PgoutputBinary     string        // "off" (default): text; "auto": pgoutput's binary mode where the router renders every published column type (binary.go)
+	MaxInflightEvents  int            // events handed to the sink and not yet acked before reading pauses (50000)
+	MaxInflightBytes   int64          // the same in bytes (32 MiB)
+	StatusInterval     time.Duration  // the longest gap between standby status updates (10s)
+	ConfirmInterval    time.Duration  // the shortest gap between confirmations while events flow (25ms)
+	ReplicationTimeout time.Duration  // silence after which the connection is presumed dead (30s)
+	ShutdownTimeout    time.Duration  // on shutdown, the wait for in-flight acks (30s)
+	ReleaseAfter       time.Duration  // a full in-flight window without acks this long lets go of the connection (5s)
+	MaxMessageBytes    int            // a record larger than this is an invalid event, not a broker error (1000012)
+	OnInvalid          OnInvalid      // OnInvalidFail (hold before the event, default) or OnInvalidDeadLetter
+	DeadLetterTopic    string         // with OnInvalidDeadLetter (default "outboxd.deadletter")
+	MessagePrefix      string         // the table-less outbox's pg_logical_emit_message prefix ("" disables)
+	HeartbeatInterval  time.Duration  // heartbeat messages measuring replication delay (0 disables)
+	PollInterval       time.Duration  // slot and broker polls (5s)
+	MaxSlotLag         int64          // slot lag above which the relay warns and is not ready (0 disables)
+	Warnings           []string       // insecure settings found at startup, shown on /status
+	SlotFailover       SlotFailover   // create the slot as a failover slot (PostgreSQL 17+): SlotFailoverAuto (default), SlotFailoverTrue, SlotFailoverFalse
+	PgoutputBinary     PgoutputBinary // PgoutputBinaryOff (default): text; PgoutputBinaryAuto: pgoutput's binary mode where the router renders every published column type (binary.go)
+
+	// Delivery is the promise to consumers: AtLeastOnce (the default) or
+	// ExactlyOnce, which needs TxnSink and Checkpoints. In ExactlyOnce,
+	// Run first names the checkpoint record after the PostgreSQL system,
+	// registers the producer (fencing a previous instance) and reads the
+	// checkpoint, waiting for the broker and PostgreSQL as long as it takes
+	// (Handler's /readyz says so meanwhile); when another instance streams
+	// from the slot it registers nothing and stands by instead.
+	Delivery Delivery
 
 	// ProgressStore keeps, in at-least-once mode, the record of how far
 	// outboxd has published that outlives the slot, for the gap check
 	// (progress.go; exactly-once mode uses the checkpoint). AcceptGap lets
-	// outboxd continue past a reported gap.
-	ProgressStore sink.ProgressStore
-	AcceptGap     bool
+	// outboxd continue past a reported gap. NewProgressStore, instead,
+	// builds the store once Run has read the record's key ("<system
+	// id>/<slot>", so that clusters sharing the record's home never read
+	// each other's), waiting for PostgreSQL to answer.
+	ProgressStore    sink.ProgressStore
+	NewProgressStore func(key string) sink.ProgressStore
+	AcceptGap        bool
 
-	// Exactly-once mode: a transactional sink whose InitTransactions has
-	// run, and what it held then.
-	TxnSink sink.Transactional
-	Done    sink.Checkpoint
-	// SplitAge: a Kafka transaction this old commits even in the middle of
-	// a PostgreSQL transaction (a quarter of the transaction timeout).
+	// TxnSink is exactly-once mode's transactional sink (usually Sink
+	// itself), and Checkpoints binds it to this slot's checkpoint record
+	// at startup (see CheckpointBinding): Run calls it once, before it
+	// reads the checkpoint with TxnSink.LoadCheckpoint.
+	TxnSink     sink.Transactional
+	Checkpoints func(ctx context.Context, b CheckpointBinding) error
+	// SplitAge: a broker transaction this old commits even in the middle
+	// of a PostgreSQL transaction (a quarter of the transaction timeout).
 	SplitAge time.Duration
-	// DeferInit: TxnSink's transactional id is not registered yet, because
-	// another instance streamed when this one started (SlotBusy) and
-	// registering would fence it. The relay registers it, and reads the
-	// checkpoint, once it holds the slot.
+
+	// Done and DeferInit are what exactly-once startup found; with
+	// Delivery ExactlyOnce Run sets them, and an embedder leaves them
+	// zero. Done: the checkpoint TxnSink held. DeferInit: TxnSink's
+	// producer is not registered yet, because another instance streamed
+	// when this one started and registering would fence it; the relay
+	// registers it, and reads the checkpoint, once it holds the slot.
+	Done      sink.Checkpoint
 	DeferInit bool
 }
 
@@ -142,17 +170,18 @@ func (c *Config) defaults() error {
 	def(&c.ReleaseAfter, 5*time.Second)
 	def(&c.PollInterval, 5*time.Second)
 	def(&c.SplitAge, 15*time.Second)
-	if c.OnInvalid == "" {
-		c.OnInvalid = "fail"
+	switch {
+	case c.Delivery == ExactlyOnce && (c.TxnSink == nil || c.Checkpoints == nil):
+		return errors.New("outboxd: Delivery ExactlyOnce needs TxnSink and Checkpoints (a transactional sink; sink/kafka's with Transactional set)")
+	case c.Delivery != ExactlyOnce && c.Delivery != AtLeastOnce:
+		return fmt.Errorf("outboxd: unknown %s", c.Delivery)
+	case c.Delivery == ExactlyOnce && (c.ProgressStore != nil || c.NewProgressStore != nil):
+		return errors.New("outboxd: exactly-once mode keeps its progress in the checkpoint: leave ProgressStore and NewProgressStore unset")
+	case c.ProgressStore != nil && c.NewProgressStore != nil:
+		return errors.New("outboxd: set ProgressStore or NewProgressStore, not both")
 	}
-	if c.PgoutputBinary == "" {
-		c.PgoutputBinary = "off"
-	}
-	if c.PgoutputBinary != "auto" && c.PgoutputBinary != "off" {
-		return errors.New(`outboxd: PgoutputBinary must be "auto" or "off"`)
-	}
-	if c.OnInvalid != "fail" && c.OnInvalid != "dead-letter" {
-		return errors.New(`outboxd: OnInvalid must be "fail" or "dead-letter"`)
+	if err := c.validChoices(); err != nil {
+		return err
 	}
 	if c.DeadLetterTopic == "" {
 		c.DeadLetterTopic = "outboxd.deadletter"
@@ -167,6 +196,11 @@ type Relay struct {
 	progress *progress
 	m        *metrics
 	st       *state
+
+	// Seams of Run's startup (prepare); tests script them.
+	key      func(ctx context.Context, dsn, slot string) (string, error)
+	identify func(ctx context.Context, dsn string) (wal.System, error)
+	slotBusy func(ctx context.Context, dsn, slot string, staleAfter time.Duration) bool
 }
 
 // New checks cfg and builds the relay; it contacts nothing.
@@ -193,7 +227,13 @@ func New(cfg Config) (*Relay, error) {
 		prog.store = cfg.ProgressStore
 	}
 	r.progress = prog
-	return &Relay{relay: r, monitor: mo, progress: prog, m: m, st: st}, nil
+	switch { // until Run's startup is done (prepare)
+	case cfg.Delivery == ExactlyOnce:
+		st.starting = startingCheckpoint
+	case cfg.NewProgressStore != nil:
+		st.starting = startingSystemID
+	}
+	return &Relay{relay: r, monitor: mo, progress: prog, m: m, st: st, key: sysid.Key, identify: sysid.Identify, slotBusy: slotBusy}, nil
 }
 
 // Run streams until ctx ends, then drains what is in flight (up to
@@ -205,6 +245,12 @@ func New(cfg Config) (*Relay, error) {
 // waits for before returning (and, in at-least-once mode, the progress
 // writer's).
 func (r *Relay) Run(ctx context.Context) error {
+	if err := r.prepare(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while waiting
+		}
+		return err
+	}
 	mctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	r.progress.start(ctx)

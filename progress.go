@@ -122,9 +122,7 @@ func (p *progress) confirmable(lsn wal.LSN) wal.LSN {
 	if p.store == nil {
 		return lsn
 	}
-	p.st.mu.Lock()
-	info := p.st.slotInfo
-	p.st.mu.Unlock()
+	_, info := p.st.session()
 	p.mu.Lock()
 	allowed := info.ConfirmedFlush
 	if p.written.SystemID != "" && p.written.SystemID == info.SystemID {
@@ -155,9 +153,7 @@ func (p *progress) flush(ctx context.Context) {
 // Accepted logs the gap the operator accepted with --accept-gap.
 func (p *progress) Accepted(gap string) {
 	p.log.Warn("gap accepted (--accept-gap): continuing; remove the flag again", "gap", gap)
-	p.st.mu.Lock()
-	wm := p.st.wm
-	p.st.mu.Unlock()
+	wm, _ := p.st.session()
 	p.mu.Lock()
 	p.rec, p.accepted, p.acceptedWM = slot.Progress{}, true, wm
 	p.mu.Unlock()
@@ -165,9 +161,7 @@ func (p *progress) Accepted(gap string) {
 
 // followLocked moves the record to the current session's watermark.
 func (p *progress) followLocked() {
-	p.st.mu.Lock()
-	info, wm := p.st.slotInfo, p.st.wm
-	p.st.mu.Unlock()
+	wm, info := p.st.session()
 	if wm == nil || info.SystemID == "" || p.accepted && wm == p.acceptedWM {
 		return
 	}
@@ -207,7 +201,7 @@ func (p *progress) run(ctx context.Context) {
 			break
 		}
 		if !warned && ctx.Err() == nil {
-			p.log.Warn("progress record: cannot read it from Kafka yet; a missing slot is not created meanwhile", "record", p.store.String(), "err", err)
+			p.log.Warn("progress record: cannot read it from the broker yet; a missing slot is not created meanwhile", "record", p.store.String(), "err", err)
 			warned = true
 		}
 		select {
@@ -222,9 +216,7 @@ func (p *progress) run(ctx context.Context) {
 		// changes), so that it is usually written before the session wants
 		// to confirm; a confirmation that finds it behind kicks.
 		var changed <-chan struct{}
-		p.st.mu.Lock()
-		wm := p.st.wm
-		p.st.mu.Unlock()
+		wm, _ := p.st.session()
 		if wm != nil {
 			changed = wm.Changed()
 		}
@@ -331,26 +323,4 @@ func (p *progress) save(ctx context.Context) {
 	p.mu.Lock()
 	p.written = rec
 	p.mu.Unlock()
-}
-
-// ProgressKey names the slot's progress record like the checkpoint's
-// (CheckpointKey): "<system id>/<slot>", so that clusters sharing a
-// progress topic and a slot name keep separate records. It waits for
-// PostgreSQL (as the relay would), giving up at once on what waiting cannot
-// fix (credentials, privileges).
-func ProgressKey(ctx context.Context, log *slog.Logger, dsn, slotName string) (string, error) {
-	bo := Backoff{Min: 500 * time.Millisecond, Max: 15 * time.Second}
-	for warned := false; ; {
-		key, err := CheckpointKey(ctx, dsn, slotName)
-		if err == nil || IsConfigError(err) {
-			return key, err
-		}
-		if !warned {
-			log.Warn("waiting for PostgreSQL to read its system identifier (the progress record's key)", "err", RedactErr(err, dsn))
-			warned = true
-		}
-		if !bo.Wait(ctx) {
-			return "", ctx.Err()
-		}
-	}
 }

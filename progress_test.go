@@ -125,12 +125,12 @@ func TestProgressUnreadableThenRead(t *testing.T) {
 // The role follows the session: standby while another process holds the
 // slot (ready, naming the holder), active while streaming.
 func TestRoles(t *testing.T) {
-	st := &state{slotName: "s", kafkaOK: true}
+	st := &state{slotName: "s", brokerOK: true}
 	if st.isActive() != 0 || st.status()["role"] != roleInactive {
 		t.Fatalf("inactive: %v", st.status()["role"])
 	}
 	st.setStandby(&slot.BusyError{Slot: "s", PID: 42, Holder: "outboxd from 10.0.0.1"})
-	if ok, why := st.ready(); !ok || !strings.HasPrefix(why, roleStandby) || !strings.Contains(why, "PID 42") {
+	if ok, why := st.ready(); !ok || !strings.HasPrefix(why, string(roleStandby)) || !strings.Contains(why, "PID 42") {
 		t.Fatalf("standby: %v %q", ok, why)
 	}
 	if st.status()["slot_holder"] == nil {

@@ -31,6 +31,7 @@ func TestSkippedUpdatesLoggedOnceWithACount(t *testing.T) {
 	h := newHarness(t, 100, nil)
 	var logs syncBuffer
 	h.relay.log = slog.New(slog.NewTextHandler(&logs, nil))
+	h.s.log = h.relay.log
 	h.start()
 	msgs := []*wal.Msg{{Kind: wal.KindBegin, Begin: wal.Begin{FinalLSN: 200, CommitTime: time.Now(), Xid: 200}}}
 	for i := 0; i < 1000; i++ {

@@ -5,12 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/outboxd/outboxd/internal/backoff"
+	"github.com/outboxd/outboxd/internal/pgerr"
+	"github.com/outboxd/outboxd/internal/redact"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/slot"
@@ -90,7 +91,7 @@ type rejection struct {
 }
 
 func (r *rejection) Error() string {
-	return fmt.Sprintf("kafka rejected the outbox event in %s (id %s) for topic %q at commit LSN %s (event %d of its transaction): %v", r.table, r.id, r.topic, r.pos.commit, r.pos.n+1, r.err)
+	return fmt.Sprintf("the broker rejected the outbox event in %s (id %s) for topic %q at commit LSN %s (event %d of its transaction): %v", r.table, r.id, r.topic, r.pos.commit, r.pos.n+1, r.err)
 }
 
 func (r *rejection) Unwrap() error { return r.err }
@@ -100,7 +101,7 @@ func (r *rejection) Unwrap() error { return r.err }
 // configuration, fencing).
 func (r *relay) run(ctx context.Context) error {
 	resume := r.cfg.Done.LSN
-	bo := Backoff{Min: 500 * time.Millisecond, Max: 15 * time.Second}
+	bo := backoff.Backoff{Min: 500 * time.Millisecond, Max: 15 * time.Second}
 	for first := true; ; first = false {
 		if !first {
 			r.m.reconnects.WithLabelValues("postgres").Inc()
@@ -115,7 +116,7 @@ func (r *relay) run(ctx context.Context) error {
 		var rej *rejection
 		var hold *holdError
 		switch {
-		case errors.As(err, &setupErr), IsConfigError(err), sink.KindOf(err) == sink.Fenced, sink.KindOf(err) == sink.Denied:
+		case errors.As(err, &setupErr), pgerr.IsConfigError(err), sink.KindOf(err) == sink.Fenced, sink.KindOf(err) == sink.Denied:
 			return err
 		case errors.As(err, &busy):
 			// Another instance is active: stand by and take over as soon as
@@ -133,7 +134,7 @@ func (r *relay) run(ctx context.Context) error {
 			// tries each alone, then holds before it (fail) or dead-letters
 			// it in order (dead-letter), re-sending only what was not
 			// confirmed.
-			r.log.Warn("kafka rejected an outbox event; resuming before it to apply --on-invalid "+r.cfg.OnInvalid, "err", err)
+			r.log.Warn("the broker rejected an outbox event; resuming before it to apply --on-invalid "+r.cfg.OnInvalid.String(), "err", err)
 		case errors.As(err, &hold):
 		case errors.Is(err, errReleased):
 			r.logOnce(slog.LevelWarn, "released the replication connection", err)
@@ -187,7 +188,7 @@ func (r *relay) run(ctx context.Context) error {
 func (r *relay) hold(ctx context.Context, h *holdError) bool {
 	reason := h.Error() + "; fix the cause, or run with --on-invalid dead-letter"
 	if h.rec != nil {
-		reason = h.Error() + "; outboxd retries it with backoff and streams on once Kafka accepts it (or run with --on-invalid dead-letter)"
+		reason = h.Error() + "; outboxd retries it with backoff and streams on once the broker accepts it (or run with --on-invalid dead-letter)"
 	}
 	args := []any{"err", reason, "table", h.table, "event_id", h.id, "commit_lsn", h.pos.commit.String(), "event", h.pos.n + 1}
 	if inv := (*router.InvalidError)(nil); errors.As(h.cause, &inv) && inv.Detail != "" {
@@ -204,7 +205,7 @@ func (r *relay) hold(ctx context.Context, h *holdError) bool {
 		<-ctx.Done()
 		return false
 	}
-	bo := Backoff{Min: r.holdRetry, Max: 30 * time.Second}
+	bo := backoff.Backoff{Min: r.holdRetry, Max: 30 * time.Second}
 	for {
 		if !bo.Wait(ctx) {
 			return false
@@ -255,7 +256,7 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 
 	info, created, err := conn.Prepare(ctx, slot.Config{
 		Slot: r.cfg.Slot, Publication: r.cfg.Publication, TakeOver: r.lastPID, StaleAfter: r.cfg.ReplicationTimeout,
-		Failover: r.cfg.SlotFailover, Progress: r.progress, AcceptGap: r.cfg.AcceptGap, Unroutable: r.router.Unroutable,
+		Failover: r.cfg.SlotFailover.String(), Progress: r.progress, AcceptGap: r.cfg.AcceptGap, Unroutable: r.router.Unroutable,
 	})
 	if err != nil {
 		return false, nil, err
@@ -303,7 +304,7 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 	r.m.connected.Set(1)
 	r.log.Info("streaming", "slot", info.Name, "publication", r.cfg.Publication, "from_lsn", start.String(), "failover", info.Failover, "pgoutput", streamMode(stream))
 
-	s := &streamer{relay: r, stream: stream, wm: wm, commit: atLeastOnce{wm}, errc: make(chan error, 1), rejected: &r.rejected, lastSent: start, sentAt: time.Now()}
+	s := newStreamer(r, stream, wm, start)
 	if r.cfg.TxnSink != nil {
 		s.commit = &eos{sink: r.cfg.TxnSink, wm: wm, done: r.cfg.Done, splitAge: r.cfg.SplitAge}
 	}
@@ -333,22 +334,12 @@ func (r *relay) flushProgress(ctx context.Context) {
 	}
 }
 
-// IsConfigError reports PostgreSQL errors that retrying cannot fix: bad
-// credentials, missing privileges, a database that does not exist.
-func IsConfigError(err error) bool {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
-		return false
-	}
-	return strings.HasPrefix(pgErr.Code, "28") || pgErr.Code == "42501" || pgErr.Code == "3D000"
-}
-
 // resetTransactions replaces the transactional producer and moves the resume
 // point to the checkpoint. It waits for Kafka as long as it takes (a broker
 // that refuses connections is a wait, not a reason to exit), but gives up at
 // once on what waiting cannot fix: fencing, a missing authorisation.
 func (r *relay) resetTransactions(ctx context.Context, resume *wal.LSN) error {
-	bo := Backoff{Min: 500 * time.Millisecond, Max: 15 * time.Second}
+	bo := backoff.Backoff{Min: 500 * time.Millisecond, Max: 15 * time.Second}
 	for {
 		err := r.cfg.TxnSink.Reset(ctx)
 		var done sink.Checkpoint
@@ -383,24 +374,5 @@ func (r *relay) logOnce(level slog.Level, msg string, err error, args ...any) {
 	} else {
 		r.lastLogged, r.lastLoggedAt = text, time.Now()
 	}
-	r.log.Log(context.Background(), level, msg, append([]any{"err", Redact(text, r.cfg.Postgres)}, args...)...)
-}
-
-// Backoff is exponential with a cap: the schedule on which outboxd retries
-// what waiting can fix (a server or broker that is down).
-type Backoff struct {
-	Min, Max, cur time.Duration
-}
-
-// Reset starts the schedule over.
-func (b *Backoff) Reset() { b.cur = 0 }
-
-// Wait sleeps for the next step, or until ctx ends (then it returns false).
-func (b *Backoff) Wait(ctx context.Context) bool {
-	if b.cur == 0 {
-		b.cur = b.Min
-	} else {
-		b.cur = min(b.cur*2, b.Max)
-	}
-	return sleepCtx(ctx, b.cur)
+	r.log.Log(context.Background(), level, msg, append([]any{"err", redact.String(text, r.cfg.Postgres)}, args...)...)
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/outboxd/outboxd/internal/pgerr"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/slot"
@@ -129,11 +130,11 @@ func TestReadyReasons(t *testing.T) {
 	}
 	wm := slot.NewWatermark(0)
 	st.startSession(wm, slot.Info{})
-	if _, why := st.ready(); !strings.Contains(why, "kafka unreachable") {
+	if _, why := st.ready(); !strings.Contains(why, "broker unreachable") {
 		t.Fatalf("kafka: %q", why)
 	}
 	st.mu.Lock()
-	st.kafkaOK = true
+	st.brokerOK = true
 	st.slot.LagBytes = 5000
 	st.mu.Unlock()
 	if _, why := st.ready(); !strings.Contains(why, "above --max-slot-lag") {
@@ -169,14 +170,14 @@ func TestNewAndHandler(t *testing.T) {
 		t.Fatal("New without Postgres, Router and Sink")
 	}
 	rt, _ := router.New(router.Config{})
-	if _, err := New(Config{Postgres: "host=x", Router: rt, Sink: newHeldSink(), OnInvalid: "drop"}); err == nil {
-		t.Fatal(`OnInvalid "drop" accepted`)
+	if _, err := New(Config{Postgres: "host=x", Router: rt, Sink: newHeldSink(), OnInvalid: 7}); err == nil {
+		t.Fatal(`OnInvalid 7 accepted`)
 	}
 	r, err := New(Config{Postgres: "host=x", Router: rt, Sink: newHeldSink(), Version: "v1"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c := r.relay.cfg; c.Slot != "outboxd" || c.MaxInflightEvents != 50000 || c.OnInvalid != "fail" || c.wantMessages() {
+	if c := r.relay.cfg; c.Slot != "outboxd" || c.MaxInflightEvents != 50000 || c.OnInvalid != OnInvalidFail || c.wantMessages() {
 		t.Fatalf("defaults %+v", c)
 	}
 	h := r.Handler(false)
@@ -201,9 +202,10 @@ func TestStreamerMessagesAndUpdates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.relay.router = rt
+	h.relay.router, h.s.router = rt, rt
 	beats := 0
 	h.relay.onHeartbeat = func([]byte, time.Time) { beats++ }
+	h.s.onHeartbeat = h.relay.onHeartbeat
 	h.start()
 	h.stream.push(&wal.Msg{Kind: wal.KindMessage, Message: wal.Message{Prefix: heartbeatPrefix, Content: []byte("1")}})
 	msgs := txn(200, 210)
@@ -325,7 +327,7 @@ func TestRunDecidesOnHowASessionEnded(t *testing.T) {
 	if err := r.run(ctx); err != nil {
 		t.Fatalf("shutdown: %v", err)
 	}
-	if !IsConfigError(&pgconn.PgError{Code: "28P01"}) || IsConfigError(errors.New("x")) {
+	if !pgerr.IsConfigError(&pgconn.PgError{Code: "28P01"}) || pgerr.IsConfigError(errors.New("x")) {
 		t.Fatal("IsConfigError")
 	}
 }

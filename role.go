@@ -15,10 +15,13 @@ import (
 // needed: the slot is the lock, and PostgreSQL releases it the moment the
 // active's walsender exits.
 
+// role is what /status's role says this instance is doing.
+type role string
+
 const (
-	roleActive   = "active"   // streaming from the slot
-	roleStandby  = "standby"  // another process holds the slot
-	roleInactive = "inactive" // neither: starting, reconnecting, or stopped on an error
+	roleActive   role = "active"   // streaming from the slot
+	roleStandby  role = "standby"  // another process holds the slot
+	roleInactive role = "inactive" // neither: starting, reconnecting, or stopped on an error
 )
 
 // standbyPoll is how often a standby looks at the slot. The walsender of an
@@ -84,40 +87,6 @@ func (r *relay) standBy(ctx context.Context, busy *slot.BusyError) bool {
 	}
 }
 
-// setStandby records who holds the slot; nil clears it.
-func (s *state) setStandby(busy *slot.BusyError) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.holder = ""
-	if busy != nil {
-		s.holder = fmt.Sprintf("PID %d", busy.PID)
-		if busy.Holder != "" {
-			s.holder += " (" + busy.Holder + ")"
-		}
-	}
-}
-
-// roleLocked derives the role; s.mu is held.
-func (s *state) roleLocked() string {
-	switch {
-	case s.streaming:
-		return roleActive
-	case s.holder != "":
-		return roleStandby
-	}
-	return roleInactive
-}
-
-// isActive is the outboxd_active metric: 1 while this instance streams.
-func (s *state) isActive() float64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.roleLocked() == roleActive {
-		return 1
-	}
-	return 0
-}
-
 // sleepCtx waits d; false if ctx ended first.
 func sleepCtx(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
@@ -130,12 +99,12 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// SlotBusy reports whether another process streams from the slot as
+// slotBusy reports whether another process streams from the slot as
 // outboxd starts. In exactly-once mode registering the transactional id
 // would fence it, so such an instance skips that and stands by; the relay
-// starts a fresh producer once it holds the slot (Config.DeferInit).
+// starts a fresh producer once it holds the slot (Config.DeferInit; Run.prepare).
 // Unknown (PostgreSQL unreachable) counts as free: the relay reports why.
-func SlotBusy(ctx context.Context, dsn, name string, staleAfter time.Duration) bool {
+func slotBusy(ctx context.Context, dsn, name string, staleAfter time.Duration) bool {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	conn, err := connectSQL(cctx, dsn)

@@ -16,13 +16,6 @@ import (
 // topics keep the wait going as long as they arrive.
 const heldShutdownQuiet = time.Second
 
-// hasTopicHolds reports whether the sink holds any topic's events.
-func (s *state) hasTopicHolds() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.topicHolds) > 0
-}
-
 // waitDrainedOrHeld waits until no event of wm is in flight, or ctx ends,
 // or held reports held topics and no ack has come for quiet.
 func waitDrainedOrHeld(ctx context.Context, wm *slot.Watermark, held func() bool, quiet time.Duration) bool {

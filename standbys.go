@@ -2,7 +2,6 @@ package outboxd
 
 import (
 	"context"
-	"slices"
 	"strings"
 )
 
@@ -33,12 +32,9 @@ func (mo *monitor) pollStandbys(ctx context.Context, conn sqlConn) {
 		}
 	}
 	mo.m.unprotectedStandbys.Set(float64(len(unprotected)))
-	mo.st.mu.Lock()
-	changed := !slices.Equal(mo.st.unprotected, unprotected)
-	mo.st.unprotected = unprotected
-	mo.st.mu.Unlock()
+	changed := mo.st.setUnprotected(unprotected)
 	if changed && len(unprotected) > 0 {
-		mo.log.Warn("a physical standby streams through a slot that synchronized_standby_slots does not name: after its promotion Kafka may hold events the new primary never had (phantom events)",
+		mo.log.Warn("a physical standby streams through a slot that synchronized_standby_slots does not name: after its promotion the broker may hold events the new primary never had (phantom events)",
 			"standby_slots", strings.Join(unprotected, ","), "synchronized_standby_slots", listed,
 			"fix", "ALTER SYSTEM SET synchronized_standby_slots = '"+strings.Join(append(nonEmpty(strings.Split(listed, ",")), unprotected...), ",")+"'; SELECT pg_reload_conf();")
 	}

@@ -3,10 +3,13 @@ package outboxd
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/outboxd/outboxd/internal/humanize"
+	"github.com/outboxd/outboxd/internal/redact"
 	"github.com/outboxd/outboxd/slot"
 	"github.com/outboxd/outboxd/wal"
 )
@@ -25,7 +28,7 @@ type state struct {
 	streaming  bool
 	slotInfo   slot.Info // as read when the session started
 	slot       slotView  // as last polled by the monitor
-	kafkaOK    bool
+	brokerOK   bool      // the sink answered its last Ping
 	received   wal.LSN
 	confirmed  wal.LSN // last flush position sent to the server
 	lastErr    string
@@ -38,6 +41,56 @@ type state struct {
 	topicHolds  map[string]string // topics whose events the sink holds, and why
 	// heartbeatErr: why heartbeats fail ("" while they work; monitor.go).
 	heartbeatErr string
+	// starting: what Run's startup waits for ("" once it streams or
+	// stands by); waitingForBroker once the broker has failed to answer.
+	starting         string
+	waitingForBroker bool
+}
+
+// session is the current session's watermark (nil before the first) and
+// the slot as read when it started.
+func (s *state) session() (*slot.Watermark, slot.Info) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.wm, s.slotInfo
+}
+
+// slotView is the slot as the monitor last polled it.
+func (s *state) slotView() slotView {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.slot
+}
+
+// setUnprotected records the physical standbys synchronized_standby_slots
+// lacks, and reports whether the list changed.
+func (s *state) setUnprotected(slots []string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	changed := !slices.Equal(s.unprotected, slots)
+	s.unprotected = slots
+	return changed
+}
+
+// setBrokerOK records the outcome of the monitor's Ping.
+func (s *state) setBrokerOK(ok bool) {
+	s.mu.Lock()
+	s.brokerOK = ok
+	s.mu.Unlock()
+}
+
+// setSlotView records the slot as the monitor last polled it.
+func (s *state) setSlotView(v slotView) {
+	s.mu.Lock()
+	s.slot = v
+	s.mu.Unlock()
+}
+
+// setStarting records what Run's startup waits for ("" when done).
+func (s *state) setStarting(why string, waitingForBroker bool) {
+	s.mu.Lock()
+	s.starting, s.waitingForBroker = why, waitingForBroker
+	s.mu.Unlock()
 }
 
 // setTopicHold records (err != nil) or clears a topic the sink cannot write
@@ -81,7 +134,7 @@ func (s *state) setErr(err error) {
 	if busy := (*slot.BusyError)(nil); !errors.As(err, &busy) {
 		s.holder = "" // not a standby: the session failed for another reason
 	}
-	s.lastErr, s.lastErrAt = Redact(err.Error(), s.dsn), time.Now()
+	s.lastErr, s.lastErrAt = redact.String(err.Error(), s.dsn), time.Now()
 	s.mu.Unlock()
 }
 
@@ -90,18 +143,20 @@ func (s *state) ready() (bool, string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
+	case s.starting != "":
+		return false, "starting: " + s.starting
 	case s.stalled != "":
 		return false, s.stalled
 	case len(s.topicHolds) > 0:
 		return false, s.topicHoldLocked()
-	case s.roleLocked() == roleStandby && s.kafkaOK:
-		return true, fmt.Sprintf("standby: slot %s is held by %s; taking over when it lets go", s.slotName, s.holder)
+	case s.roleLocked() == roleStandby && s.brokerOK:
+		return true, fmt.Sprintf("%s: slot %s is held by %s; taking over when it lets go", roleStandby, s.slotName, s.holder)
 	case !s.streaming:
 		return false, "not streaming from the replication slot" + s.errSuffix()
-	case !s.kafkaOK:
-		return false, "kafka unreachable" + s.errSuffix()
+	case !s.brokerOK:
+		return false, "broker unreachable" + s.errSuffix()
 	case s.maxSlotLag > 0 && s.slot.LagBytes > s.maxSlotLag:
-		return false, fmt.Sprintf("slot lag %s above --max-slot-lag %s: %s", HumanBytes(s.slot.LagBytes), HumanBytes(s.maxSlotLag), s.lagCauseLocked())
+		return false, fmt.Sprintf("slot lag %s above --max-slot-lag %s: %s", humanize.Bytes(s.slot.LagBytes), humanize.Bytes(s.maxSlotLag), s.lagCauseLocked())
 	}
 	if st := s.wm.Stats(); !st.OldestUnacked.IsZero() && time.Since(st.OldestUnacked) > stalledAfter {
 		return false, fmt.Sprintf("watermark stalled: %d events unacked for %s", st.InflightEvents, time.Since(st.OldestUnacked).Round(time.Second))
@@ -130,12 +185,12 @@ func (s *state) lagCauseLocked() string {
 	switch {
 	case !s.streaming:
 		return "outboxd is not streaming" + s.errSuffix()
-	case !s.kafkaOK:
-		return "kafka is unreachable; events wait unacked"
+	case !s.brokerOK:
+		return "the broker is unreachable; events wait unacked"
 	}
 	if s.wm != nil {
 		if st := s.wm.Stats(); !st.OldestUnacked.IsZero() && time.Since(st.OldestUnacked) > 10*time.Second {
-			return fmt.Sprintf("%d events unacked by Kafka for %s", st.InflightEvents, time.Since(st.OldestUnacked).Round(time.Second))
+			return fmt.Sprintf("%d events unacked by the broker for %s", st.InflightEvents, time.Since(st.OldestUnacked).Round(time.Second))
 		}
 	}
 	if s.lastErr != "" && time.Since(s.lastErrAt) < 5*time.Minute {
@@ -148,13 +203,18 @@ func (s *state) lagCauseLocked() string {
 func (s *state) status() map[string]any {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.starting != "" {
+		// Before the relay streams: what it waits for. waiting_for_kafka
+		// keeps its name: scripts and the tests read it (README).
+		return map[string]any{"role": roleInactive, "streaming": false, "starting": s.starting, "waiting_for_kafka": s.waitingForBroker}
+	}
 	out := map[string]any{
 		"slot":             s.slotName,
 		"role":             s.roleLocked(),
 		"failover":         s.slotInfo.Failover || s.slot.Failover,
 		"plugin":           s.slotInfo.Plugin,
 		"streaming":        s.streaming,
-		"kafka_reachable":  s.kafkaOK,
+		"kafka_reachable":  s.brokerOK,
 		"received_lsn":     s.received.String(),
 		"confirmed_lsn":    s.confirmed.String(),
 		"slot_server_view": s.slot,
@@ -166,7 +226,7 @@ func (s *state) status() map[string]any {
 	if len(s.unprotected) > 0 {
 		out["unprotected_standbys"] = s.unprotected
 		out["warning"] = "physical standbys stream through slots that synchronized_standby_slots does not name (" + strings.Join(s.unprotected, ", ") +
-			"): after a promotion Kafka may hold events the new primary never had; add them to synchronized_standby_slots on the primary"
+			"): after a promotion the broker may hold events the new primary never had; add them to synchronized_standby_slots on the primary"
 	}
 	if s.holder != "" && !s.streaming {
 		out["slot_holder"] = s.holder
@@ -215,7 +275,7 @@ func (s *state) endSession() {
 // longer does).
 func (s *state) setStalled(reason string) {
 	s.mu.Lock()
-	s.stalled = Redact(reason, s.dsn)
+	s.stalled = redact.String(reason, s.dsn)
 	s.mu.Unlock()
 }
 
@@ -224,4 +284,55 @@ func (s *state) setPositions(confirmed, received wal.LSN) {
 	s.mu.Lock()
 	s.confirmed, s.received = confirmed, received
 	s.mu.Unlock()
+}
+
+// setHeartbeatErr records why heartbeats fail ("" when they work) and
+// returns the previous reason.
+func (s *state) setHeartbeatErr(why string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	prev := s.heartbeatErr
+	s.heartbeatErr = why
+	return prev
+}
+
+// setStandby records who holds the slot; nil clears it.
+func (s *state) setStandby(busy *slot.BusyError) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.holder = ""
+	if busy != nil {
+		s.holder = fmt.Sprintf("PID %d", busy.PID)
+		if busy.Holder != "" {
+			s.holder += " (" + busy.Holder + ")"
+		}
+	}
+}
+
+// roleLocked derives the role; s.mu is held.
+func (s *state) roleLocked() role {
+	switch {
+	case s.streaming:
+		return roleActive
+	case s.holder != "":
+		return roleStandby
+	}
+	return roleInactive
+}
+
+// isActive is the outboxd_active metric: 1 while this instance streams.
+func (s *state) isActive() float64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.roleLocked() == roleActive {
+		return 1
+	}
+	return 0
+}
+
+// hasTopicHolds reports whether the sink holds any topic's events.
+func (s *state) hasTopicHolds() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.topicHolds) > 0
 }

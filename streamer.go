@@ -29,7 +29,23 @@ type replStream interface {
 // watermark. It runs in the relay's goroutine; only produce callbacks run
 // elsewhere, and they touch nothing but the watermark, errc and metrics.
 type streamer struct {
-	*relay
+	// What the session uses of the relay (newStreamer): its configuration,
+	// logger, router, sink, metrics and state; the rejected events it
+	// dead-letters or holds before (poison: the relay goroutine's, which
+	// this session runs in); and the progress record's cap on
+	// confirmations.
+	cfg           *Config
+	log           *slog.Logger
+	router        *router.Router
+	sink          sink.Sink
+	m             *metrics
+	state         *state
+	onHeartbeat   func(content []byte, received time.Time)
+	poison        map[eventPos]string
+	published     map[string]prometheus.Counter // outboxd_events_published_total by topic, cached
+	confirmable   func(lsn wal.LSN) wal.LSN
+	flushProgress func(ctx context.Context)
+
 	stream   replStream
 	wm       *slot.Watermark
 	errc     chan error // first produce failure of the session
@@ -44,6 +60,16 @@ type streamer struct {
 	lastRecv time.Time
 	wakeAt   time.Time // read deadline while acks are awaited
 	pings    pingStreak
+}
+
+// newStreamer is the session's read loop over stream, from start, with the
+// relay's dependencies.
+func newStreamer(r *relay, stream replStream, wm *slot.Watermark, start wal.LSN) *streamer {
+	return &streamer{
+		cfg: &r.cfg, log: r.log, router: r.router, sink: r.sink, m: r.m, state: r.state, onHeartbeat: r.onHeartbeat,
+		poison: r.poison, published: r.published, confirmable: r.confirmable, flushProgress: r.flushProgress,
+		stream: stream, wm: wm, commit: atLeastOnce{wm}, errc: make(chan error, 1), rejected: &r.rejected, lastSent: start, sentAt: time.Now(),
+	}
 }
 
 // pingStreak counts keepalives that ask for a reply in quick succession. A
@@ -248,7 +274,7 @@ func (s *streamer) handle(ctx context.Context, msg *wal.Msg, now time.Time) erro
 				s.log.Debug("keepalive asks for a reply", "wal_end", msg.Keepalive.WALEnd.String(), "confirmed", s.wm.Confirmed().String())
 			}
 			if s.pings.persistent() && s.wm.Confirmed() < msg.Keepalive.WALEnd {
-				return fmt.Errorf("PostgreSQL is shutting down and waits for outboxd to confirm %s, but Kafka has not acked the events before it: disconnecting so the server can stop; those events are sent again after it restarts", msg.Keepalive.WALEnd)
+				return fmt.Errorf("PostgreSQL is shutting down and waits for outboxd to confirm %s, but the broker has not acked the events before it: disconnecting so the server can stop; those events are sent again after it restarts", msg.Keepalive.WALEnd)
 			}
 			return s.sendStatus(false)
 		}
@@ -341,7 +367,7 @@ func (s *streamer) publish(ctx context.Context, pos eventPos, src source, rec ro
 		if err = s.probe(ctx, &rec, pos); err == nil {
 			delete(s.poison, pos)
 			if s.commit.probeDelivers() {
-				return nil // it is in Kafka now
+				return nil // it is in the broker now
 			}
 			return s.produce(ctx, &rec, pos, src)
 		}
@@ -360,7 +386,7 @@ func (s *streamer) publish(ctx context.Context, pos eventPos, src source, rec ro
 	} else {
 		id = eventID(rec.Headers)
 	}
-	if s.cfg.OnInvalid != "dead-letter" {
+	if s.cfg.OnInvalid != OnInvalidDeadLetter {
 		h := &holdError{pos: pos, table: table, id: id, cause: err}
 		if retry {
 			h.rec = &rec

@@ -225,7 +225,7 @@ func newHarness(t *testing.T, start wal.LSN, tweak func(*Config)) *harness {
 		Slot: "s", MaxInflightEvents: 1000, MaxInflightBytes: 1 << 20,
 		StatusInterval: time.Second, ConfirmInterval: 5 * time.Millisecond, ReplicationTimeout: time.Minute,
 		ShutdownTimeout: 2 * time.Second, ReleaseAfter: time.Minute, MaxMessageBytes: 1 << 20,
-		OnInvalid: "fail", DeadLetterTopic: "dlq",
+		OnInvalid: OnInvalidFail, DeadLetterTopic: "dlq",
 	}
 	if tweak != nil {
 		tweak(&cfg)
@@ -237,7 +237,7 @@ func newHarness(t *testing.T, start wal.LSN, tweak func(*Config)) *harness {
 	ss := newScriptStream()
 	wm := slot.NewWatermark(start)
 	st.startSession(wm, slot.Info{})
-	s := &streamer{relay: r, stream: ss, wm: wm, commit: atLeastOnce{wm}, errc: make(chan error, 1), rejected: &r.rejected, lastSent: start, sentAt: time.Now()}
+	s := newStreamer(r, ss, wm, start)
 	return &harness{t: t, relay: r, stream: ss, sink: hs, s: s}
 }
 
@@ -381,7 +381,7 @@ func TestStreamerHoldsOnAnInvalidRow(t *testing.T) {
 // In dead-letter mode the invalid row goes to the dead-letter topic in its
 // place, and the transaction is confirmed once both are acked.
 func TestStreamerDeadLettersAnInvalidRowInOrder(t *testing.T) {
-	h := newHarness(t, 100, func(c *Config) { c.OnInvalid = "dead-letter" })
+	h := newHarness(t, 100, func(c *Config) { c.OnInvalid = OnInvalidDeadLetter })
 	h.start()
 	h.stream.push(txn(200, 210, uuid(1), "bad", uuid(3))...)
 	h.sink.waitProduced(t, 3)

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/internal/sysid"
 	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/sink/kafka"
 )
@@ -124,7 +124,7 @@ func openBroker(ctx context.Context, o *runOptions, log *slog.Logger, held func(
 		if key != "" {
 			return key, nil
 		}
-		k, err := outboxd.CheckpointKey(ctx, o.Postgres, o.Slot)
+		k, err := sysid.Key(ctx, o.Postgres, o.Slot)
 		if err == nil {
 			key = k
 		}

@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/internal/pgsql"
 )
 
 // Startup checks of how outboxd is exposed: the transport to PostgreSQL,
@@ -55,7 +55,7 @@ func registerPostgresFile(s *optionSet, dsn *string) {
 // /status.
 func transportWarnings(o runOptions, getenv func(string) string) []string {
 	var out []string
-	if mode := outboxd.SSLMode(o.Postgres, getenv); mode != "verify-full" && mode != "socket" && !o.PostgresAllowInsecure && crossesNetwork(o.Postgres) {
+	if mode := pgsql.SSLMode(o.Postgres, getenv); mode != "verify-full" && mode != "socket" && !o.PostgresAllowInsecure && crossesNetwork(o.Postgres) {
 		out = append(out, fmt.Sprintf("PostgreSQL sslmode is %s: the connection (events, and the password) can be read or altered on the network, "+
 			"and the server is not authenticated; use sslmode=verify-full&sslrootcert=<CA file> (or --postgres-allow-insecure to accept this)", mode))
 	}

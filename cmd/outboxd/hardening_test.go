@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/internal/redact"
 )
 
 func noEnv(string) string { return "" }
@@ -89,8 +89,8 @@ func TestPostgresFileAndRedaction(t *testing.T) {
 		`err="connect: host=db password='a\\'b c9Zq' dbname=x"`,
 		`"host=db password='a\\\'b c9Zq'"`,
 	} {
-		if got := outboxd.Redact(text, dsn); strings.Contains(got, "c9Zq") || strings.Contains(got, "a'b") {
-			t.Errorf("outboxd.Redact(%s) = %s", text, got)
+		if got := redact.String(text, dsn); strings.Contains(got, "c9Zq") || strings.Contains(got, "a'b") {
+			t.Errorf("redact.String(%s) = %s", text, got)
 		}
 	}
 }

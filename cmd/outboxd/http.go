@@ -6,14 +6,14 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/internal/pprofcap"
 )
 
 // The endpoints have no authentication: the binary listens on loopback by
 // default, and every connection is bounded in time.
 const (
 	httpReadTimeout  = 10 * time.Second
-	httpWriteTimeout = outboxd.MaxPprofSeconds*time.Second + 10*time.Second // a whole profile
+	httpWriteTimeout = pprofcap.MaxSeconds*time.Second + 10*time.Second // a whole profile
 	httpIdleTimeout  = 60 * time.Second
 )
 
@@ -42,14 +42,15 @@ func (s *swapHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // startingHandler answers before the relay exists: alive (/healthz 200), not
 // ready (/readyz 503 saying why), and /status as JSON saying what it waits
-// for (waiting_for_kafka once Kafka has failed to answer), so that scripts
-// and tests read the state rather than the log.
-func startingHandler(why string, waitingForKafka bool) http.Handler {
+// for, so that scripts and tests read the state rather than the log. It
+// answers only until the relay exists: the relay's handler then says what
+// its own startup waits for (waiting_for_kafka once Kafka failed to answer).
+func startingHandler(why string) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
 	mux.HandleFunc("/status", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		json.NewEncoder(w).Encode(map[string]any{"role": "inactive", "streaming": false, "starting": why, "waiting_for_kafka": waitingForKafka})
+		json.NewEncoder(w).Encode(map[string]any{"role": "inactive", "streaming": false, "starting": why, "waiting_for_kafka": false})
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
 		http.Error(w, "starting: "+why, http.StatusServiceUnavailable)

@@ -16,7 +16,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/internal/pgerr"
 )
 
 // version is set at build time: -ldflags "-X main.version=…".
@@ -75,7 +75,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 		return 0
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "outboxd %s: %v\n", args[0], outboxd.RootCauseFirst(err))
+		fmt.Fprintf(stderr, "outboxd %s: %v\n", args[0], pgerr.RootCauseFirst(err))
 		return 1
 	}
 	return 0

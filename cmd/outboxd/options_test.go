@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/internal/humanize"
 	"github.com/outboxd/outboxd/router"
 )
 
@@ -96,8 +97,8 @@ func TestByteSize(t *testing.T) {
 			t.Errorf("%q → %d, %v; want %d", in, b, err, want)
 		}
 	}
-	if outboxd.HumanBytes(1536<<20) != "1.5GiB" || outboxd.HumanBytes(544) != "544B" {
-		t.Errorf("humanBytes: %s %s", outboxd.HumanBytes(1536<<20), outboxd.HumanBytes(544))
+	if humanize.Bytes(1536<<20) != "1.5GiB" || humanize.Bytes(544) != "544B" {
+		t.Errorf("humanBytes: %s %s", humanize.Bytes(1536<<20), humanize.Bytes(544))
 	}
 }
 
@@ -164,5 +165,23 @@ tables:
 	_, err = router.New(routerConfig(o, defaults, tables))
 	if err == nil || !strings.Contains(err.Error(), `table public.legacy_outbox: key.format: "quoted" is not one of raw, json-string`) {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+// The flags' words reach the engine as its constants, and the defaults
+// are the engine's zero values.
+func TestEngineChoices(t *testing.T) {
+	var cfg outboxd.Config
+	if err := engineChoices(runOptions{OnInvalid: "dead-letter", SlotFailover: "false", PgoutputBinary: "auto"}, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.OnInvalid != outboxd.OnInvalidDeadLetter || cfg.SlotFailover != outboxd.SlotFailoverFalse || cfg.PgoutputBinary != outboxd.PgoutputBinaryAuto {
+		t.Fatalf("%v %v %v", cfg.OnInvalid, cfg.SlotFailover, cfg.PgoutputBinary)
+	}
+	if err := engineChoices(runOptions{OnInvalid: "fail", SlotFailover: "auto", PgoutputBinary: "off"}, &cfg); err != nil || cfg.OnInvalid != 0 || cfg.SlotFailover != 0 || cfg.PgoutputBinary != 0 {
+		t.Fatalf("defaults: %+v, %v", cfg, err)
+	}
+	if err := engineChoices(runOptions{OnInvalid: "drop", SlotFailover: "auto", PgoutputBinary: "off"}, &cfg); err == nil {
+		t.Fatal(`"drop" accepted`)
 	}
 }

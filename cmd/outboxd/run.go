@@ -14,6 +14,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/outboxd/outboxd/internal/pgsql"
+	"github.com/outboxd/outboxd/internal/redact"
 	"github.com/outboxd/outboxd/pgquote"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
@@ -211,7 +213,7 @@ func (o *runOptions) validate() error {
 
 func runCommand(ctx context.Context, e env, args []string) (err error) {
 	var o runOptions
-	defer func() { err = outboxd.RedactErr(err, o.Postgres) }()
+	defer func() { err = redact.Err(err, o.Postgres) }()
 	set := newOptionSet("run", "router", "tables")
 	o.register(set)
 	if err := set.parse(args, e.getenv); err != nil {
@@ -237,7 +239,7 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 	for _, w := range warnings {
 		log.Warn("insecure transport: " + w)
 	}
-	if w := outboxd.CheckEmitMessagePublic(ctx, log, o.Postgres, o.MessagePrefix); w != "" {
+	if w := pgsql.CheckEmitMessagePublic(ctx, log, o.Postgres, o.MessagePrefix); w != "" {
 		warnings = append(warnings, w)
 	}
 	defaults, tables, err := router.ConfigFromYAML(set.sections["router"], set.sections["tables"])
@@ -296,8 +298,9 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 	// (a liveness probe must not kill a pod that only waits), and /readyz
 	// says what it waits for.
 	var handler swapHandler
-	const waitingWhy = "waiting for Kafka to register the transactional producer and read the checkpoint"
-	handler.set(startingHandler(waitingWhy, false))
+	// Until the relay exists; then the relay's handler answers, also while
+	// its startup waits (exactly-once mode registering its producer).
+	handler.set(startingHandler("building the relay"))
 	if o.HTTPAddr != "" {
 		ln, err := net.Listen("tcp", o.HTTPAddr)
 		if err != nil {
@@ -324,47 +327,26 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 		MaxInflightEvents: o.MaxInflightEvents, MaxInflightBytes: int64(o.MaxInflightBytes),
 		StatusInterval: o.StatusInterval, ConfirmInterval: o.ConfirmInterval, ShutdownTimeout: o.ShutdownTimeout,
 		ReplicationTimeout: o.ReplicationTimeout, MaxMessageBytes: int(o.MaxMessageBytes),
-		OnInvalid: o.OnInvalid, DeadLetterTopic: o.DeadLetterTopic, MessagePrefix: o.MessagePrefix,
+		DeadLetterTopic: o.DeadLetterTopic, MessagePrefix: o.MessagePrefix,
 		HeartbeatInterval: o.HeartbeatInterval, PollInterval: o.PollInterval, MaxSlotLag: int64(o.MaxSlotLag),
-		Warnings: warnings, SlotFailover: o.SlotFailover, AcceptGap: o.AcceptGap,
-		PgoutputBinary: o.PgoutputBinary,
+		Warnings: warnings, AcceptGap: o.AcceptGap,
+	}
+	if err := engineChoices(o, &cfg); err != nil {
+		return err
 	}
 	switch {
 	case other != nil:
 		cfg.Sink, cfg.ProgressStore = other.Sink, other.Progress
-	case o.ExactlyOnce && outboxd.SlotBusy(ctx, o.Postgres, o.Slot, o.ReplicationTimeout):
-		// Registering the transactional id now would fence the instance
-		// streaming: stand by, and register it once the slot is ours.
-		key, err := outboxd.CheckpointKey(ctx, o.Postgres, o.Slot)
-		if err != nil {
-			return err
-		}
-		if err := sk.UseCheckpoints(kafka.Checkpoints{Topic: o.CheckpointTopic, Key: key, Check: outboxd.CheckpointGuard(o.Postgres),
-			TransactionalID: transactionalID(o, key), MessagePrefix: o.MessagePrefix}); err != nil {
-			return err
-		}
-		cfg.Sink, cfg.TxnSink, cfg.DeferInit, cfg.SplitAge = sk, sk, true, o.TransactionTimeout/4
 	case o.ExactlyOnce:
-		done, err := prepareExactlyOnce(ctx, log, sk, o, func() { handler.set(startingHandler(waitingWhy, true)) })
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil // stopped while waiting for Kafka
-			}
-			return err
-		}
-		cfg.Sink, cfg.TxnSink, cfg.Done, cfg.SplitAge = sk, sk, done, o.TransactionTimeout/4
+		cfg.Sink, cfg.TxnSink, cfg.SplitAge = sk, sk, o.TransactionTimeout/4
+		cfg.Delivery, cfg.Checkpoints = outboxd.ExactlyOnce, kafkaCheckpoints(log, sk, o)
 	default:
 		cfg.Sink = sk
 		// Keyed "<system id>/<slot>"; the slot-only key of older versions is
 		// read once, for an upgrade.
-		key, err := outboxd.ProgressKey(ctx, log, o.Postgres, o.Slot)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return err
+		cfg.NewProgressStore = func(key string) sink.ProgressStore {
+			return kafka.ProgressStore{Sink: sk, Progress: kafka.Progress{Topic: o.ProgressTopic, Key: key, Legacy: o.Slot}}
 		}
-		cfg.ProgressStore = kafka.ProgressStore{Sink: sk, Progress: kafka.Progress{Topic: o.ProgressTopic, Key: key, Legacy: o.Slot}}
 	}
 	cfg.Sink = tr.wrap(cfg.Sink, messagingSystem(o.Broker))
 	relay, err := outboxd.New(cfg)
@@ -407,23 +389,21 @@ func transactional(o runOptions) *kafka.Transactional {
 	return &kafka.Transactional{Timeout: o.TransactionTimeout}
 }
 
-// prepareExactlyOnce fences any previous instance (same transactional id),
-// and reads the checkpoint: where the events already in Kafka end. waiting
-// runs once Kafka has failed to answer (/status then says so).
-func prepareExactlyOnce(ctx context.Context, log *slog.Logger, sk *kafka.Sink, o runOptions, waiting func()) (sink.Checkpoint, error) {
-	cp := kafka.Checkpoints{Topic: o.CheckpointTopic, Check: outboxd.CheckpointGuard(o.Postgres), MessagePrefix: o.MessagePrefix}
-	key := func(ctx context.Context) (string, error) { return outboxd.CheckpointKey(ctx, o.Postgres, o.Slot) }
-	done, err := outboxd.StartExactlyOnce(ctx, log, key, func(ctx context.Context, key string) (sink.Checkpoint, error) {
-		cp.Key, cp.TransactionalID = key, transactionalID(o, key)
-		if err := sk.InitTransactions(ctx, cp); err != nil {
-			return sink.Checkpoint{}, err
+// kafkaCheckpoints binds the Kafka sink to the checkpoint record the engine
+// names (outboxd.CheckpointBinding): the transactional id derives from its
+// key, and registering it fences any previous instance.
+func kafkaCheckpoints(log *slog.Logger, sk *kafka.Sink, o runOptions) func(ctx context.Context, b outboxd.CheckpointBinding) error {
+	return func(ctx context.Context, b outboxd.CheckpointBinding) error {
+		cp := kafka.Checkpoints{Topic: o.CheckpointTopic, Key: b.Key, Check: b.Check, TransactionalID: transactionalID(o, b.Key), MessagePrefix: o.MessagePrefix}
+		if !b.Register {
+			return sk.UseCheckpoints(cp)
 		}
-		return sk.LoadCheckpoint(ctx)
-	}, waiting)
-	if err == nil {
-		log.Info("exactly-once mode", "transactional_id", sk.TransactionalID(), "checkpoint_topic", cp.Topic, "checkpoint_lsn", done.String(), "transaction_timeout", o.TransactionTimeout.String())
+		if err := sk.InitTransactions(ctx, cp); err != nil {
+			return err
+		}
+		log.Info("exactly-once mode", "transactional_id", sk.TransactionalID(), "checkpoint_topic", cp.Topic, "transaction_timeout", o.TransactionTimeout.String())
+		return nil
 	}
-	return done, err
 }
 
 func newLogger(w interface{ Write([]byte) (int, error) }, format, level string) *slog.Logger {

@@ -1,14 +1,14 @@
 package main
 
 import (
-	"github.com/outboxd/outboxd"
-
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 
+	"github.com/outboxd/outboxd/internal/pgsql"
+	"github.com/outboxd/outboxd/internal/redact"
 	"github.com/outboxd/outboxd/migrations"
 	"github.com/outboxd/outboxd/pgquote"
 	"github.com/outboxd/outboxd/slot"
@@ -83,7 +83,7 @@ func (o *setupOptions) objects() migrations.Objects {
 
 func setupCommand(ctx context.Context, e env, args []string) (err error) {
 	var o setupOptions
-	defer func() { err = outboxd.RedactErr(err, o.Postgres) }()
+	defer func() { err = redact.Err(err, o.Postgres) }()
 	set := newOptionSet("setup")
 	o.register(set)
 	if err := set.parse(args, e.getenv); err != nil {
@@ -111,7 +111,7 @@ func setupCommand(ctx context.Context, e env, args []string) (err error) {
 		return err
 	}
 
-	conn, err := outboxd.ConnectPlain(ctx, o.Postgres, "outboxd setup")
+	conn, err := pgsql.Connect(ctx, o.Postgres, "outboxd setup")
 	if err != nil {
 		return err
 	}

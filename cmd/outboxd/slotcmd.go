@@ -7,7 +7,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/internal/pgsql"
+	"github.com/outboxd/outboxd/internal/redact"
 	"github.com/outboxd/outboxd/slot"
 )
 
@@ -55,7 +56,7 @@ type slotDropOptions struct {
 
 func slotDropCommand(ctx context.Context, e env, args []string) (err error) {
 	var o slotDropOptions
-	defer func() { err = outboxd.RedactErr(err, o.Postgres) }()
+	defer func() { err = redact.Err(err, o.Postgres) }()
 	set := newOptionSet("slot drop")
 	set.fs.StringVar(&o.Postgres, "postgres", "", "PostgreSQL connection string, to the slot's database")
 	registerPostgresFile(set, &o.Postgres)
@@ -80,7 +81,7 @@ func slotDropCommand(ctx context.Context, e env, args []string) (err error) {
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	conn, err := outboxd.ConnectPlain(ctx, o.Postgres, "outboxd slot drop")
+	conn, err := pgsql.Connect(ctx, o.Postgres, "outboxd slot drop")
 	if err != nil {
 		return err
 	}

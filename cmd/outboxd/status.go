@@ -12,7 +12,9 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/internal/humanize"
+	"github.com/outboxd/outboxd/internal/pgsql"
+	"github.com/outboxd/outboxd/internal/redact"
 	"github.com/outboxd/outboxd/migrations"
 	"github.com/outboxd/outboxd/pgquote"
 	"github.com/outboxd/outboxd/slot"
@@ -41,7 +43,7 @@ func (o *statusOptions) register(s *optionSet) {
 
 func statusCommand(ctx context.Context, e env, args []string) (err error) {
 	var o statusOptions
-	defer func() { err = outboxd.RedactErr(err, o.Postgres) }()
+	defer func() { err = redact.Err(err, o.Postgres) }()
 	set := newOptionSet("status")
 	o.register(set)
 	if err := set.parse(args, e.getenv); err != nil {
@@ -56,7 +58,7 @@ func statusCommand(ctx context.Context, e env, args []string) (err error) {
 	if o.Postgres == "" {
 		return errors.New("--postgres (OUTBOXD_POSTGRES) is required, or libpq's PGHOST/PGDATABASE/PGUSER/PGSERVICE variables")
 	}
-	conn, err := outboxd.ConnectPlain(ctx, o.Postgres, "outboxd status")
+	conn, err := pgsql.Connect(ctx, o.Postgres, "outboxd status")
 	if err != nil {
 		return err
 	}
@@ -140,7 +142,7 @@ func writeStatus(w io.Writer, r *slot.Status) {
 			dbs = append(dbs[:6], "…")
 		}
 		fmt.Fprintf(w, "note: %d more slot(s) of other databases or physical replication not shown (%s), retaining up to %s of WAL\n",
-			n, strings.Join(dbs, ", "), outboxd.HumanBytes(retained))
+			n, strings.Join(dbs, ", "), humanize.Bytes(retained))
 	}
 	var idle []string
 	for _, s := range r.Slots {
@@ -212,7 +214,7 @@ func holder(s slot.Listed) string {
 func safeWALSize(s slot.Listed) string {
 	switch {
 	case s.SafeWALSize != nil:
-		return outboxd.HumanBytes(*s.SafeWALSize)
+		return humanize.Bytes(*s.SafeWALSize)
 	case s.WALStatus == "lost" || s.WALStatus == "":
 		return "-"
 	default:
@@ -224,7 +226,7 @@ func bytesOrDash(n *int64) string {
 	if n == nil {
 		return "-"
 	}
-	return outboxd.HumanBytes(*n)
+	return humanize.Bytes(*n)
 }
 
 func lsnOrDash(l wal.LSN) string {

@@ -7,7 +7,7 @@ import (
 )
 
 // transactionalID is the exactly-once producer's transactional id for the
-// checkpoint key "<system id>/<slot>" (outboxd.CheckpointKey): one per
+// checkpoint key "<system id>/<slot>" (sysid.Key): one per
 // database and slot, so instances of different databases with the same
 // slot name never fence each other on a shared Kafka cluster.
 func transactionalID(o runOptions, key string) string {

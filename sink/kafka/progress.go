@@ -16,7 +16,7 @@ import (
 // is recognised at startup instead of being silently papered over.
 type Progress struct {
 	Topic string
-	// Key is "<system id>/<slot>" (outboxd.ProgressKey), like the
+	// Key is "<system id>/<slot>" (sysid.Key), like the
 	// checkpoint's: two clusters with the same slot name sharing the topic
 	// keep separate records.
 	Key string

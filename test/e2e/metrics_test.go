@@ -76,7 +76,7 @@ func TestMetricsAndReadiness(t *testing.T) {
 	}
 	poll(t, 10*time.Second, "/readyz 503 naming kafka", func() bool {
 		c, body := r.get(t, "/readyz")
-		return c == 503 && strings.Contains(body, "kafka unreachable")
+		return c == 503 && strings.Contains(body, "broker unreachable")
 	})
 	f.exec(`CREATE TABLE filler (x text)`)
 	for i := 21; i <= 30; i++ {
@@ -115,7 +115,7 @@ func TestMetricsAndReadiness(t *testing.T) {
 	if v := r.metric(t, `outboxd_slot_wal_status{status="reserved"}`); v != 1 {
 		t.Fatalf("wal_status reserved = %v", v)
 	}
-	for _, w := range []string{"kafka unreachable", "kafka reachable again"} {
+	for _, w := range []string{"broker unreachable", "broker reachable again"} {
 		if !strings.Contains(r.Log(), w) {
 			t.Errorf("log lacks %q", w)
 		}

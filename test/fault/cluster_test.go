@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/internal/sysid"
 	"github.com/outboxd/outboxd/sink/kafka"
 	"github.com/outboxd/outboxd/test/harness"
 )
@@ -72,7 +72,7 @@ func (w *world) clusterFault(kind faultKind) (string, error) {
 		if !w.mode.transactional {
 			return "", fmt.Errorf("%s needs -mode exactly-once", kind)
 		}
-		key, err := outboxd.CheckpointKey(ctx, w.dsn, slotName) // "<system id>/<slot>"
+		key, err := sysid.Key(ctx, w.dsn, slotName) // "<system id>/<slot>"
 		if err != nil {
 			return "", err
 		}

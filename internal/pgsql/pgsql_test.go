@@ -1,4 +1,4 @@
-package outboxd
+package pgsql
 
 import (
 	"context"

@@ -1,10 +1,11 @@
-package outboxd
+// Package humanize formats quantities for people (logs, /readyz, outboxd status).
+package humanize
 
 import "strconv"
 
-// HumanBytes formats a byte count for people: 1.5GiB rather than an exact
+// Bytes formats a byte count for people: 1.5GiB rather than an exact
 // count. Logs, /readyz and outboxd status use it.
-func HumanBytes(n int64) string {
+func Bytes(n int64) string {
 	neg := n < 0
 	if neg {
 		n = -n

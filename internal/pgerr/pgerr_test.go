@@ -1,4 +1,4 @@
-package outboxd
+package pgerr
 
 import (
 	"errors"

@@ -1,4 +1,7 @@
-package outboxd
+// Package pgsql holds what the commands do over an ordinary PostgreSQL
+// connection before or beside the relay: connect, tell the TLS mode, check
+// who may publish through pg_logical_emit_message.
+package pgsql
 
 import (
 	"context"
@@ -7,11 +10,13 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/internal/redact"
 )
 
-// ConnectPlain opens an ordinary (non-replication) connection, named app
+// Connect opens an ordinary (non-replication) connection, named app
 // in pg_stat_activity unless the connection string names it.
-func ConnectPlain(ctx context.Context, dsn, app string) (*pgx.Conn, error) {
+func Connect(ctx context.Context, dsn, app string) (*pgx.Conn, error) {
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("parse postgres connection string: %w", err)
@@ -75,15 +80,15 @@ func CheckEmitMessagePublic(ctx context.Context, log *slog.Logger, dsn, prefix s
 	if prefix == "" {
 		return ""
 	}
-	conn, err := ConnectPlain(ctx, dsn, "outboxd")
+	conn, err := Connect(ctx, dsn, "outboxd")
 	if err != nil {
-		log.Warn("could not check who may call pg_logical_emit_message", "err", RedactErr(err, dsn))
+		log.Warn("could not check who may call pg_logical_emit_message", "err", redact.Err(err, dsn))
 		return ""
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	public, err := emitMessagePublic(ctx, conn)
 	if err != nil {
-		log.Warn("could not check who may call pg_logical_emit_message", "err", RedactErr(err, dsn))
+		log.Warn("could not check who may call pg_logical_emit_message", "err", redact.Err(err, dsn))
 		return ""
 	}
 	if !public {

@@ -1,6 +1,13 @@
-package outboxd
+// Package pgerr classifies and rewords PostgreSQL errors: which ones retrying
+// cannot fix, and which attempt of a failed connection says what is wrong.
+package pgerr
 
-import "strings"
+import (
+	"errors"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
 
 // RootCauseFirst reorders pgx's report of a failed connection so that the
 // attempt that says what is wrong comes first. With sslmode=prefer (libpq's
@@ -69,3 +76,13 @@ type reorderedError struct {
 
 func (e *reorderedError) Error() string { return e.msg }
 func (e *reorderedError) Unwrap() error { return e.err }
+
+// IsConfigError reports PostgreSQL errors that retrying cannot fix: bad
+// credentials, missing privileges, a database that does not exist.
+func IsConfigError(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	return strings.HasPrefix(pgErr.Code, "28") || pgErr.Code == "42501" || pgErr.Code == "3D000"
+}

@@ -1,4 +1,4 @@
-package outboxd
+package redact
 
 import (
 	"errors"
@@ -42,38 +42,38 @@ func TestRedactDSN(t *testing.T) {
 func TestRedactText(t *testing.T) {
 	dsn := "postgres://app:hunter22@db.internal/orders"
 	msg := "connect failed for `postgres://app:hunter22@db.internal/orders`: bad password hunter22; also password='x y' and password=plain, then host=h"
-	got := Redact(msg, dsn)
+	got := String(msg, dsn)
 	for _, leak := range []string{"hunter22", "x y", "plain"} {
 		if strings.Contains(got, leak) {
-			t.Errorf("redactText leaks %q: %s", leak, got)
+			t.Errorf("String leaks %q: %s", leak, got)
 		}
 	}
 	for _, keep := range []string{"postgres://app:xxxxx@db.internal/orders`", "password=xxxxx and", "then host=h"} {
 		if !strings.Contains(got, keep) {
-			t.Errorf("redactText lost %q: %s", keep, got)
+			t.Errorf("String lost %q: %s", keep, got)
 		}
 	}
 	// A keyword/value DSN's password, quoted with escapes, is found literally
 	// once parsed.
 	kv := `host=h password='a\'b c d' dbname=x`
-	if got := Redact("error: the server said a'b c d is wrong", kv); strings.Contains(got, "a'b c d") {
+	if got := String("error: the server said a'b c d is wrong", kv); strings.Contains(got, "a'b c d") {
 		t.Errorf("literal password leaked: %s", got)
 	}
 }
 
-func TestRedactErr(t *testing.T) {
-	if RedactErr(nil, "x") != nil {
+func TestErr(t *testing.T) {
+	if Err(nil, "x") != nil {
 		t.Fatal("nil error must stay nil")
 	}
 	base := errors.New("dial postgres://u:topsecret@h/db: refused")
-	err := RedactErr(fmt.Errorf("setup: %w", base), "postgres://u:topsecret@h/db")
+	err := Err(fmt.Errorf("setup: %w", base), "postgres://u:topsecret@h/db")
 	if strings.Contains(err.Error(), "topsecret") || !strings.Contains(err.Error(), "u:xxxxx@h") {
 		t.Errorf("redactErr = %q", err)
 	}
 	if !errors.Is(err, base) {
 		t.Error("redactErr must keep the chain for errors.Is")
 	}
-	if got := RedactErr(flag.ErrHelp, "postgres://u:topsecret@h/db"); got != flag.ErrHelp {
+	if got := Err(flag.ErrHelp, "postgres://u:topsecret@h/db"); got != flag.ErrHelp {
 		t.Errorf("an error without secrets must pass unchanged, got %v", got)
 	}
 }

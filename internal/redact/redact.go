@@ -1,4 +1,6 @@
-package outboxd
+// Package redact masks passwords in connection strings and in the messages
+// (errors, log lines) that may carry them.
+package redact
 
 import (
 	"regexp"
@@ -71,10 +73,10 @@ func redactURL(u string) string {
 	return out
 }
 
-// Redact masks passwords in free text (an error message, a log line):
+// String masks passwords in free text (an error message, a log line):
 // every postgres:// URL and password=… pair, and the literal passwords of
 // the given connection strings wherever they appear.
-func Redact(s string, dsns ...string) string {
+func String(s string, dsns ...string) string {
 	for _, dsn := range dsns {
 		if dsn == "" {
 			continue
@@ -106,13 +108,13 @@ func passwords(dsn string) []string {
 	return []string{cfg.Password}
 }
 
-// RedactErr returns err with passwords masked in its message (see
-// redactText); errors.Is and errors.As still see the original. nil stays nil.
-func RedactErr(err error, dsns ...string) error {
+// Err returns err with passwords masked in its message (see
+// String); errors.Is and errors.As still see the original. nil stays nil.
+func Err(err error, dsns ...string) error {
 	if err == nil {
 		return nil
 	}
-	msg := Redact(err.Error(), dsns...)
+	msg := String(err.Error(), dsns...)
 	if msg == err.Error() {
 		return err
 	}
