@@ -214,7 +214,8 @@ func (s *state) status() map[string]any {
 		"failover":         s.slotInfo.Failover || s.slot.Failover,
 		"plugin":           s.slotInfo.Plugin,
 		"streaming":        s.streaming,
-		"kafka_reachable":  s.brokerOK,
+		"broker_reachable": s.brokerOK,
+		"kafka_reachable":  s.brokerOK, // the same, under its name from before NATS and RabbitMQ
 		"received_lsn":     s.received.String(),
 		"confirmed_lsn":    s.confirmed.String(),
 		"slot_server_view": s.slot,
