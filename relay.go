@@ -109,6 +109,11 @@ func (r *relay) run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
+		if sink.KindOf(err) == sink.Fenced {
+			if b := r.takenOver(ctx); b != nil {
+				err = b // a takeover (role.go): stand by
+			}
+		}
 		r.state.setErr(err)
 		var setupErr *slot.SetupError
 		var busy *slot.BusyError

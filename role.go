@@ -38,6 +38,34 @@ func (r *relay) standByAndTakeOver(ctx context.Context, busy *slot.BusyError) {
 	}
 }
 
+// takenOver tells, after a session fenced in exactly-once mode, who holds
+// the slot now: the instance that registered the transactional id once its
+// START_REPLICATION held the slot. That is a takeover, not a reason to
+// exit: this instance lost the slot (it was stopped, or blocked on an
+// unreachable Kafka, for longer than --replication-timeout, and the standby
+// cut it off), so it stands by, as an instance that finds the slot busy at
+// startup does. It returns nil when the slot is free, held by this
+// instance's own last walsender, or cannot be seen: then whoever fenced it
+// streams from another server under the same system identifier and slot (a
+// copy of the database), and fencing stops the relay as before.
+func (r *relay) takenOver(ctx context.Context) *slot.BusyError {
+	if r.cfg.TxnSink == nil {
+		return nil
+	}
+	conn, err := r.dialSQL(ctx, r.cfg.Postgres)
+	if err != nil {
+		return nil
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	holder, err := currentHolder(ctx, conn, r.cfg.Slot, r.cfg.ReplicationTimeout)
+	if err != nil || holder == nil || holder.PID == r.lastPID {
+		return nil
+	}
+	r.log.Warn("exactly-once: fenced by the outboxd that took the slot over; standing by",
+		"slot", r.cfg.Slot, "holder_pid", holder.PID)
+	return holder
+}
+
 // standBy runs while the slot is busy: it marks this instance a standby and
 // returns once the slot is free, or its holder is an outboxd whose client
 // has been silent for --replication-timeout (Prepare then terminates it), or
