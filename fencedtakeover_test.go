@@ -65,20 +65,22 @@ func TestFencedByATakeoverStandsBy(t *testing.T) {
 		t.Fatalf("%d sessions, fresh producer %v; want 2, the second with a fresh producer", calls, fresh)
 	}
 
-	// Nobody else holds the slot: fencing stops the relay.
-	calls = 0
-	r.freshProducer = false
-	r.sessionFn = func(context.Context, *wal.LSN) (bool, *slot.Watermark, error) {
-		calls++
-		return true, nil, fenced
-	}
-	if err := r.run(context.Background()); sink.KindOf(err) != sink.Fenced || calls != 1 {
-		t.Fatalf("fenced with the slot free: %v after %d sessions, want the fencing after 1", err, calls)
-	}
-	// Held by this instance's own last walsender, not yet gone: stops too.
-	db.set(func(f *fakeSQL) { f.slot.Active, f.slot.ActivePID = true, 55 })
-	if err := r.run(context.Background()); sink.KindOf(err) != sink.Fenced {
-		t.Fatalf("fenced with its own walsender on the slot: %v", err)
+	// Nobody else holds the slot, or only this instance's own last
+	// walsender (not gone yet): the relay starts over with a fresh
+	// producer, and stops on the third fencing in a row.
+	for _, pid := range []int{0, 55} {
+		db.set(func(f *fakeSQL) { f.slot.Active, f.slot.ActivePID = pid != 0, pid })
+		calls, fresh = 0, nil
+		r.freshProducer = false
+		r.sessionFn = func(context.Context, *wal.LSN) (bool, *slot.Watermark, error) {
+			calls++
+			fresh = append(fresh, r.freshProducer)
+			return true, nil, fenced
+		}
+		if err := r.run(context.Background()); sink.KindOf(err) != sink.Fenced || calls != maxFencings || !fresh[1] || !fresh[2] {
+			t.Fatalf("fenced with slot holder %d: %v after %d sessions (fresh producer %v), want the fencing after %d, the later ones with a fresh producer", pid, err, calls, fresh, maxFencings)
+		}
+		r.fencings = 0
 	}
 }
 
