@@ -66,6 +66,9 @@ type relay struct {
 	textOnly bool
 	// lastServer is the previous session's server (slot.Info.Server).
 	lastServer string
+	// fencings counts exactly-once fencings in a row with no other
+	// process seen on the slot (role.go, fenced).
+	fencings int
 	// warnedSilence: the standby warned once that it cannot see the
 	// active's replies (role.go).
 	warnedSilence bool
@@ -109,6 +112,9 @@ func (r *relay) run(ctx context.Context) error {
 		streamed, wm, err := r.runSession(ctx, &resume)
 		if ctx.Err() != nil {
 			return nil
+		}
+		if sink.KindOf(err) == sink.Fenced {
+			err = r.fenced(ctx, err) // a takeover? (role.go)
 		}
 		r.state.setErr(err)
 		var setupErr *slot.SetupError

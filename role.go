@@ -36,9 +36,47 @@ const standbyPoll = 200 * time.Millisecond
 // producer fences whoever uses the transactional id: a standby that fenced
 // before winning the slot would stop an active that beat it to it.
 func (r *relay) standByAndTakeOver(ctx context.Context, busy *slot.BusyError) {
+	r.fencings = 0 // another process holds the slot: HA, not a copy of the database (fenced)
 	if r.standBy(ctx, busy) && r.cfg.TxnSink != nil {
 		r.freshProducer = true
 	}
+}
+
+// maxFencings is how many fencings in a row, with no other process seen on
+// the slot, stop the relay (fenced).
+const maxFencings = 3
+
+// fenced decides what a session fenced in exactly-once mode means. Only the
+// slot's holder registers the transactional id (standByAndTakeOver), so the
+// fencer is normally the instance that took the slot over: this one was
+// stopped, or blocked on an unreachable Kafka, for longer than
+// --replication-timeout, and the standby cut it off. That is a takeover,
+// not a reason to exit: if another process holds the slot, fenced returns
+// its BusyError and the relay stands by, as at startup. If nobody does (the
+// new holder lost the slot again, PostgreSQL restarts, it cannot be seen),
+// the relay starts over like after any failed session: it stands by if the
+// slot is busy by then, or takes it and registers a fresh producer. Only
+// after maxFencings fencings in a row without seeing another process on the
+// slot does fencing stop the relay (err, as before): then whoever fences it
+// streams from another server under the same system identifier and slot (a
+// copy of the database), and the two would fence each other forever.
+func (r *relay) fenced(ctx context.Context, err error) error {
+	if r.cfg.TxnSink == nil {
+		return err
+	}
+	if conn, derr := r.dialSQL(ctx, r.cfg.Postgres); derr == nil {
+		holder, herr := currentHolder(ctx, conn, r.cfg.Slot, r.cfg.ReplicationTimeout)
+		conn.Close(context.WithoutCancel(ctx))
+		if herr == nil && holder != nil && holder.PID != r.lastPID {
+			r.log.Warn("exactly-once: fenced by the outboxd that took the slot over; standing by",
+				"slot", r.cfg.Slot, "holder_pid", holder.PID)
+			return holder
+		}
+	}
+	if r.fencings++; r.fencings >= maxFencings {
+		return err
+	}
+	return fmt.Errorf("exactly-once: fenced (%d of %d in a row), and no other process holds the slot now; starting over: %v", r.fencings, maxFencings, err)
 }
 
 // standBy runs while the slot is busy: it marks this instance a standby and

@@ -72,6 +72,12 @@ func (s *Sink) classifyTxn(err error) error {
 	if err == nil || s.txn == nil {
 		return classify(err, s.txn != nil)
 	}
+	if errors.Is(err, kerr.InvalidProducerEpoch) || errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.UnknownProducerID) ||
+		errors.Is(err, kerr.InvalidProducerIDMapping) || errors.Is(err, kerr.TransactionAbortable) {
+		// franz-go would recover this producer id by registering it
+		// again: the client is done (spend).
+		s.spend()
+	}
 	if begun := s.begun.Load(); begun != 0 && errors.Is(err, kerr.InvalidProducerEpoch) && !errors.Is(err, kerr.ProducerFenced) {
 		if open := time.Since(time.Unix(0, begun)); open >= s.txn.Timeout {
 			return &sink.Error{Kind: sink.Transient, Err: fmt.Errorf("kafka: the transaction coordinator aborted the Kafka transaction, open %s, at its timeout (--transaction-timeout %s); starting a new producer session: %w",

@@ -81,7 +81,10 @@ type Sink struct {
 	// probeOpen: a probe's abort failed, so the client may still be inside
 	// its transaction; the next probe aborts it first.
 	probeOpen atomic.Bool
-	topics    *topics // missing topics: created, or their records held
+	// spent: the producer session failed; the client makes no more
+	// transactional requests until Reset replaces it (txn.go, spend).
+	spent  atomic.Bool
+	topics *topics // missing topics: created, or their records held
 }
 
 // New builds the producer. It does not contact the brokers: a broker that is

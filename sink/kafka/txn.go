@@ -91,6 +91,8 @@ func (s *Sink) Reset(ctx context.Context) error {
 	}
 	s.client.Swap(client).Close()
 	s.topics.failPending(errors.New("kafka: producer reset; the transaction was aborted"))
+	s.spent.Store(false)
+	s.probeOpen.Store(false)
 	return untilKafkaAnswers(ctx, func() error {
 		_, _, err := client.ProducerID(ctx)
 		return classify(err, true)
@@ -122,8 +124,33 @@ func untilKafkaAnswers(ctx context.Context, fn func() error, what string) error 
 	}
 }
 
+// errSpent is what a spent producer answers (spend).
+var errSpent = &sink.Error{Kind: sink.Transient, Err: errors.New("kafka: the producer session failed; outboxd starts a new one once it holds the slot")}
+
+// spend ends the client's producer session after a failure that may have
+// left franz-go about to re-register the transactional id on its own: a
+// commit or abort whose outcome is unknown (Kafka unreachable, an unknown
+// server error), or a request refused for its producer id or epoch. franz-go
+// recovers from those (KIP-360, KIP-588) with an InitProducerID carrying the
+// old producer id and epoch, run by the next Begin, record or
+// EndTransaction, abort included. That registration bumps the epoch and
+// fences whoever streams under the transactional id, and this instance no
+// longer knows whether it holds the slot: the failure may be the very
+// takeover (a standby that found it silent for --replication-timeout,
+// stopped or blocked on Kafka, took the slot and registered the id), and a
+// coordinator that accepts the stale epoch (kfake does) then fences the
+// slot's new holder. So a spent client makes no transactional request any
+// more: Begin and Probe answer errSpent, Abort only fails what it buffers,
+// and the coordinator aborts its open transaction when the next producer
+// registers. Only Reset, which the relay runs once START_REPLICATION holds
+// the slot, registers the id again (role.go).
+func (s *Sink) spend() { s.spent.Store(true) }
+
 // Begin opens a Kafka transaction.
 func (s *Sink) Begin() error {
+	if s.spent.Load() {
+		return errSpent
+	}
 	s.failed.Store(0)
 	s.begun.Store(time.Now().UnixNano())
 	return classify(s.cl().BeginTransaction(), true)
@@ -146,10 +173,16 @@ func (s *Sink) Commit(ctx context.Context, at sink.Checkpoint) error {
 		err = s.commit(ctx, at)
 	}
 	if err != nil {
+		if !errors.Is(err, sink.ErrRecordsFailed) {
+			// The commit's outcome is unknown (spend); a record's own
+			// failure spends the client in classifyTxn if it must.
+			s.spend()
+		}
+		err = s.classifyTxn(fmt.Errorf("kafka: commit transaction: %w", err))
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 		defer cancel()
 		s.Abort(actx)
-		return s.classifyTxn(fmt.Errorf("kafka: commit transaction: %w", err))
+		return err
 	}
 	return nil
 }
@@ -179,10 +212,19 @@ func (s *Sink) produceWithin(ctx context.Context, rec *kgo.Record) error {
 
 // Abort drops the open transaction and its buffered records. Should it not
 // complete (Kafka unreachable), the caller resets the producer.
-func (s *Sink) Abort(ctx context.Context) { _ = s.abort(ctx) }
+// A spent client (spend) sends nothing: the next producer's registration
+// aborts its transaction.
+func (s *Sink) Abort(ctx context.Context) {
+	if err := s.abort(ctx); err != nil && s.txn != nil && !s.probeOpen.Load() {
+		s.spend() // its outcome is unknown
+	}
+}
 
 func (s *Sink) abort(ctx context.Context) error {
 	s.topics.failPending(errors.New("kafka: transaction aborted"))
+	if s.spent.Load() {
+		return nil
+	}
 	err := s.cl().AbortBufferedRecords(ctx)
 	if e := s.cl().EndTransaction(ctx, kgo.TryAbort); err == nil {
 		err = e
@@ -413,6 +455,9 @@ func ptr(s string) *string { return &s }
 // the probe; the record is produced for real when the relay streams on.
 func (s *Sink) Probe(ctx context.Context, rec *router.Record) error {
 	if s.txn != nil {
+		if s.spent.Load() {
+			return errSpent
+		}
 		if s.probeOpen.Load() {
 			if err := s.abort(ctx); err != nil {
 				return classify(fmt.Errorf("kafka: abort the previous probe's transaction: %w", err), true)
