@@ -10,9 +10,11 @@ import (
 )
 
 // README's exactly-once mode: the producer's transactional id is
-// outboxd.<system identifier>.<slot> (a producer registering that id fences
-// outboxd, which then exits rather than commit), and the checkpoint topic is
-// created compacted with one partition.
+// outboxd.<system identifier>.<slot>; a producer registering that id fences
+// outboxd, which starts over (taking the id back) while nobody else holds the
+// slot, and exits after three fencings in a row (a copy of the database
+// streaming elsewhere); the checkpoint topic is created compacted with one
+// partition.
 func TestExactlyOnceTransactionalIDAndCheckpointTopic(t *testing.T) {
 	f := newFixture(t)
 	cp := "cp." + f.agg
@@ -58,21 +60,35 @@ func TestExactlyOnceTransactionalIDAndCheckpointTopic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl, err := kgo.NewClient(append(opts, kgo.TransactionalID(id), kgo.DefaultProduceTopic(f.topic()))...)
-	if err != nil {
-		t.Fatal(err)
+	// intrude registers outboxd's transactional id (fencing it) and commits.
+	intrude := func() {
+		cl, err := kgo.NewClient(append(opts, kgo.TransactionalID(id), kgo.DefaultProduceTopic(f.topic()))...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cl.Close()
+		if err := cl.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.ProduceSync(f.ctx, &kgo.Record{Key: []byte("intruder"), Value: []byte("{}")}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.EndTransaction(f.ctx, kgo.TryCommit); err != nil {
+			t.Fatal(err)
+		}
 	}
-	defer cl.Close()
-	if err := cl.BeginTransaction(); err != nil {
-		t.Fatal(err)
+	// Fenced once or twice, outboxd starts over, takes the id back and
+	// delivers the event.
+	for n := 2; n <= 3; n++ {
+		intrude()
+		f.waitConfirmed(f.commit(event{n, "a", "E", `{}`}), 30*time.Second)
+		if r.Exited() {
+			t.Fatalf("outboxd exited after %d fencing(s):\n%s", n-1, tailString(r.Log(), 3000))
+		}
 	}
-	if err := cl.ProduceSync(f.ctx, &kgo.Record{Key: []byte("intruder"), Value: []byte("{}")}).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
-	if err := cl.EndTransaction(f.ctx, kgo.TryCommit); err != nil {
-		t.Fatal(err)
-	}
-	f.commit(event{2, "a", "E", `{}`})
+	// The third fencing in a row, with nobody else on the slot: it exits.
+	intrude()
+	f.commit(event{4, "a", "E", `{}`})
 	ctx, cancel := context.WithTimeout(f.ctx, 60*time.Second)
 	defer cancel()
 	code, err := r.Wait(ctx)
