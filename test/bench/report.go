@@ -142,7 +142,7 @@ func (r *Results) Table(w io.Writer) (missed []string) {
 			fmt.Fprintf(w, "WARNING:  %s: a server was stopped from outside the bench %d time(s) and restarted; the case running then shows ERROR\n", c.Broker, c.Restarts)
 		}
 	}
-	fmt.Fprintf(w, "          one broker runs at a time; every producer acks=all\n")
+	fmt.Fprintf(w, "          one broker runs at a time; every producer acks=all (nats: PubAck; rabbitmq: publisher confirms)\n")
 	args := "defaults"
 	if len(outboxdArgs) > 0 {
 		args = "defaults + " + strings.Join(outboxdArgs, " ")
@@ -372,8 +372,11 @@ func (r *Results) columnRows(col *Column) []row {
 	}
 
 	// 4. Exactly-once beside at-least-once, same run.
-	if !r.Config.Cases["eos"] {
+	switch {
+	case !r.Config.Cases["eos"]:
 		add("4", "exactly-once", "not run (-cases)")
+	case isMsgBroker(col.Broker):
+		add("4", "exactly-once", "n/a: outboxd refuses --exactly-once on "+col.Broker+" (at least once; see docs/"+col.Broker+".md)")
 	}
 	for _, c := range col.EOSCases() {
 		n := int64(c.Events)
