@@ -1,6 +1,7 @@
 // Package bench measures outboxd against what bounds it and what it
 // replaces, on one throwaway PostgreSQL server, in one run, once per broker
-// kind (kfake, one Apache Kafka node, a 3-node Apache cluster): backlog drain
+// kind (kfake, one Apache Kafka node, a 3-node Apache cluster; with -brokers
+// also NATS JetStream and RabbitMQ, mq.go): backlog drain
 // throughput beside a read-only pgoutput reader (the walsender's ceiling) and
 // a polling publisher, commit-to-consumer latency at fixed write rates, CPU
 // (broker processes included) and memory use, and the cost of exactly-once
