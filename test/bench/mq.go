@@ -308,8 +308,9 @@ func (b *rabbitBench) count(_ context.Context, w *world) (int64, error) {
 	return int64(q.Messages), nil
 }
 
-// consume is a consumer with automatic acks on its own connection, the
-// queue's messages in its order; the id is the message_id property.
+// consume is a consumer with automatic acks (no prefetch limit applies)
+// on its own connection, the queue's messages in its order; the id is the
+// message_id property.
 func (b *rabbitBench) consume(_ context.Context, w *world, fn func(id []byte)) (func(), error) {
 	conn, err := amqp.Dial(b.node.URL())
 	if err != nil {
@@ -317,10 +318,6 @@ func (b *rabbitBench) consume(_ context.Context, w *world, fn func(id []byte)) (
 	}
 	ch, err := conn.Channel()
 	if err != nil {
-		conn.Close()
-		return nil, err
-	}
-	if err := ch.Qos(1000, 0, false); err != nil {
 		conn.Close()
 		return nil, err
 	}

@@ -514,7 +514,7 @@ const msgLegend = `nats, rabbitmq: outboxd run --broker nats://… (JetStream) o
           (queue.declare passive; nothing consumes it) reaches the event count AND the slot is confirmed; before each outboxd
           run the stream is deleted and recreated (the duplicate window would drop a second run's events: same ids) or the
           queue purged, and once outboxd stopped exactly N messages must be there. latency: receipt by a JetStream ordered
-          consumer (the stream from its start, no acks) or an AMQP consumer (auto-ack, prefetch 1000) on that queue, in the
+          consumer (the stream from its start, no acks) or an AMQP consumer (auto-ack) on that queue, in the
           bench process. No polling baseline (its produce is Kafka's) and no exactly-once (outboxd refuses it there).
           Targets: none; these columns report.
 `
