@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -402,6 +403,15 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 // column only (floor).
 func (e *Env) runCases(ctx context.Context, res *Column, floor bool) {
 	cfg := e.cfg
+	// NATS and RabbitMQ: outboxd refuses --exactly-once there (docs/nats.md,
+	// docs/rabbitmq.md), and the polling publisher is Kafka's (its produce
+	// is franz-go): those columns measure outboxd beside the read-only
+	// ceiling only.
+	if e.mq != nil {
+		cfg.Cases = maps.Clone(cfg.Cases)
+		delete(cfg.Cases, "eos")
+		cfg.SkipPolling, cfg.PollIntervals = true, nil
+	}
 	// Exactly-once drains ride along in the drain cases of the same size (same
 	// backlog, alternating with the at-least-once runs); sizes that the drain
 	// case does not run get a case of their own.

@@ -1,6 +1,7 @@
 // Package bench measures outboxd against what bounds it and what it
 // replaces, on one throwaway PostgreSQL server, in one run, once per broker
-// kind (kfake, one Apache Kafka node, a 3-node Apache cluster): backlog drain
+// kind (kfake, one Apache Kafka node, a 3-node Apache cluster; with -brokers
+// also NATS JetStream and RabbitMQ, mq.go): backlog drain
 // throughput beside a read-only pgoutput reader (the walsender's ceiling) and
 // a polling publisher, commit-to-consumer latency at fixed write rates, CPU
 // (broker processes included) and memory use, and the cost of exactly-once
@@ -106,6 +107,7 @@ type Env struct {
 	logDir string
 	kcl    *kgo.Client
 	adm    *kadm.Client
+	mq     msgBroker // a nats or rabbitmq column (mq.go); Kafka, kcl and adm are nil then
 
 	postmasterPID int
 	brokerPIDs    []int  // the broker's processes: kfaked, or one JVM per Apache node
@@ -128,6 +130,9 @@ func alive(pid int) bool {
 func (e *Env) checkServers() error {
 	for _, pid := range e.brokerPIDs {
 		if !alive(pid) {
+			if e.mq != nil {
+				return fmt.Errorf("%s (pid %d) exited during the case", e.mq.brokerIs(), pid)
+			}
 			return fmt.Errorf("%s broker (pid %d) exited during the case; log: %s", e.Kafka.Kind(), pid, e.Kafka.LogFile())
 		}
 	}
@@ -147,7 +152,11 @@ func (e *Env) ensureServers(ctx context.Context) error {
 	if err := e.PG.Start(ctx); err != nil {
 		return err
 	}
-	if err := e.Kafka.Start(ctx); err != nil {
+	if e.mq != nil {
+		if err := e.mq.restart(ctx); err != nil {
+			return err
+		}
+	} else if err := e.Kafka.Start(ctx); err != nil {
 		return err
 	}
 	e.postmasterPID = postmasterPID(e.PG.Dir())
@@ -250,6 +259,17 @@ func (e *Env) StartBroker(ctx context.Context, kind string) (err error) {
 	}()
 	e.progress("starting broker: %s", kind)
 	start := time.Now()
+	if isMsgBroker(kind) {
+		// No warm-up: neither server has a JIT that a first run would pay
+		// for (BEAM's JIT compiles at load), nor a transaction log to create.
+		if e.mq, err = startMsgBroker(ctx, kind); err != nil {
+			return fmt.Errorf("starting %s: %w", kind, err)
+		}
+		e.brokerPIDs = e.mq.pids()
+		e.BrokerDesc = e.mq.desc()
+		e.progress("broker %s ready in %s: %s (pids %v)", kind, time.Since(start).Round(100*time.Millisecond), e.BrokerDesc, e.brokerPIDs)
+		return nil
+	}
 	if e.Kafka, err = harness.StartKafkaKind(ctx, kind); err != nil {
 		return fmt.Errorf("starting %s: %w", kind, err)
 	}
@@ -322,12 +342,19 @@ func (e *Env) StopBroker() {
 		e.Kafka.Close()
 		e.Kafka = nil
 	}
+	if e.mq != nil {
+		e.mq.close()
+		e.mq = nil
+	}
 	e.brokerPIDs, e.BrokerDesc = nil, ""
 }
 
 // findBrokerPIDs returns the broker's processes: each Apache node's JVM,
 // or kfaked (found by its data dir); none for an external cluster.
 func (e *Env) findBrokerPIDs() []int {
+	if e.mq != nil {
+		return e.mq.pids()
+	}
 	var pids []int
 	if a := e.Kafka.Apache(); a != nil {
 		for _, nd := range a.Nodes() {
@@ -442,6 +469,13 @@ func (e *Env) newWorld(ctx context.Context, name string) (*world, error) {
 			return nil, fmt.Errorf("%s: %w", strings.Fields(sql)[0]+" "+strings.Fields(sql)[1], err)
 		}
 	}
+	if e.mq != nil {
+		if err := e.mq.prepare(ctx, w); err != nil {
+			w.conn.Close(context.Background())
+			return nil, err
+		}
+		return w, nil
+	}
 	// Replication factor -1: the broker's default (3 on the Apache cluster).
 	resp, err := e.adm.CreateTopics(ctx, 3, -1, nil, w.topic)
 	if err != nil {
@@ -488,6 +522,9 @@ func (w *world) drop() {
 // topicCount is the number of records in the world's topic: the sum of its
 // partitions' end offsets.
 func (w *world) topicCount(ctx context.Context) (int64, error) {
+	if w.env.mq != nil {
+		return w.env.mq.count(ctx, w)
+	}
 	ends, err := w.env.adm.ListEndOffsets(ctx, w.topic)
 	if err != nil {
 		return 0, err

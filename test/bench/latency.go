@@ -169,6 +169,33 @@ func (e *Env) latency(ctx context.Context, kind string, rate int, dur, idle time
 		if walsender == 0 {
 			return res, fmt.Errorf("pgoutput reader: %w", perr)
 		}
+	} else if e.mq != nil {
+		// A consumer on the world's (empty, pre-created) stream or queue.
+		// The consumer's callback may outlive its stop (nats.go does not
+		// wait for a running handler): the gate makes "stopped" final
+		// before recv and dups are read, and the wait group keeps it
+		// with the other receivers.
+		var gate sync.Mutex
+		stopped := false
+		stopConsumer, err := e.mq.consume(rctx, w, func(id []byte) {
+			gate.Lock()
+			defer gate.Unlock()
+			if !stopped {
+				record(seqFromID(id), int64(time.Since(base)))
+			}
+		})
+		if err != nil {
+			return res, fmt.Errorf("%s consumer: %w", e.mq.brokerIs(), err)
+		}
+		rwg.Add(1)
+		go func() {
+			defer rwg.Done()
+			<-rctx.Done()
+			stopConsumer()
+			gate.Lock()
+			stopped = true
+			gate.Unlock()
+		}()
 	} else {
 		// A consumer on the (empty, pre-created) topic from the start;
 		// read_committed for exactly-once: what its consumers see.

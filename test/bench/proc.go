@@ -213,6 +213,8 @@ func (e *Env) split(s cpuSnapshot, walsenders ...int) CPUSplit {
 		}
 	}
 	switch n := len(s.broker); {
+	case e.mq != nil:
+		c.BrokerIs = e.mq.brokerIs()
 	case e.Kafka != nil && e.Kafka.Apache() == nil:
 		c.BrokerIs = "kfaked"
 	case n == 1:

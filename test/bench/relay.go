@@ -57,11 +57,13 @@ func (e *Env) startOutboxd(ctx context.Context, w *world, slot, name string, mod
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	args := append([]string{"run",
-		"--postgres", w.dsn, "--slot", slot, "--publication", "outboxd",
-		"--kafka-brokers", strings.Join(e.Kafka.Brokers(), ","),
-		"--http-addr", addr,
-	}, mode...)
+	args := []string{"run", "--postgres", w.dsn, "--slot", slot, "--publication", "outboxd", "--http-addr", addr}
+	if e.mq != nil {
+		args = append(args, e.mq.outboxdArgs(w)...)
+	} else {
+		args = append(args, "--kafka-brokers", strings.Join(e.Kafka.Brokers(), ","))
+	}
+	args = append(args, mode...)
 	args = append(args, e.cfg.OutboxdArgs...)
 	p, err := harness.StartProc(ctx, "outboxd-"+name, e.bin, args, e.cfg.OutboxdEnv, e.logDir)
 	if err != nil {
@@ -128,6 +130,11 @@ func (e *Env) drainOutboxd(ctx context.Context, w *world, slot string, want int6
 	defer cancel()
 	r := RelayRun{ExactlyOnce: eos, Args: extra}
 	var mode []string
+	if e.mq != nil {
+		if err := e.mq.reset(ctx, w); err != nil {
+			return r, err
+		}
+	}
 	// Earlier runs on the same backlog left their records in the topic.
 	base, err := w.topicCount(ctx)
 	if err != nil {

@@ -142,7 +142,7 @@ func (r *Results) Table(w io.Writer) (missed []string) {
 			fmt.Fprintf(w, "WARNING:  %s: a server was stopped from outside the bench %d time(s) and restarted; the case running then shows ERROR\n", c.Broker, c.Restarts)
 		}
 	}
-	fmt.Fprintf(w, "          one broker runs at a time; every producer acks=all\n")
+	fmt.Fprintf(w, "          one broker runs at a time; every producer acks=all (nats: PubAck; rabbitmq: publisher confirms)\n")
 	args := "defaults"
 	if len(outboxdArgs) > 0 {
 		args = "defaults + " + strings.Join(outboxdArgs, " ")
@@ -189,6 +189,12 @@ func (r *Results) Table(w io.Writer) (missed []string) {
 	}
 	writeTable(w, out)
 	fmt.Fprint(w, legend)
+	for _, c := range r.Columns {
+		if isMsgBroker(c.Broker) {
+			fmt.Fprint(w, msgLegend)
+			break
+		}
+	}
 	missed = append(missed, r.Debezium.Table(w)...)
 	return missed
 }
@@ -372,8 +378,11 @@ func (r *Results) columnRows(col *Column) []row {
 	}
 
 	// 4. Exactly-once beside at-least-once, same run.
-	if !r.Config.Cases["eos"] {
+	switch {
+	case !r.Config.Cases["eos"]:
 		add("4", "exactly-once", "not run (-cases)")
+	case isMsgBroker(col.Broker):
+		add("4", "exactly-once", "n/a: outboxd refuses --exactly-once on "+col.Broker+" (at least once; see docs/"+col.Broker+".md)")
 	}
 	for _, c := range col.EOSCases() {
 		n := int64(c.Events)
@@ -496,3 +505,16 @@ func writeTable(w io.Writer, rows []row8) {
 		line(r)
 	}
 }
+
+// msgLegend explains the nats and rabbitmq columns (mq.go).
+const msgLegend = `nats, rabbitmq: outboxd run --broker nats://… (JetStream) or --broker amqp://… (--rabbitmq-exchange per case), defaults
+          otherwise. The bench creates each case's destination before outboxd starts: a stream (subjects <topic>, <topic>.>,
+          file storage, R1, 2m duplicate window, as --nats-create-streams would) or a durable topic exchange with one durable
+          classic queue bound by the topic. drain: done when the stream's message count (stream info) or the queue's depth
+          (queue.declare passive; nothing consumes it) reaches the event count AND the slot is confirmed; before each outboxd
+          run the stream is deleted and recreated (the duplicate window would drop a second run's events: same ids) or the
+          queue purged, and once outboxd stopped exactly N messages must be there. latency: receipt by a JetStream ordered
+          consumer (the stream from its start, no acks) or an AMQP consumer (auto-ack) on that queue, in the
+          bench process. No polling baseline (its produce is Kafka's) and no exactly-once (outboxd refuses it there).
+          Targets: none; these columns report.
+`

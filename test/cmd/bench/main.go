@@ -14,6 +14,7 @@
 //	go run ./test/cmd/bench -cases drain -outboxd-args '--kafka-linger 5ms'
 //	go run ./test/cmd/bench -cases latency -outboxd-env 'GOMAXPROCS=1'
 //	go run ./test/cmd/bench -cases drain -perf-dir /tmp/perf   # perf record outboxd + walsender
+//	go run ./test/cmd/bench -brokers nats,rabbitmq -cases drain,latency   # outboxd --broker nats:// and amqp:// (not in the default list)
 //
 // Progress goes to stderr, the table to stdout.
 package main
@@ -44,12 +45,13 @@ func main() {
 		timeout     = flag.Duration("timeout", 45*time.Minute, "give up after this long")
 		allowMiss   = flag.Bool("allow-miss", false, "exit 0 even when a measurement misses its target")
 		resultsDir  = flag.String("results", "", "also write the run as a results file (bench-<date>-<time>.json) into this directory, the one source README quotes (make bench: results/)")
-		brokers     = flag.String("brokers", strings.Join(bench.DefaultBrokers(), ","), "comma-separated broker columns, run in this order: "+strings.Join(bench.AllBrokers, ", ")+" (or external, with "+harness.EnvKafka+")")
+		brokers     = flag.String("brokers", strings.Join(bench.DefaultBrokers(), ","), "comma-separated broker columns, run in this order: "+strings.Join(bench.AllBrokers, ", ")+" (or external, with "+harness.EnvKafka+"), and not by default "+strings.Join(bench.OtherBrokers, ", ")+" (outboxd --broker nats:// and amqp://: drain, latency, resources, memory; no exactly-once, no polling baseline)")
 	)
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), `Usage: go run ./test/cmd/bench [flags]   (make bench BENCH_ARGS='...')
 
-Runs every case on each broker of -brokers in turn and prints one table with a kafka column.
+Runs every case on each broker of -brokers in turn and prints one table with a kafka column
+(-brokers nats,rabbitmq: outboxd --broker nats:// and amqp://, not in the default list).
 All three columns took ~18 min on a busy 2-core machine (kfake ~5.5, apache ~5.5,
 apache-cluster ~7 min); -quick took ~4 min. Exits 1 when a measurement misses its target.
 
@@ -80,7 +82,7 @@ apache-cluster ~7 min); -quick took ~4 min. Exits 1 when a measurement misses it
 	cfg.Brokers = nil
 	for _, b := range strings.Split(*brokers, ",") {
 		switch b = strings.TrimSpace(b); b {
-		case harness.KindKfake, harness.KindApache, harness.KindApacheCluster, harness.KindExternal:
+		case harness.KindKfake, harness.KindApache, harness.KindApacheCluster, harness.KindExternal, bench.KindNATS, bench.KindRabbitMQ:
 			if b == harness.KindExternal && os.Getenv(harness.EnvKafka) == "" {
 				fmt.Fprintf(os.Stderr, "bench: -brokers external needs %s (comma-separated brokers)\n", harness.EnvKafka)
 				os.Exit(2)
@@ -88,7 +90,7 @@ apache-cluster ~7 min); -quick took ~4 min. Exits 1 when a measurement misses it
 			cfg.Brokers = append(cfg.Brokers, b)
 		case "":
 		default:
-			fmt.Fprintf(os.Stderr, "bench: unknown broker %q (%s, or external)\n", b, strings.Join(bench.AllBrokers, ", "))
+			fmt.Fprintf(os.Stderr, "bench: unknown broker %q (%s, or external)\n", b, strings.Join(append(append([]string(nil), bench.AllBrokers...), bench.OtherBrokers...), ", "))
 			os.Exit(2)
 		}
 	}

@@ -1,0 +1,64 @@
+package bench
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// TestMsgBrokerColumns runs the NATS and RabbitMQ columns' cases small, on
+// one PostgreSQL cluster, so that `make test` keeps them working: a drain
+// case of two rounds over one backlog (the second outboxd run must find its
+// destination emptied and deliver exactly the backlog again: JetStream's
+// duplicate window would otherwise drop it) and one latency run, each
+// event received exactly once, with the broker's process in the CPU split.
+func TestMsgBrokerColumns(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL, nats-server, a RabbitMQ node and outboxd")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	cfg := DefaultConfig(true)
+	cfg.Cases = map[string]bool{"drain": true, "latency": true}
+	e, err := StartEnv(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	for _, kind := range OtherBrokers {
+		t.Run(kind, func(t *testing.T) {
+			if err := e.StartBroker(ctx, kind); err != nil {
+				t.Fatal(err)
+			}
+			defer e.StopBroker()
+			if len(e.brokerPIDs) != 1 {
+				t.Fatalf("broker pids %v, want the one server process", e.brokerPIDs)
+			}
+			const events, perTxn = 3000, 10
+			c := e.RelayCase(ctx, "mq_"+kind, events, perTxn, 200, 2, false, false)
+			if c.Err != nil {
+				t.Fatal(c.Err)
+			}
+			if len(c.Relays) != 2 || len(c.Ceilings) != 2 {
+				t.Fatalf("%d outboxd runs and %d ceiling reads, want 2 each", len(c.Relays), len(c.Ceilings))
+			}
+			for i, r := range c.Relays {
+				if r.Delivered != events || r.ConfirmedAt <= 0 || r.KafkaAt <= 0 {
+					t.Errorf("run %d: delivered %d, want exactly %d, delivered and confirmed (%+v)", i, r.Delivered, events, r)
+				}
+				if r.CPU.Broker <= 0 || r.CPU.BrokerIs != map[string]string{KindNATS: "nats-server", KindRabbitMQ: "beam.smp"}[kind] || r.OutboxdCPU <= 0 {
+					t.Errorf("run %d: CPU split %s: want the broker's process and outboxd in it", i, r.CPU)
+				}
+			}
+			t.Logf("%s drain: ceiling %s, outboxd %s, CPU %s", kind, c.Ceiling().Elapsed, c.Relay().Elapsed, c.Relay().CPU)
+			l, err := e.latency(ctx, "outboxd", 500, time.Second, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if l.Received != l.Sent || l.Sent != 500 || l.Dups != 0 || l.P50 <= 0 || l.P99 < l.P50 || l.CPU.Broker <= 0 {
+				t.Errorf("latency run: received %d of %d (%d duplicates), p50 %s p99 %s, CPU %s", l.Received, l.Sent, l.Dups, l.P50, l.P99, l.CPU)
+			}
+			t.Logf("%s latency at 500 ev/s: p50 %s p99 %s max %s", kind, l.P50, l.P99, l.Max)
+		})
+	}
+}
