@@ -8,6 +8,8 @@ PG_CACHE    ?= $(or $(OUTBOXD_PG_CACHE),$(if $(filter 0,$(shell id -u)),/var/cac
 PG_VERSIONS ?= 16 17 18
 # The e2e core that runs on every PostgreSQL version (the full suite runs on 15).
 E2E_CORE    := TestStartupCheck|TestSlotHeldByAnotherProcess|TestRoutingAndSkippedOperations|TestOrderPerAggregate|TestGracefulShutdownConfirmsEverything|TestBrokerDownHoldsSlot|TestKillDuringStreamLosesNothing|TestPostgresConnectionLoss|TestIdleOutboxDoesNotPinWAL|TestOpsStatus|TestHA|TestPGFailover|TestSlotFailoverOption|TestGap
+# make test runs the e2e core on the docker backend (the whole of test/e2e runs
+# on kfake, and the core on PostgreSQL 16-18); make test-docker runs all of it.
 # Tests skipped on the docker backend: none (the harness makes a standby
 # container with pg_basebackup; a test that cannot run there, such as a
 # cold copy of the data directory, skips itself and says why).
@@ -58,7 +60,8 @@ test: vet ## unit (with -race), integration, end-to-end (kfake, Apache Kafka, NA
 	$(GO) test -count=1 -timeout 20m -skip '$(FLAKY)' $(REST_LIST)
 	$(GO) test -count=1 -timeout 10m -run TestFaultsShort ./test/fault/ -mode exactly-once
 	$(MAKE) --no-print-directory test-apache
-	OUTBOXD_TEST_BACKEND=docker $(GO) test -count=1 -timeout 10m -skip '$(DOCKER_SKIP)' ./test/e2e/ ./test/harness/
+	OUTBOXD_TEST_BACKEND=docker $(GO) test -count=1 -timeout 10m -run '$(E2E_CORE)' -skip '$(DOCKER_SKIP)$(if $(FLAKY),|$(FLAKY))' ./test/e2e/
+	OUTBOXD_TEST_BACKEND=docker $(GO) test -count=1 -timeout 10m ./test/harness/
 	$(MAKE) --no-print-directory test-pg-versions
 	bash deploy/check.sh
 
