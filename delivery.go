@@ -90,7 +90,7 @@ func (r *Relay) prepare(ctx context.Context) error {
 			if err := cfg.Checkpoints(ctx, CheckpointBinding{Key: key, Check: check}); err != nil {
 				return err
 			}
-			cfg.DeferInit, r.relay.freshProducer = true, true
+			r.relay.freshProducer = true
 			r.progress.fromCheckpoint(0, false)
 			r.relay.log.Info("exactly-once mode: another instance streams from the slot; the producer registers once this one holds it", "checkpoint_key", key)
 			return nil
@@ -105,7 +105,7 @@ func (r *Relay) prepare(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		cfg.Done = done
+		r.relay.done = done
 		r.progress.fromCheckpoint(done.LSN, true)
 		r.relay.log.Info("exactly-once mode", "checkpoint_lsn", done.String())
 	case cfg.NewProgressStore != nil:

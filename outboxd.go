@@ -102,15 +102,6 @@ type Config struct {
 	// SplitAge: a broker transaction this old commits even in the middle
 	// of a PostgreSQL transaction (a quarter of the transaction timeout).
 	SplitAge time.Duration
-
-	// Done and DeferInit are what exactly-once startup found; with
-	// Delivery ExactlyOnce Run sets them, and an embedder leaves them
-	// zero. Done: the checkpoint TxnSink held. DeferInit: TxnSink's
-	// producer is not registered yet, because another instance streamed
-	// when this one started and registering would fence it; the relay
-	// registers it, and reads the checkpoint, once it holds the slot.
-	Done      sink.Checkpoint
-	DeferInit bool
 }
 
 const heartbeatPrefix = "outboxd.heartbeat"
@@ -217,11 +208,11 @@ func New(cfg Config) (*Relay, error) {
 	r := &relay{
 		cfg: cfg, log: cfg.Logger, router: cfg.Router, sink: cfg.Sink, m: m, state: st,
 		poison: map[eventPos]string{}, published: map[string]prometheus.Counter{},
-		onHeartbeat: mo.onHeartbeat, holdRetry: time.Second, freshProducer: cfg.DeferInit,
+		onHeartbeat: mo.onHeartbeat, holdRetry: time.Second,
 	}
 	prog := &progress{log: cfg.Logger, st: st, kick: make(chan struct{}, 1)}
 	if cfg.TxnSink != nil {
-		prog.fromCheckpoint(cfg.Done.LSN, !cfg.DeferInit)
+		prog.fromCheckpoint(0, true)
 		prog.checkpoint = cfg.TxnSink.LoadCheckpoint
 	} else {
 		prog.store = cfg.ProgressStore

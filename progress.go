@@ -48,7 +48,7 @@ type progressValue struct {
 }
 
 // fromCheckpoint seeds the record in exactly-once mode. loaded is false for
-// an instance that started as a standby (Config.DeferInit): it has not read
+// an instance that started as a standby (relay.freshProducer): it has not read
 // the checkpoint, and LSN 0 then means "unknown", not "nothing published".
 func (p *progress) fromCheckpoint(lsn wal.LSN, loaded bool) {
 	p.mu.Lock()

@@ -177,7 +177,7 @@ func TestProgressReloadSeesTheActivesRecord(t *testing.T) {
 	}
 }
 
-// Exactly-once: an instance that started as a standby (DeferInit) has not
+// Exactly-once: an instance that started as a standby (relay.freshProducer) has not
 // read the checkpoint: its progress is unknown, not LSN 0, until Reload
 // reads the checkpoint (without registering the producer).
 func TestProgressExactlyOnceStandbyUnknownUntilReload(t *testing.T) {

@@ -61,6 +61,10 @@ type relay struct {
 	// producer and the checkpoint (resetTransactions) once START_REPLICATION
 	// holds the slot: after a failed session, and after standing by.
 	freshProducer bool
+	// done is the exactly-once checkpoint the sink last held: where
+	// streaming resumes, and what a broker transaction continues from.
+	// Relay.prepare reads it; resetTransactions moves it forward.
+	done sink.Checkpoint
 	// textOnly: a binary session met a column type the router does not
 	// render from binary; text from now on (binary.go).
 	textOnly bool
@@ -103,7 +107,7 @@ func (r *rejection) Unwrap() error { return r.err }
 // shutdown and an error only for problems a restart cannot fix (SetupError,
 // configuration, fencing).
 func (r *relay) run(ctx context.Context) error {
-	resume := r.cfg.Done.LSN
+	resume := r.done.LSN
 	bo := backoff.Backoff{Min: 500 * time.Millisecond, Max: 15 * time.Second}
 	for first := true; ; first = false {
 		if !first {
@@ -312,7 +316,7 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 
 	s := newStreamer(r, stream, wm, start)
 	if r.cfg.TxnSink != nil {
-		s.commit = &eos{sink: r.cfg.TxnSink, wm: wm, done: r.cfg.Done, splitAge: r.cfg.SplitAge}
+		s.commit = &eos{sink: r.cfg.TxnSink, wm: wm, done: r.done, splitAge: r.cfg.SplitAge}
 	}
 	err = s.loop(sctx)
 
@@ -353,10 +357,10 @@ func (r *relay) resetTransactions(ctx context.Context, resume *wal.LSN) error {
 			done, err = r.cfg.TxnSink.LoadCheckpoint(ctx)
 		}
 		if err == nil {
-			if r.cfg.Done.LSN < done.LSN || (r.cfg.Done.LSN == done.LSN && r.cfg.Done.Events < done.Events) {
-				r.cfg.Done = done
+			if r.done.LSN < done.LSN || (r.done.LSN == done.LSN && r.done.Events < done.Events) {
+				r.done = done
 			}
-			*resume = max(*resume, r.cfg.Done.LSN)
+			*resume = max(*resume, r.done.LSN)
 			return nil
 		}
 		if ctx.Err() != nil || sink.KindOf(err) == sink.Fenced || sink.KindOf(err) == sink.Denied {

@@ -108,8 +108,8 @@ func TestResetTransactionsWaitsForKafka(t *testing.T) {
 	fr := &fakeReset{failures: 2, err: errors.New("dial tcp 127.0.0.1:9: connect: connection refused"), cp: sink.Checkpoint{LSN: 500, Events: 3}}
 	h.relay.cfg.TxnSink = fr
 	resume := wal.LSN(100)
-	if err := h.relay.resetTransactions(context.Background(), &resume); err != nil || resume != 500 || h.relay.cfg.Done != fr.cp || fr.resets != 3 {
-		t.Fatalf("err %v, resume %s, done %v after %d resets", err, resume, h.relay.cfg.Done, fr.resets)
+	if err := h.relay.resetTransactions(context.Background(), &resume); err != nil || resume != 500 || h.relay.done != fr.cp || fr.resets != 3 {
+		t.Fatalf("err %v, resume %s, done %v after %d resets", err, resume, h.relay.done, fr.resets)
 	}
 	fenced := &fakeReset{failures: 1, err: &sink.Error{Kind: sink.Fenced, Err: errors.New("fenced")}}
 	h.relay.cfg.TxnSink = fenced

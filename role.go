@@ -140,7 +140,7 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 // slotBusy reports whether another process streams from the slot as
 // outboxd starts. In exactly-once mode registering the transactional id
 // would fence it, so such an instance skips that and stands by; the relay
-// starts a fresh producer once it holds the slot (Config.DeferInit; Run.prepare).
+// starts a fresh producer once it holds the slot (relay.freshProducer; Relay.prepare).
 // Unknown (PostgreSQL unreachable) counts as free: the relay reports why.
 func slotBusy(ctx context.Context, dsn, name string, staleAfter time.Duration) bool {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)

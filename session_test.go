@@ -277,8 +277,11 @@ func TestRelayStandsByAndTakesOverTheSlot(t *testing.T) {
 	db := &fakeSQL{found: true, slot: slot.Slot{Name: "s", Active: true, ActivePID: 77}}
 	ts := &fakeReset{cp: sink.Checkpoint{LSN: 500}}
 	r := newTestRelay(t, cs, db, newHeldSink(), func(c *Config) {
-		c.TxnSink, c.DeferInit = ts, true
+		c.TxnSink = ts
 	})
+	// Started as a standby (Relay.prepare): the checkpoint is unread.
+	r.relay.freshProducer = true
+	r.progress.fromCheckpoint(0, false)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
@@ -296,8 +299,8 @@ func TestRelayStandsByAndTakesOverTheSlot(t *testing.T) {
 	if _, opts := free.startOpts(); opts.StartLSN != 100 {
 		t.Fatalf("START_REPLICATION at %s", opts.StartLSN)
 	}
-	if ts.resets != 1 || r.relay.cfg.Done.LSN != 500 {
-		t.Fatalf("%d producer resets, checkpoint %v after the takeover", ts.resets, r.relay.cfg.Done)
+	if ts.resets != 1 || r.relay.done.LSN != 500 {
+		t.Fatalf("%d producer resets, checkpoint %v after the takeover", ts.resets, r.relay.done)
 	}
 	cancel()
 	if err := <-done; err != nil {
