@@ -84,7 +84,8 @@ type Sink struct {
 	// spent: the producer session failed; the client makes no more
 	// transactional requests until Reset replaces it (txn.go, spend).
 	spent  atomic.Bool
-	topics *topics // missing topics: created, or their records held
+	topics *topics  // missing topics: created, or their records held
+	watch  lsoWatch // what holds the checkpoint partition (hanging.go)
 }
 
 // New builds the producer. It does not contact the brokers: a broker that is
