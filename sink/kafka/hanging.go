@@ -27,6 +27,16 @@ type lsoWatch struct {
 	seen  map[int32]lsoSeen
 	load  *sink.CheckpointWait // set while LoadCheckpoint waits for the stable offset
 	stuck time.Duration        // stuckAfter; tests shorten it
+	// topic and own (the transactional id) are set by InitTransactions
+	// and UseCheckpoints, which may run while the monitor polls.
+	topic, own string
+}
+
+// bind records the checkpoint topic and the transactional id.
+func (w *lsoWatch) bind(topic, own string) {
+	w.mu.Lock()
+	w.topic, w.own = topic, own
+	w.mu.Unlock()
 }
 
 type lsoSeen struct {
@@ -42,13 +52,13 @@ type lsoSeen struct {
 // first held partition is named.
 func (s *Sink) CheckpointWait(ctx context.Context) (*sink.CheckpointWait, error) {
 	s.watch.mu.Lock()
-	w := s.watch.load
+	w, topic := s.watch.load, s.watch.topic
 	s.watch.mu.Unlock()
-	if w != nil || s.cp.Topic == "" {
+	if w != nil || topic == "" {
 		return w, nil
 	}
 	adm := kadm.NewClient(s.cl())
-	ends, err := adm.ListEndOffsets(ctx, s.cp.Topic)
+	ends, err := adm.ListEndOffsets(ctx, topic)
 	if err == nil {
 		err = ends.Error()
 	}
@@ -57,7 +67,7 @@ func (s *Sink) CheckpointWait(ctx context.Context) (*sink.CheckpointWait, error)
 	}
 	want := map[int32]int64{}
 	ends.Each(func(o kadm.ListedOffset) { want[o.Partition] = o.Offset })
-	return s.heldBy(ctx, adm, s.cp.Topic, want, false)
+	return s.heldBy(ctx, adm, topic, want, false)
 }
 
 // heldBy compares the last stable offsets of topic's partitions with their
@@ -136,12 +146,15 @@ func (s *Sink) describeHolders(ctx context.Context, adm *kadm.Client, w *sink.Ch
 		for i, h := range w.Holders {
 			pids[i] = h.ProducerID
 		}
+		s.watch.mu.Lock()
+		own := s.watch.own
+		s.watch.mu.Unlock()
 		if l, err := adm.ListTransactions(ctx, pids, nil); err == nil {
 			l.Each(func(t kadm.ListedTransaction) {
 				for i := range w.Holders {
 					if h := &w.Holders[i]; h.ProducerID == t.ProducerID {
 						h.TransactionalID, h.State = t.TxnID, t.State
-						h.Own = s.txn != nil && t.TxnID == s.txn.ID
+						h.Own = own != "" && t.TxnID == own
 					}
 				}
 			})

@@ -62,6 +62,7 @@ func (s *Sink) InitTransactions(ctx context.Context, cp Checkpoints) error {
 	if err := s.useTransactionalID(cp.TransactionalID); err != nil {
 		return err
 	}
+	s.watch.bind(cp.Topic, s.TransactionalID())
 	if err := s.ensureOwnTopic(ctx, cp.Topic, "checkpoint"); err != nil {
 		return denied(err)
 	}
@@ -76,7 +77,11 @@ func (s *Sink) InitTransactions(ctx context.Context, cp Checkpoints) error {
 // stands by, whose Reset registers it once it holds the slot.
 func (s *Sink) UseCheckpoints(cp Checkpoints) error {
 	s.cp = cp
-	return s.useTransactionalID(cp.TransactionalID)
+	if err := s.useTransactionalID(cp.TransactionalID); err != nil {
+		return err
+	}
+	s.watch.bind(cp.Topic, s.TransactionalID())
+	return nil
 }
 
 // Reset replaces the producer with a new one under the same transactional
