@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxd/outboxd/router"
@@ -92,5 +93,38 @@ func TestRefusedRecordPutsNoLaterEventBeforeIt(t *testing.T) {
 	}
 	if strings.Join(got, ",") != "1,2,3" {
 		t.Fatalf("the partition holds events %v; want 1,2,3 only: nothing of the aggregate after the refused event 4 may reach Kafka before it", got)
+	}
+}
+
+// Check's cost per record with the topic's limit cached (the hot path:
+// one atomic load and a map lookup) beside a compressed producer's, which
+// skips the topic limit.
+func BenchmarkCheck(b *testing.B) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(1))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	for _, comp := range []string{"none", "lz4"} {
+		b.Run(comp, func(b *testing.B) {
+			s, err := New(Config{Brokers: c.ListenAddrs(), Compression: comp, Topics: TopicConfig{Create: true}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			rec := &router.Record{Topic: "bench", Key: []byte("agg-1"), Value: []byte(strings.Repeat("x", 300)), Partition: -1}
+			ctx := context.Background()
+			if err := produceSync(s, rec); err != nil {
+				b.Fatal(err)
+			}
+			s.Check(ctx, rec) // describes the topic once
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				if err := s.Check(ctx, rec); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
