@@ -96,6 +96,7 @@ func (r *Relay) prepare(ctx context.Context) error {
 			return nil
 		}
 		key := func(ctx context.Context) (string, error) { return r.key(ctx, cfg.Postgres, cfg.Slot) }
+		defer r.monitor.watchCheckpointWhile(ctx)()
 		done, err := startExactlyOnce(ctx, r.relay.log, key, func(ctx context.Context, key string) (sink.Checkpoint, error) {
 			if err := cfg.Checkpoints(ctx, CheckpointBinding{Key: key, Check: check, Register: true}); err != nil {
 				return sink.Checkpoint{}, err

@@ -31,6 +31,7 @@ type monitor struct {
 	m                 *metrics
 	st                *state
 	sink              sink.Sink
+	watcher           sink.CheckpointWatcher // exactly-once mode's checkpoint partition; nil if none
 	lastLagWarn       time.Time
 	lastHeartbeatWarn time.Time
 	// dial opens the monitor's connection; nil: connectSQL. Tests script it.
@@ -105,6 +106,7 @@ func (mo *monitor) run(ctx context.Context) {
 			mo.pollStandbys(ctx, conn)
 		}
 		brokerOK = mo.pollBroker(ctx, brokerOK)
+		mo.pollCheckpoint(ctx)
 		mo.checkLag()
 	}
 	pollTick := time.NewTicker(mo.interval)

@@ -210,6 +210,9 @@ func New(cfg Config) (*Relay, error) {
 		poison: map[eventPos]string{}, published: map[string]prometheus.Counter{},
 		onHeartbeat: mo.onHeartbeat, holdRetry: time.Second,
 	}
+	if w, ok := cfg.TxnSink.(sink.CheckpointWatcher); ok && cfg.TxnSink != nil {
+		mo.watcher = w
+	}
 	prog := &progress{log: cfg.Logger, st: st, kick: make(chan struct{}, 1)}
 	if cfg.TxnSink != nil {
 		prog.fromCheckpoint(0, true)

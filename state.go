@@ -10,6 +10,7 @@ import (
 
 	"github.com/outboxd/outboxd/internal/humanize"
 	"github.com/outboxd/outboxd/internal/redact"
+	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/slot"
 	"github.com/outboxd/outboxd/wal"
 )
@@ -45,6 +46,9 @@ type state struct {
 	// stands by); waitingForBroker once the broker has failed to answer.
 	starting         string
 	waitingForBroker bool
+	// checkpointWait: what holds the checkpoint partition's last stable
+	// offset below its end (nil: nothing; checkpointwait.go).
+	checkpointWait *sink.CheckpointWait
 }
 
 // session is the current session's watermark (nil before the first) and
@@ -144,7 +148,7 @@ func (s *state) ready() (bool, string) {
 	defer s.mu.Unlock()
 	switch {
 	case s.starting != "":
-		return false, "starting: " + s.starting
+		return false, "starting: " + s.starting + s.checkpointWaitSuffix()
 	case s.stalled != "":
 		return false, s.stalled
 	case len(s.topicHolds) > 0:
@@ -152,7 +156,7 @@ func (s *state) ready() (bool, string) {
 	case s.roleLocked() == roleStandby && s.brokerOK:
 		return true, fmt.Sprintf("%s: slot %s is held by %s; taking over when it lets go", roleStandby, s.slotName, s.holder)
 	case !s.streaming:
-		return false, "not streaming from the replication slot" + s.errSuffix()
+		return false, "not streaming from the replication slot" + s.checkpointWaitSuffix() + s.errSuffix()
 	case !s.brokerOK:
 		return false, "broker unreachable" + s.errSuffix()
 	case s.maxSlotLag > 0 && s.slot.LagBytes > s.maxSlotLag:
@@ -206,7 +210,11 @@ func (s *state) status() map[string]any {
 	if s.starting != "" {
 		// Before the relay streams: what it waits for. waiting_for_kafka
 		// keeps its name: scripts and the tests read it (README).
-		return map[string]any{"role": roleInactive, "streaming": false, "starting": s.starting, "waiting_for_kafka": s.waitingForBroker}
+		out := map[string]any{"role": roleInactive, "streaming": false, "starting": s.starting, "waiting_for_kafka": s.waitingForBroker}
+		if s.checkpointWait != nil {
+			out["checkpoint_wait"] = s.checkpointWait
+		}
+		return out
 	}
 	out := map[string]any{
 		"slot":             s.slotName,
@@ -234,6 +242,9 @@ func (s *state) status() map[string]any {
 	}
 	if s.heartbeatErr != "" {
 		out["heartbeat_error"] = s.heartbeatErr
+	}
+	if s.checkpointWait != nil {
+		out["checkpoint_wait"] = s.checkpointWait
 	}
 	if len(s.topicHolds) > 0 {
 		held := make(map[string]string, len(s.topicHolds))

@@ -360,6 +360,23 @@ func (s *streamer) publish(ctx context.Context, pos eventPos, src source, rec ro
 		err = s.sink.Check(ctx, &rec)
 	}
 	retry := false
+	if retryable(err) && s.cfg.OnInvalid != OnInvalidDeadLetter {
+		// The topic's own limit refuses it, which the broker may lift at
+		// any time: ask the broker, with the record alone, after what
+		// came before it (exactly-once commits that first), and nothing
+		// after it in flight, so no later event can land before it.
+		cause := err
+		if err = s.probe(ctx, &rec, pos); err == nil {
+			if s.commit.probeDelivers() {
+				return nil
+			}
+			return s.produce(ctx, &rec, pos, src)
+		}
+		if sink.KindOf(err) != sink.Rejected {
+			return err
+		}
+		err, retry = fmt.Errorf("rejected by kafka: %s (before: %s)", err, cause), true
+	}
 	if cause, ok := s.poison[pos]; ok && err == nil {
 		// Kafka refused this event in an earlier session. A broker refuses
 		// a whole batch, so the event may only have shared a batch with the
@@ -404,6 +421,14 @@ func (s *streamer) publish(ctx context.Context, pos eventPos, src source, rec ro
 	s.m.deadLettered.Inc()
 	delete(s.poison, pos)
 	return s.produce(ctx, &dl, pos, src)
+}
+
+// retryable reports a Check refusal the broker's configuration decides (a
+// topic's max.message.bytes: kafka.TopicLimitError): it is retried like
+// one the broker made, since raising the limit needs no restart.
+func retryable(err error) bool {
+	var r interface{ Retryable() bool }
+	return errors.As(err, &r) && r.Retryable()
 }
 
 // probe produces rec alone and waits for Kafka's answer. In exactly-once

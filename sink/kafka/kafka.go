@@ -63,7 +63,9 @@ type Sink struct {
 	conn   []kgo.Opt                  // brokers, TLS and SASL: for the checkpoint reader
 	log    *slog.Logger               // may be nil
 
-	maxBatch   int // the producer's batch limit, for Check
+	maxBatch   int  // the producer's batch limit, for Check
+	compressed bool // batches are compressed: the topic's limit counts bytes Check cannot know
+	limits     topicLimits
 	partitions partitionCache
 	txn        *Transactional // nil unless exactly-once
 	cp         Checkpoints    // where exactly-once checkpoints live (InitTransactions)
@@ -84,7 +86,8 @@ type Sink struct {
 	// spent: the producer session failed; the client makes no more
 	// transactional requests until Reset replaces it (txn.go, spend).
 	spent  atomic.Bool
-	topics *topics // missing topics: created, or their records held
+	topics *topics  // missing topics: created, or their records held
+	watch  lsoWatch // what holds the checkpoint partition (hanging.go)
 }
 
 // New builds the producer. It does not contact the brokers: a broker that is
@@ -99,6 +102,7 @@ func New(cfg Config) (*Sink, error) {
 	}
 	s := &Sink{manual: context.WithValue(context.Background(), manualKey{}, true)}
 	s.maxBatch = int(cfg.MaxMessageBytes)
+	s.compressed = cfg.Compression != "" && cfg.Compression != "none"
 	if s.maxBatch == 0 {
 		s.maxBatch = 1000012
 	}

@@ -53,12 +53,17 @@ func varintLen(n int) int {
 }
 
 // Check says, before the record is produced, whether Kafka would refuse it:
-// larger than the producer's batch limit (--max-message-bytes), or an
+// larger than the producer's batch limit (--max-message-bytes) or, without
+// compression, than the topic's max.message.bytes (topiclimit.go), or an
 // explicit partition the topic does not have. The error is a sink.Error of
 // kind Rejected, so the invalid-event policy applies before anything is sent.
 func (s *Sink) Check(ctx context.Context, rec *router.Record) error {
-	if size := BatchSize(rec); s.maxBatch > 0 && size > s.maxBatch {
+	size := BatchSize(rec)
+	if s.maxBatch > 0 && size > s.maxBatch {
 		return &sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("the record batch is %d bytes, more than --max-message-bytes %d: raise it (and the topic's max.message.bytes), or use --on-invalid dead-letter", size, s.maxBatch)}
+	}
+	if err := s.checkTopicLimit(ctx, rec.Topic, size); err != nil {
+		return &sink.Error{Kind: sink.Rejected, Err: err}
 	}
 	if rec.Partition < 0 {
 		return nil

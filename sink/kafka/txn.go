@@ -62,6 +62,7 @@ func (s *Sink) InitTransactions(ctx context.Context, cp Checkpoints) error {
 	if err := s.useTransactionalID(cp.TransactionalID); err != nil {
 		return err
 	}
+	s.watch.bind(cp.Topic, s.TransactionalID())
 	if err := s.ensureOwnTopic(ctx, cp.Topic, "checkpoint"); err != nil {
 		return denied(err)
 	}
@@ -76,7 +77,11 @@ func (s *Sink) InitTransactions(ctx context.Context, cp Checkpoints) error {
 // stands by, whose Reset registers it once it holds the slot.
 func (s *Sink) UseCheckpoints(cp Checkpoints) error {
 	s.cp = cp
-	return s.useTransactionalID(cp.TransactionalID)
+	if err := s.useTransactionalID(cp.TransactionalID); err != nil {
+		return err
+	}
+	s.watch.bind(cp.Topic, s.TransactionalID())
+	return nil
 }
 
 // Reset replaces the producer with a new one under the same transactional
@@ -310,11 +315,12 @@ func (s *Sink) loadCheckpoint(ctx context.Context, cp Checkpoints) (string, erro
 	type open struct {
 		value  string
 		prefix []byte // the prefix header, nil if none
-		epoch  int16
 		part   int32
 		offset int64
 	}
 	last, pending, settled := "", map[int64]open{}, 0 // pending: producer id → this key's value in its open transaction
+	waitLogged := false
+	defer s.noteLoadWait(nil)
 	var lastPrefix []byte
 	for len(want) > 0 {
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
@@ -332,6 +338,13 @@ func (s *Sink) loadCheckpoint(ctx context.Context, cp Checkpoints) (string, erro
 				if settled++; settled >= 2 {
 					break
 				}
+			} else if w, err := s.heldBy(ctx, adm, cp.Topic, want, true); err == nil && w != nil {
+				// Say what it waits for, on /status and /readyz.
+				if !waitLogged && s.log != nil {
+					s.log.Warn("kafka: reading the checkpoint waits for a transaction on its partition", "wait", w.String())
+				}
+				waitLogged = true
+				s.noteLoadWait(w)
 			}
 			continue
 		}
@@ -347,7 +360,7 @@ func (s *Sink) loadCheckpoint(ctx context.Context, cp Checkpoints) (string, erro
 				}
 			case string(r.Key) != cp.Key:
 			case r.Attrs.IsTransactional():
-				pending[r.ProducerID] = open{value: string(r.Value), prefix: header(r, prefixHeader), epoch: r.ProducerEpoch, part: r.Partition, offset: r.Offset}
+				pending[r.ProducerID] = open{value: string(r.Value), prefix: header(r, prefixHeader), part: r.Partition, offset: r.Offset}
 			default:
 				last, lastPrefix = string(r.Value), nil // an operator's record (a tombstone, say)
 			}
@@ -357,7 +370,7 @@ func (s *Sink) loadCheckpoint(ctx context.Context, cp Checkpoints) (string, erro
 		})
 	}
 	for pid, o := range pending {
-		s.abortHanging(ctx, adm, cp.Topic, pid, o.epoch, o.part, o.offset)
+		s.abortHanging(ctx, adm, cp.Topic, pid, o.part, o.offset)
 	}
 	if last != "" && cp.Check != nil {
 		if err := cp.Check(ctx, last); err != nil {
@@ -396,29 +409,10 @@ func isCommitMarker(key []byte) bool {
 // whose marker never reached the partition. It writes the abort marker
 // through the admin API, as kafka-transactions.sh abort does; should that
 // fail, it says how to do it by hand.
-func (s *Sink) abortHanging(ctx context.Context, adm *kadm.Client, topic string, pid int64, epoch int16, part int32, offset int64) {
+func (s *Sink) abortHanging(ctx context.Context, adm *kadm.Client, topic string, pid int64, part int32, offset int64) {
 	manual := fmt.Sprintf("kafka-transactions.sh --bootstrap-server %s find-hanging --topic %s --partition %d; kafka-transactions.sh --bootstrap-server %s abort --topic %s --partition %d --start-offset %d",
 		s.topics.bootstrap(), topic, part, s.topics.bootstrap(), topic, part, offset)
-	coordEpoch := int32(-1)
-	if d, err := adm.DescribeProducers(ctx, kadm.TopicsSet{topic: {part: {}}}); err == nil {
-		d.EachProducer(func(p kadm.DescribedProducer) {
-			if p.Partition == part && p.ProducerID == pid && p.CurrentTxnStartOffset >= 0 {
-				coordEpoch, epoch = p.CoordinatorEpoch, p.ProducerEpoch
-			}
-		})
-	}
-	err := errors.New("the partition does not list the transaction as open")
-	if coordEpoch >= 0 {
-		var resp kadm.TxnMarkersResponses
-		resp, err = adm.WriteTxnMarkers(ctx, kadm.TxnMarkers{ProducerID: pid, ProducerEpoch: epoch, CoordinatorEpoch: coordEpoch, Topics: kadm.TopicsSet{topic: {part: {}}}})
-		if err == nil {
-			resp.EachPartition(func(p kadm.TxnMarkersPartitionResponse) {
-				if p.Err != nil && err == nil {
-					err = p.Err
-				}
-			})
-		}
-	}
+	err := abortTxn(ctx, adm, topic, part, func(p kadm.DescribedProducer) bool { return p.ProducerID == pid && p.CurrentTxnStartOffset >= 0 })
 	if s.log == nil {
 		return
 	}
@@ -428,7 +422,47 @@ func (s *Sink) abortHanging(ctx context.Context, adm *kadm.Client, topic string,
 		return
 	}
 	s.log.Warn("kafka: aborted a hanging transaction of this slot's transactional id on the checkpoint partition (its checkpoint is not believed: at worst its events are sent again)",
-		"topic", topic, "partition", part, "producer_id", pid, "producer_epoch", epoch, "start_offset", offset)
+		"topic", topic, "partition", part, "producer_id", pid, "start_offset", offset)
+}
+
+// AbortTransaction aborts the open transaction that starts at startOffset
+// of topic's partition by writing its abort marker through the admin API,
+// as kafka-transactions.sh abort --start-offset does: the partition leader
+// names the producer (DescribeProducers), and WriteTxnMarkers writes the
+// marker with its producer id, epoch and coordinator epoch. It needs
+// ClusterAction on the cluster. It ends a hanging transaction (one the
+// coordinator no longer has open); one still open at its coordinator is
+// aborted on the partition, and the coordinator's own markers later change
+// nothing.
+func AbortTransaction(ctx context.Context, adm *kadm.Client, topic string, partition int32, startOffset int64) error {
+	return abortTxn(ctx, adm, topic, partition, func(p kadm.DescribedProducer) bool { return p.CurrentTxnStartOffset == startOffset })
+}
+
+func abortTxn(ctx context.Context, adm *kadm.Client, topic string, part int32, match func(kadm.DescribedProducer) bool) error {
+	d, err := adm.DescribeProducers(ctx, kadm.TopicsSet{topic: {part: {}}})
+	if err != nil {
+		return fmt.Errorf("describe the producers of %s/%d: %w", topic, part, err)
+	}
+	var found *kadm.DescribedProducer
+	d.EachProducer(func(p kadm.DescribedProducer) {
+		if p.Partition == part && found == nil && match(p) {
+			found = &p
+		}
+	})
+	if found == nil {
+		return fmt.Errorf("the leader of %s/%d lists no such open transaction", topic, part)
+	}
+	resp, err := adm.WriteTxnMarkers(ctx, kadm.TxnMarkers{ProducerID: found.ProducerID, ProducerEpoch: found.ProducerEpoch, CoordinatorEpoch: found.CoordinatorEpoch,
+		Topics: kadm.TopicsSet{topic: {part: {}}}})
+	if err != nil {
+		return fmt.Errorf("write the abort marker on %s/%d: %w", topic, part, err)
+	}
+	resp.EachPartition(func(p kadm.TxnMarkersPartitionResponse) {
+		if p.Err != nil && err == nil {
+			err = fmt.Errorf("write the abort marker on %s/%d: %w", topic, part, p.Err)
+		}
+	})
+	return err
 }
 
 // stable reports whether the last stable offset of every partition in want
