@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/slot"
 )
 
@@ -100,7 +101,7 @@ func TestStatusKeysDocumented(t *testing.T) {
 	list = list[:strings.Index(list, "\n\n")]
 	st := &state{slotName: "outboxd", warnings: []string{"w"}, unprotected: []string{"s"}, holder: "PID 1",
 		topicHolds: map[string]string{"t": "held"}, lastErr: "e", lastErrAt: time.Now(),
-		slot: newSlotView(slot.Slot{Name: "outboxd"}, true, time.Now())}
+		slot: newSlotView(slot.Slot{Name: "outboxd"}, true, time.Now()), checkpointWait: &sink.CheckpointWait{}}
 	st.wm = slot.NewWatermark(100)
 	doc := jsonMap(t, st.status())
 	view := doc["slot_server_view"].(map[string]any)
@@ -111,7 +112,7 @@ func TestStatusKeysDocumented(t *testing.T) {
 			}
 		}
 	}
-	for _, k := range []string{"role", "streaming", "starting", "waiting_for_kafka"} {
+	for _, k := range []string{"role", "streaming", "starting", "waiting_for_kafka", "checkpoint_wait"} {
 		if !strings.Contains(list, "`"+k+"`") {
 			t.Errorf("starting /status key %q is not in README's list", k)
 		}
