@@ -31,7 +31,7 @@ var (
 const factsFlushInterval = 60 * time.Second
 
 // factsWait bounds the wait, after the corpus is in Kafka, for Debezium's
-// confirmed_flush_lsn to stop moving: one flush interval and a margin.
+// confirmed_flush_lsn to move at all: one flush interval and a margin.
 const factsWait = 90 * time.Second
 
 // The corpus's last transaction as the WAL holds it: where its first record
@@ -53,9 +53,81 @@ type lastTxn struct {
 // flush cycle the corpus ended: it is recorded, and only bounded by the wait.
 func TestDebeziumFacts(t *testing.T) {
 	if !*full && !*facts {
-		t.Skip("waits for one Debezium offset flush (60 s): make parity runs it (-full), or pass -facts")
+		t.Skip("waits for two Debezium offset flushes (60 s each) per run: make parity runs it (-full), or pass -facts")
 	}
 	started := time.Now().UTC()
+	figures := map[string]string{}
+	var pgVersion string
+	var events int
+	for _, v := range []struct {
+		name string
+		// heartbeat: a non-transactional pg_logical_emit_message with
+		// outboxd's heartbeat prefix every second after the corpus, as
+		// outboxd beside Debezium writes (every --heartbeat-interval, 10 s
+		// by default): WAL that Debezium reads and drops
+		// (message.prefix.exclude.list).
+		heartbeat time.Duration
+	}{{name: "quiet"}, {name: "heartbeats", heartbeat: time.Second}} {
+		t.Run(v.name, func(t *testing.T) {
+			m := measureDebezium(t, v.heartbeat)
+			pgVersion, events = m.pgVersion, m.events
+			for k, val := range m.figures {
+				figures[k+"-"+v.name] = val
+			}
+		})
+	}
+	if t.Failed() {
+		return
+	}
+	if figures["dbz-header-names-quiet"] != figures["dbz-header-names-heartbeats"] {
+		t.Fatalf("the header names differ between the runs: %q and %q", figures["dbz-header-names-quiet"], figures["dbz-header-names-heartbeats"])
+	}
+	for _, k := range []string{"dbz-headers", "dbz-header-names"} {
+		figures[k] = figures[k+"-quiet"]
+		delete(figures, k+"-quiet")
+		delete(figures, k+"-heartbeats")
+	}
+	if *resultsDir != "" {
+		writeFacts(t, started, pgVersion, events, figures)
+		return
+	}
+	// Without -results: what Debezium did must be what the newest results
+	// file (and so README) says.
+	root, err := harness.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := results.Load(filepath.Join(root, "results"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var newest *results.File
+	for name, f := range files {
+		if strings.HasPrefix(name, "debezium-facts-") && (newest == nil || name > newest.Name) {
+			newest = f
+		}
+	}
+	if newest == nil {
+		t.Fatal("no results/debezium-facts-*.json to compare with: run with -results results/ once")
+	}
+	for _, key := range []string{"dbz-confirmed-at-quiet", "dbz-confirmed-at-heartbeats", "dbz-headers", "dbz-header-names"} {
+		if got, want := figures[key], newest.Figures[key]; got != want {
+			t.Errorf("%s: measured %q, results/%s.json (which README quotes) says %q: re-run with -results and update README", key, got, newest.Name, want)
+		}
+	}
+}
+
+type measured struct {
+	pgVersion string
+	events    int
+	figures   map[string]string
+}
+
+// measureDebezium runs Debezium over the corpus on a database of its own and
+// measures, once the last event is in Kafka, where its confirmed_flush_lsn
+// ends up and when, and the headers of its records. With heartbeat > 0 a
+// heartbeat message is written that often after the corpus.
+func measureDebezium(t *testing.T, heartbeat time.Duration) measured {
 	orderEvents := 50
 	if *full {
 		orderEvents = 20000
@@ -73,6 +145,10 @@ func TestDebeziumFacts(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	var pgVersion string
+	if err := conn.QueryRow(ctx, `SHOW server_version`).Scan(&pgVersion); err != nil {
+		t.Fatal(err)
+	}
 	for _, q := range setupSQL() {
 		if _, err := conn.Exec(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
@@ -102,13 +178,37 @@ func TestDebeziumFacts(t *testing.T) {
 	}
 	t.Logf("corpus: %d transactions, %d events; last transaction: first record %s, commit record %s-%s; pg_current_wal_lsn %s",
 		len(c.txs), len(c.expected), harness.FormatLSN(last.first), harness.FormatLSN(last.commit), harness.FormatLSN(last.end), harness.FormatLSN(walEnd))
+	if heartbeat > 0 {
+		hb, err := pg.Connect(ctx, "facts")
+		if err != nil {
+			t.Fatal(err)
+		}
+		hctx, stop := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			defer hb.Close(context.WithoutCancel(hctx))
+			for {
+				if _, err := hb.Exec(hctx, `SELECT pg_logical_emit_message(false, 'outboxd.heartbeat', now()::text)`); err != nil && hctx.Err() == nil {
+					t.Errorf("heartbeat: %v", err)
+					return
+				}
+				select {
+				case <-hctx.Done():
+					return
+				case <-time.After(heartbeat):
+				}
+			}
+		}()
+		defer func() { stop(); <-done }()
+	}
 
 	k, err := harness.StartApacheKafka(ctx, 1)
 	if err != nil {
 		t.Fatalf("starting apache kafka: %v", err)
 	}
 	t.Cleanup(k.Close)
-	s := setups[0] // string converters: what the flush and the headers do does not depend on them
+	s := setups[0] // string converters: the flush and the headers do not depend on them
 	d := harness.DebeziumForTest(t, harness.DebeziumOptions{DSN: dsn, Brokers: k.Brokers(), Slot: slotDbz,
 		Publication: "parity", Connector: debeziumConnector(s),
 		Worker: map[string]string{"offset.flush.interval.ms": fmt.Sprint(factsFlushInterval.Milliseconds())}})
@@ -116,22 +216,18 @@ func TestDebeziumFacts(t *testing.T) {
 		t.Fatalf("debezium: %v", err)
 	}
 	inKafka := time.Now()
-	atKafka, err := slotConfirmed(ctx, conn, slotDbz)
+	confirmed, err := slotConfirmed(ctx, conn, slotDbz)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var pgVersion string
-	if err := conn.QueryRow(ctx, `SHOW server_version`).Scan(&pgVersion); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("the last event is in Kafka; debezium's confirmed_flush_lsn %s", harness.FormatLSN(atKafka))
+	t.Logf("the last event is in Kafka; debezium's confirmed_flush_lsn %s", harness.FormatLSN(confirmed))
 
-	// confirmed_flush_lsn until it has reached the end of the last commit
-	// record and stayed there for settle, or factsWait has passed.
-	const settle = 5 * time.Second
-	confirmed, movedAt := atKafka, time.Time{}
-	deadline := inKafka.Add(factsWait)
-	for time.Now().Before(deadline) {
+	// confirmed_flush_lsn until it stops moving: after its first move it
+	// must stay put for one more offset flush (and a margin), so a flush
+	// that would move it further is seen; bounded by factsWait for the
+	// first move.
+	var firstMove, lastMove, reached time.Time
+	for {
 		if err := d.Alive(); err != nil {
 			t.Fatalf("debezium: %v", err)
 		}
@@ -139,20 +235,35 @@ func TestDebeziumFacts(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		now := time.Now()
 		if lsn != confirmed {
-			t.Logf("debezium's confirmed_flush_lsn %s → %s after %s", harness.FormatLSN(confirmed), harness.FormatLSN(lsn), time.Since(inKafka).Round(100*time.Millisecond))
-			confirmed, movedAt = lsn, time.Now()
+			t.Logf("debezium's confirmed_flush_lsn %s → %s (%s) after %s", harness.FormatLSN(confirmed), harness.FormatLSN(lsn),
+				lsnPlace(lsn, last, walEnd), now.Sub(inKafka).Round(100*time.Millisecond))
+			confirmed, lastMove = lsn, now
+			if firstMove.IsZero() {
+				firstMove = now
+			}
+			if reached.IsZero() && lsn >= last.first {
+				reached = now
+			}
 		}
-		if confirmed >= last.end && !movedAt.IsZero() && time.Since(movedAt) >= settle {
+		if firstMove.IsZero() && now.Sub(inKafka) > factsWait {
+			t.Fatalf("debezium's confirmed_flush_lsn did not move within %s of the last event reaching Kafka (stayed at %s; the last commit record ends at %s)",
+				factsWait, harness.FormatLSN(confirmed), harness.FormatLSN(last.end))
+		}
+		// With heartbeats the slot may follow them: then the first move
+		// at or past the corpus's end is where it is.
+		if !firstMove.IsZero() && (now.Sub(lastMove) > factsFlushInterval+10*time.Second || (heartbeat > 0 && confirmed > last.end)) {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if movedAt.IsZero() {
-		t.Fatalf("debezium's confirmed_flush_lsn did not move within %s of the last event reaching Kafka (stayed at %s; the last commit record ends at %s)",
-			factsWait, harness.FormatLSN(confirmed), harness.FormatLSN(last.end))
+	// The delay: to the first move that reached the last transaction (or
+	// beyond it), else to the last move.
+	delay := lastMove.Sub(inKafka)
+	if !reached.IsZero() {
+		delay = reached.Sub(inKafka)
 	}
-	delay := movedAt.Sub(inKafka)
 	where := lsnPlace(confirmed, last, walEnd)
 	t.Logf("debezium confirmed %s (%s) %s after the last event was in Kafka", harness.FormatLSN(confirmed), where, delay.Round(100*time.Millisecond))
 
@@ -168,42 +279,14 @@ func TestDebeziumFacts(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("__debezium.context.* headers on every record: %s (all headers of the last: %s)", strings.Join(names, ", "), strings.Join(all, ", "))
-
-	figures := map[string]string{
+	return measured{pgVersion: pgVersion, events: len(recs), figures: map[string]string{
 		"dbz-confirmed-at":        where,
 		"dbz-headers":             numberWord(len(names)),
 		"dbz-header-names":        "`" + strings.Join(names, "`, `") + "`",
 		"dbz-confirm-after-kafka": fmt.Sprintf("%.1f s", delay.Seconds()),
-		"dbz-confirmed-lsn":       fmt.Sprintf("%s (last transaction: first record %s, commit record %s–%s; pg_current_wal_lsn %s)", harness.FormatLSN(confirmed), harness.FormatLSN(last.first), harness.FormatLSN(last.commit), harness.FormatLSN(last.end), harness.FormatLSN(walEnd)),
-	}
-	if *resultsDir != "" {
-		writeFacts(t, started, "PostgreSQL "+pgVersion, len(recs), figures)
-		return
-	}
-	// Without -results: what Debezium did must be what the newest results
-	// file (and so README) says.
-	root, err := harness.ModuleRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	files, err := results.Load(filepath.Join(root, "results"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var newest *results.File
-	for name, f := range files {
-		if strings.HasPrefix(name, "debezium-facts-") && (newest == nil || name > newest.Name) {
-			newest = f
-		}
-	}
-	if newest == nil {
-		t.Fatal("no results/debezium-facts-*.json to compare with: run with -results results/ once")
-	}
-	for _, key := range []string{"dbz-confirmed-at", "dbz-headers", "dbz-header-names"} {
-		if got, want := figures[key], newest.Figures[key]; got != want {
-			t.Errorf("%s: measured %q, results/%s.json (which README quotes) says %q: re-run with -results and update README", key, got, newest.Name, want)
-		}
-	}
+		"dbz-confirmed-lsn": fmt.Sprintf("%s (last transaction: first record %s, commit record %s–%s; pg_current_wal_lsn %s)",
+			harness.FormatLSN(confirmed), harness.FormatLSN(last.first), harness.FormatLSN(last.commit), harness.FormatLSN(last.end), harness.FormatLSN(walEnd)),
+	}}
 }
 
 // peekLastTxn reads every change of slot (pgoutput, without consuming it)
@@ -277,9 +360,9 @@ func lsnPlace(confirmed uint64, t lastTxn, walEnd uint64) string {
 	case confirmed == t.end:
 		return "the end of the last commit record"
 	case confirmed <= walEnd:
-		return "past the last commit record (within the WAL written by then)"
+		return "past the end of the last commit record (within the WAL written by the corpus)"
 	default:
-		return "past the WAL written when the corpus ended"
+		return "past the end of the last commit record (into the WAL written after the corpus)"
 	}
 }
 
@@ -338,8 +421,9 @@ func writeFacts(t *testing.T, started time.Time, pgVersion string, events int, f
 			factsFlushInterval.Milliseconds(), events, *full),
 		Figures: figures,
 		Notes: []string{
-			"dbz-confirmed-at: where Debezium's confirmed_flush_lsn stopped once it no longer moved (5 s after reaching the end of the last commit record, or 90 s after the last event was in Kafka), relative to the corpus's last transaction as pgoutput decodes it from the same WAL",
-			"dbz-confirm-after-kafka: from the first poll (every 100 ms) that saw the last event in Kafka to the last change of confirmed_flush_lsn; it depends on where in the 60 s flush cycle the corpus ended",
+			"two runs, each on a database, slot and Kafka node of its own: -quiet writes nothing after the corpus; -heartbeats writes a non-transactional pg_logical_emit_message with outboxd's heartbeat prefix (which the connector excludes, message.prefix.exclude.list) every second after it, the WAL outboxd's heartbeats add beside Debezium",
+			"dbz-confirmed-at: where Debezium's confirmed_flush_lsn was once it had not moved for one more offset flush and 10 s (or, with heartbeats, as soon as it passed the corpus's last commit record), relative to the corpus's last transaction as pgoutput decodes it from the same WAL (dbz-confirmed-lsn: the LSNs)",
+			"dbz-confirm-after-kafka: from the first poll (every 100 ms) that saw the last event in Kafka to the change of confirmed_flush_lsn that first reached the last transaction; it depends on where in the 60 s flush cycle the corpus ended",
 		},
 	}
 	p, err := results.Write(*resultsDir, f)
