@@ -88,7 +88,7 @@ func TestDebeziumFacts(t *testing.T) {
 		delete(figures, k+"-heartbeats")
 	}
 	if *resultsDir != "" {
-		writeFacts(t, started, pgVersion, events, figures)
+		writeFacts(t, started, "PostgreSQL "+pgVersion, events, figures)
 		return
 	}
 	// Without -results: what Debezium did must be what the newest results
@@ -110,7 +110,7 @@ func TestDebeziumFacts(t *testing.T) {
 	if newest == nil {
 		t.Fatal("no results/debezium-facts-*.json to compare with: run with -results results/ once")
 	}
-	for _, key := range []string{"dbz-confirmed-at-quiet", "dbz-confirmed-at-heartbeats", "dbz-headers", "dbz-header-names"} {
+	for _, key := range []string{"dbz-confirmed-at-quiet", "dbz-confirmed-at-heartbeats", "dbz-confirmed-at-stop-quiet", "dbz-confirmed-at-stop-heartbeats", "dbz-headers", "dbz-header-names"} {
 		if got, want := figures[key], newest.Figures[key]; got != want {
 			t.Errorf("%s: measured %q, results/%s.json (which README quotes) says %q: re-run with -results and update README", key, got, newest.Name, want)
 		}
@@ -267,6 +267,22 @@ func measureDebezium(t *testing.T, heartbeat time.Duration) measured {
 	where := lsnPlace(confirmed, last, walEnd)
 	t.Logf("debezium confirmed %s (%s) %s after the last event was in Kafka", harness.FormatLSN(confirmed), where, delay.Round(100*time.Millisecond))
 
+	// A graceful stop (what README's cutover asks for) commits Connect's
+	// offsets once more: where does that leave the slot?
+	stopped := time.Now()
+	if err := d.Stop(); err != nil {
+		t.Fatalf("stopping debezium: %v", err)
+	}
+	if err := waitSlot(ctx, dsn, slotDbz, "debezium's walsender to exit", func(st harness.SlotState) bool { return !st.Active }); err != nil {
+		t.Fatal(err)
+	}
+	afterStop, err := slotConfirmed(ctx, conn, slotDbz)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("after a graceful stop (%s): debezium's confirmed_flush_lsn %s (%s)", time.Since(stopped).Round(100*time.Millisecond),
+		harness.FormatLSN(afterStop), lsnPlace(afterStop, last, walEnd))
+
 	recs, err := readCluster(ctx, k)
 	if err != nil {
 		t.Fatalf("reading debezium's cluster: %v", err)
@@ -281,6 +297,7 @@ func measureDebezium(t *testing.T, heartbeat time.Duration) measured {
 	t.Logf("__debezium.context.* headers on every record: %s (all headers of the last: %s)", strings.Join(names, ", "), strings.Join(all, ", "))
 	return measured{pgVersion: pgVersion, events: len(recs), figures: map[string]string{
 		"dbz-confirmed-at":        where,
+		"dbz-confirmed-at-stop":   lsnPlace(afterStop, last, walEnd),
 		"dbz-headers":             numberWord(len(names)),
 		"dbz-header-names":        "`" + strings.Join(names, "`, `") + "`",
 		"dbz-confirm-after-kafka": fmt.Sprintf("%.1f s", delay.Seconds()),
@@ -423,7 +440,8 @@ func writeFacts(t *testing.T, started time.Time, pgVersion string, events int, f
 		Notes: []string{
 			"two runs, each on a database, slot and Kafka node of its own: -quiet writes nothing after the corpus; -heartbeats writes a non-transactional pg_logical_emit_message with outboxd's heartbeat prefix (which the connector excludes, message.prefix.exclude.list) every second after it, the WAL outboxd's heartbeats add beside Debezium",
 			"dbz-confirmed-at: where Debezium's confirmed_flush_lsn was once it had not moved for one more offset flush and 10 s (or, with heartbeats, as soon as it passed the corpus's last commit record), relative to the corpus's last transaction as pgoutput decodes it from the same WAL (dbz-confirmed-lsn: the LSNs)",
-			"dbz-confirm-after-kafka: from the first poll (every 100 ms) that saw the last event in Kafka to the change of confirmed_flush_lsn that first reached the last transaction; it depends on where in the 60 s flush cycle the corpus ended",
+			"dbz-confirmed-at-stop: where confirmed_flush_lsn was after a graceful stop (SIGTERM: Connect commits its offsets once more) once the walsender had exited",
+			"dbz-confirm-after-kafka: from the first poll (every 100 ms) that saw the last event in Kafka to the change of confirmed_flush_lsn that first reached the last transaction; it depends on where in the 60 s flush cycle the corpus ended: Connect's flush timer starts with the task and the corpus is written before Debezium starts, so here it is about 60 s less the time from the task's start to the last event in Kafka",
 		},
 	}
 	p, err := results.Write(*resultsDir, f)
