@@ -139,3 +139,59 @@ func readCommittedTopics(t *testing.T, f *fixture, topics []string, want int) []
 	}
 	return recs
 }
+
+// The same with an event the broker refuses (its topic's max.message.bytes
+// is too small): outboxd holds before it, and a SIGTERM then stops well
+// within --shutdown-timeout; nothing past the last committed Kafka
+// transaction is confirmed, and once the limit is raised a restart delivers
+// every event exactly once to a read_committed consumer, in order.
+func TestExactlyOnceShutdownWithRefusedEvent(t *testing.T) {
+	f := newFixture(t)
+	if _, err := f.admin().CreateTopic(f.ctx, 1, 1, map[string]*string{"max.message.bytes": ptr("1000")}, f.topic()); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--exactly-once", "--checkpoint-topic", "cp." + f.agg, "--shutdown-timeout", "30s"}
+	r := f.startRelay(args...)
+	committed := f.commit(event{1, "a", "E", `{}`})
+	f.waitConfirmed(committed, 20*time.Second)
+	big := `{"pad": "` + strings.Repeat("x", 3000) + `"}`
+	end := f.commit(event{2, "a", "E", `{}`}, event{3, "a", "E", big}, event{4, "a", "E", `{}`})
+	poll(t, 30*time.Second, "outboxd_blocked 1", func() bool { return r.metric(t, "outboxd_blocked") == 1 })
+
+	start := time.Now()
+	if err := r.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(f.ctx, 60*time.Second)
+	defer cancel()
+	code, err := r.Wait(ctx)
+	took := time.Since(start)
+	if err != nil || code != 0 || took > 5*time.Second {
+		t.Fatalf("exit %d after %s (%v); want 0 well within --shutdown-timeout 30s (< 5 s) while holding before a refused event\n%s",
+			code, took, err, tailString(r.Log(), 6000))
+	}
+	t.Logf("SIGTERM while holding before a refused event: exit after %s", took.Round(time.Millisecond))
+	if s := f.waitSlotInactive(10 * time.Second); s.ConfirmedFlushLSN >= end || s.ConfirmedFlushLSN < committed {
+		t.Fatalf("after the stop confirmed_flush_lsn is %s; want at or past %s (event 1) and before %s (the refused event's transaction)",
+			harness.FormatLSN(s.ConfirmedFlushLSN), harness.FormatLSN(committed), harness.FormatLSN(end))
+	}
+	// Event 2, before the refused one, was committed on its own (the Kafka
+	// transaction is split before the probe); nothing after it.
+	if recs := readCommittedTopics(t, f, []string{f.topic()}, 2); len(recs) != 2 {
+		t.Fatalf("read_committed after the stop: %d records, want 2 (events 1 and 2)", len(recs))
+	}
+
+	if _, err := f.admin().AlterTopicConfigs(f.ctx, []kadmAlter{{Name: "max.message.bytes", Value: ptr("100000")}}, f.topic()); err != nil {
+		t.Fatal(err)
+	}
+	f.startRelay(args...)
+	f.waitConfirmed(end, 60*time.Second)
+	recs := readCommittedTopics(t, f, []string{f.topic()}, 4)
+	first, dups := byID(t, recs)
+	if len(recs) != 4 || len(first) != 4 || dups != 0 {
+		t.Fatalf("read_committed: %d records, %d distinct, %d duplicates; want 4, 4 and 0", len(recs), len(first), dups)
+	}
+	if got := perKey(t, recs)["a"]; strings.Join(got, ",") != strings.Join([]string{eventID(1), eventID(2), eventID(3), eventID(4)}, ",") {
+		t.Fatalf("order %v", got)
+	}
+}

@@ -87,6 +87,16 @@ func TestDebeziumFacts(t *testing.T) {
 		delete(figures, k+"-quiet")
 		delete(figures, k+"-heartbeats")
 	}
+	// What README quotes: one place where both runs agree, and the delays'
+	// range.
+	for _, k := range []string{"dbz-confirmed-at", "dbz-confirmed-at-stop"} {
+		if q, h := figures[k+"-quiet"], figures[k+"-heartbeats"]; q == h {
+			figures[k] = q
+		} else {
+			figures[k] = q + " (quiet), " + h + " (with heartbeats)"
+		}
+	}
+	figures["dbz-confirm-after-kafka"] = secondsRange(figures["dbz-confirm-after-kafka-quiet"], figures["dbz-confirm-after-kafka-heartbeats"])
 	if *resultsDir != "" {
 		writeFacts(t, started, "PostgreSQL "+pgVersion, events, figures)
 		return
@@ -110,7 +120,8 @@ func TestDebeziumFacts(t *testing.T) {
 	if newest == nil {
 		t.Fatal("no results/debezium-facts-*.json to compare with: run with -results results/ once")
 	}
-	for _, key := range []string{"dbz-confirmed-at-quiet", "dbz-confirmed-at-heartbeats", "dbz-confirmed-at-stop-quiet", "dbz-confirmed-at-stop-heartbeats", "dbz-headers", "dbz-header-names"} {
+	for _, key := range []string{"dbz-confirmed-at", "dbz-confirmed-at-stop", "dbz-confirmed-at-quiet", "dbz-confirmed-at-heartbeats",
+		"dbz-confirmed-at-stop-quiet", "dbz-confirmed-at-stop-heartbeats", "dbz-headers", "dbz-header-names"} {
 		if got, want := figures[key], newest.Figures[key]; got != want {
 			t.Errorf("%s: measured %q, results/%s.json (which README quotes) says %q: re-run with -results and update README", key, got, newest.Name, want)
 		}
@@ -223,7 +234,7 @@ func measureDebezium(t *testing.T, heartbeat time.Duration) measured {
 	t.Logf("the last event is in Kafka; debezium's confirmed_flush_lsn %s", harness.FormatLSN(confirmed))
 
 	// confirmed_flush_lsn until it stops moving: after its first move it
-	// must stay put for one more offset flush (and a margin), so a flush
+	// must stay put for one more flush interval (and a margin), so a flush
 	// that would move it further is seen; bounded by factsWait for the
 	// first move.
 	var firstMove, lastMove, reached time.Time
@@ -411,6 +422,17 @@ func contextHeaders(recs []*kgo.Record) (names, all []string, err error) {
 	return names, all, nil
 }
 
+// secondsRange is "a–b s" from two "x s" figures, the smaller first.
+func secondsRange(a, b string) string {
+	var x, y float64
+	fmt.Sscanf(a, "%f s", &x)
+	fmt.Sscanf(b, "%f s", &y)
+	if x > y {
+		x, y = y, x
+	}
+	return fmt.Sprintf("%.0f–%.0f s", x, y)
+}
+
 func numberWord(n int) string {
 	if w := []string{"none", "one", "two", "three", "four", "five", "six"}; n < len(w) {
 		return w[n]
@@ -439,7 +461,7 @@ func writeFacts(t *testing.T, started time.Time, pgVersion string, events int, f
 		Figures: figures,
 		Notes: []string{
 			"two runs, each on a database, slot and Kafka node of its own: -quiet writes nothing after the corpus; -heartbeats writes a non-transactional pg_logical_emit_message with outboxd's heartbeat prefix (which the connector excludes, message.prefix.exclude.list) every second after it, the WAL outboxd's heartbeats add beside Debezium",
-			"dbz-confirmed-at: where Debezium's confirmed_flush_lsn was once it had not moved for one more offset flush and 10 s (or, with heartbeats, as soon as it passed the corpus's last commit record), relative to the corpus's last transaction as pgoutput decodes it from the same WAL (dbz-confirmed-lsn: the LSNs)",
+			"dbz-confirmed-at: where Debezium's confirmed_flush_lsn was once it had not moved for 70 s, one more flush interval and 10 s (or, with heartbeats, as soon as it passed the corpus's last commit record), relative to the corpus's last transaction as pgoutput decodes it from the same WAL (dbz-confirmed-lsn: the LSNs)",
 			"dbz-confirmed-at-stop: where confirmed_flush_lsn was after a graceful stop (SIGTERM: Connect commits its offsets once more) once the walsender had exited",
 			"dbz-confirm-after-kafka: from the first poll (every 100 ms) that saw the last event in Kafka to the change of confirmed_flush_lsn that first reached the last transaction; it depends on where in the 60 s flush cycle the corpus ended: Connect's flush timer starts with the task and the corpus is written before Debezium starts, so here it is about 60 s less the time from the task's start to the last event in Kafka",
 		},
