@@ -39,3 +39,22 @@ func waitDrainedOrHeld(ctx context.Context, wm *slot.Watermark, held func() bool
 		}
 	}
 }
+
+// endOnShutdown ends the committer when the session stops on shutdown. In
+// exactly-once mode a shutdown between transactions commits the open Kafka
+// transaction, but a commit waits for every record in it, and a held
+// topic's records are never sent until someone creates the topic: with a
+// topic held, that commit could only time out (eosCommitTimeout) and hold
+// up the exit. It aborts instead. That loses nothing: the checkpoint and the
+// slot stay at the last committed transaction, and the next run sends the
+// aborted transaction's events again, once, for read_committed consumers.
+// (A held topic's records are in the open transaction: an aborted one fails
+// them, so only the open one can hold them.)
+func (s *streamer) endOnShutdown(ctx context.Context) error {
+	betweenTxns := s.txn == nil
+	if betweenTxns && s.commit.pending() && s.state.hasTopicHolds() {
+		s.log.Info("shutdown: topics are held, so the open Kafka transaction cannot commit; aborting it: its events will be re-sent from the last checkpoint on restart")
+		betweenTxns = false
+	}
+	return s.commit.end(ctx, true, betweenTxns)
+}

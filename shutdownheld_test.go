@@ -3,8 +3,11 @@ package outboxd
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/outboxd/outboxd/sink"
 )
 
 // Issue 26 item 12: SIGTERM while a topic is held, with nothing else in
@@ -44,3 +47,76 @@ func TestShutdownWaitsForAcksWithoutHolds(t *testing.T) {
 }
 
 var canceled = func() context.Context { ctx, cancel := context.WithCancel(context.Background()); cancel(); return ctx }()
+
+// blockingTxnSink is a transactional sink whose Commit waits, as Kafka's
+// does for a record of a held topic, until its context ends.
+type blockingTxnSink struct {
+	fakeTxnSink
+	mu             sync.Mutex
+	commits, abort int
+}
+
+func (b *blockingTxnSink) Commit(ctx context.Context, _ sink.Checkpoint) error {
+	b.mu.Lock()
+	b.commits++
+	b.mu.Unlock()
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+func (b *blockingTxnSink) Abort(ctx context.Context) {
+	b.mu.Lock()
+	b.abort++
+	b.mu.Unlock()
+}
+
+// Issue 26 item 12 in exactly-once mode: SIGTERM between transactions while
+// the open Kafka transaction holds an event of a held topic does not wait
+// for a final commit that cannot succeed (the held record is never sent, so
+// the commit would only time out, eosCommitTimeout later): it aborts the
+// transaction and stops; nothing past the last committed transaction is
+// confirmed.
+func TestExactlyOnceShutdownAbortsWithHeldTopics(t *testing.T) {
+	ts := &blockingTxnSink{}
+	h := newHarness(t, 100, func(c *Config) { c.ShutdownTimeout = 30 * time.Second })
+	e := &eos{sink: ts, wm: h.s.wm, splitAge: time.Minute}
+	h.s.commit = e
+	h.relay.state.setTopicHold("outbox.event.Order", errors.New(`kafka topic "outbox.event.Order" is missing`))
+	// A whole PostgreSQL transaction waits in the open Kafka one (its event
+	// handed to the sink, which holds it), as between a COMMIT and the
+	// next quiet tick.
+	e.open = true
+	e.txns = append(e.txns, h.s.wm.Begin(time.Now()))
+	e.ends = append(e.ends, 210)
+	start := time.Now()
+	h.s.finish(canceled, true)
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("shutdown took %s with only a held topic's event in the open Kafka transaction", took)
+	}
+	ts.mu.Lock()
+	commits, aborts := ts.commits, ts.abort
+	ts.mu.Unlock()
+	if commits != 0 || aborts != 1 {
+		t.Fatalf("%d commits and %d aborts, want 0 and 1", commits, aborts)
+	}
+	if e.open {
+		t.Fatal("the Kafka transaction is still open")
+	}
+	h.neverSentAbove(100)
+}
+
+// Without a held topic the exactly-once shutdown still commits what is
+// complete.
+func TestExactlyOnceShutdownCommitsWithoutHolds(t *testing.T) {
+	ts := &fakeTxnSink{}
+	h := newHarness(t, 100, nil)
+	e := &eos{sink: ts, wm: h.s.wm, splitAge: time.Minute}
+	h.s.commit = e
+	e.open = true
+	e.txns = append(e.txns, h.s.wm.Begin(time.Now()))
+	e.ends = append(e.ends, 210)
+	h.s.finish(canceled, true)
+	if cps := ts.checkpoints(); len(cps) != 1 || cps[0] != (sink.Checkpoint{LSN: 210}) {
+		t.Fatalf("checkpoints %v, want one at 210", cps)
+	}
+}

@@ -548,8 +548,9 @@ func (s *streamer) finish(ctx context.Context, connAlive bool) {
 	// the shutdown past --shutdown-timeout.
 	tctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
 	defer cancel()
-	// Clean shutdown between transactions: commit what is complete.
-	if err := s.commit.end(tctx, true, s.txn == nil); err != nil {
+	// Clean shutdown between transactions: commit what is complete (unless
+	// a held topic's records keep that from ever succeeding).
+	if err := s.endOnShutdown(tctx); err != nil { // shutdownheld.go
 		s.log.Warn("exactly-once: final Kafka commit failed; the next run resumes from the last checkpoint", "err", err)
 	}
 	if !waitDrainedOrHeld(tctx, s.wm, s.state.hasTopicHolds, heldShutdownQuiet) { // shutdownheld.go
