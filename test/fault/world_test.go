@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxd/outboxd/test/harness"
@@ -317,8 +318,19 @@ func (w *world) createTopics(ctx context.Context) {
 		w.t.Fatalf("creating topics: %v", err)
 	}
 	if w.cluster != nil {
-		if err := w.cluster.checkProductionSettings(ctx, kadm.NewClient(cl), w.topics); err != nil {
-			w.t.Fatal(err)
+		// A broker may answer for a topic only once the controller's
+		// metadata reached it (UNKNOWN_TOPIC_OR_PARTITION right after the
+		// creation): retriable errors are asked again, for up to 30 s.
+		adm, deadline := kadm.NewClient(cl), time.Now().Add(30*time.Second)
+		for {
+			err := w.cluster.checkProductionSettings(ctx, adm, w.topics)
+			if err == nil {
+				break
+			}
+			if !kerr.IsRetriable(err) || time.Now().After(deadline) {
+				w.t.Fatal(err)
+			}
+			time.Sleep(200 * time.Millisecond)
 		}
 	}
 }
