@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -300,18 +302,23 @@ func TestGapSlotRecreatedBySetup(t *testing.T) {
 // positions) but from the restored slot's confirmed position, so F1-F3
 // reach Kafka. (A1-A5 stay in Kafka without a row: that the restore made
 // them phantom is not detectable once the WAL passed them.)
+//
+// outboxd is frozen (SIGSTOP) from the restored server's start until its
+// WAL has passed A5: nothing else keeps a replication connection out
+// (PostgreSQL does not apply a role's CONNECTION LIMIT to walsenders, which
+// made this test flaky while it relied on one), and an outboxd that got in
+// earlier rightly refuses with a gap (the server's WAL ends before what was
+// published): that is TestGapRestoreBeforeWALPassed's case, not this one.
 func TestGapRestoreFromColdCopy(t *testing.T) {
 	primary := harness.PostgresForTest(t)
 	if primary.External() {
 		t.Skip("needs a harness-started server it may stop and restore (" + harness.EnvPostgres + " is set)")
 	}
 	f := newFixture(t, withPostgres(primary))
-	role := f.asSetupRole()
+	f.asSetupRole()
 	f.exec(`CREATE TABLE pad (x text)`) // not in the publication; created before the copy (its catalog WAL would move F1-F3)
 	r := f.startRelay()
 	f.waitConfirmed(f.commit(event{1, "a", "E", `{}`}), 20*time.Second)
-	// The copy keeps outboxd out (CONNECTION LIMIT 0 is retried, unlike a
-	// refused login) until the test lets it in.
 	reconnect := func() {
 		t.Helper()
 		f.conn.Close(context.Background())
@@ -320,20 +327,6 @@ func TestGapRestoreFromColdCopy(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	restart := func(restore string) {
-		t.Helper()
-		if err := primary.Stop(f.ctx); err != nil {
-			t.Fatal(err)
-		}
-		if err := primary.RestoreColdCopy(f.ctx, restore); err != nil {
-			t.Fatal(err)
-		}
-		if err := primary.Start(f.ctx); err != nil {
-			t.Fatal(err)
-		}
-		reconnect()
-	}
-	f.exec(`ALTER ROLE ` + role + ` CONNECTION LIMIT 0`)
 	if err := primary.Stop(f.ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -348,7 +341,6 @@ func TestGapRestoreFromColdCopy(t *testing.T) {
 		t.Fatal(err)
 	}
 	reconnect()
-	f.exec(`ALTER ROLE ` + role + ` CONNECTION LIMIT -1`)
 	// Bounds cover outboxd's reconnect backoff (up to 15 s) after the
 	// refused connections.
 	poll(t, 60*time.Second, "outboxd streaming again", func() bool { return f.slotState().Active && r.role(t) == "active" })
@@ -359,14 +351,29 @@ func TestGapRestoreFromColdCopy(t *testing.T) {
 	published := f.commit(evs...)
 	f.waitConfirmed(published, 20*time.Second)
 
-	restart(backup)
+	if err := primary.Stop(f.ctx); err != nil { // ends outboxd's session; it retries against a stopped server
+		t.Fatal(err)
+	}
+	thaw := freeze(t, r.Proc)
+	if err := primary.RestoreColdCopy(f.ctx, backup); err != nil {
+		t.Fatal(err)
+	}
+	if err := primary.Start(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	reconnect()
 	end := f.commit(event{11, "f", "F", `{}`}, event{12, "f", "F", `{}`}, event{13, "f", "F", `{}`})
 	for end <= published {
 		f.exec(`INSERT INTO pad SELECT repeat('x', 1000) FROM generate_series(1, 1000)`)
 		end = f.walLSN()
 	}
-	f.exec(`ALTER ROLE ` + role + ` CONNECTION LIMIT -1`)
-	f.waitConfirmed(end, 60*time.Second)
+	thaw()
+	poll(t, 60*time.Second, "the restored slot confirmed past F1-F3 and the padding", func() bool {
+		if r.Exited() {
+			t.Fatalf("outboxd exited instead of streaming from the restored slot:\n%s", tailString(r.Log(), 4000))
+		}
+		return f.slotState().ConfirmedFlushLSN >= end
+	})
 	first, _ := byID(t, f.records())
 	for _, n := range []int{11, 12, 13} {
 		if _, ok := first[eventID(n)]; !ok {
@@ -376,5 +383,28 @@ func TestGapRestoreFromColdCopy(t *testing.T) {
 	if len(first) != 9 {
 		t.Errorf("%d distinct events in Kafka, want 9 (1, A1-A5, F1-F3)", len(first))
 	}
+	if !strings.Contains(r.Log(), "the server changed since the last session; resuming from the slot's confirmed position") {
+		t.Errorf("no \"server changed\" warning:\n%s", tailString(r.Log(), 4000))
+	}
 	t.Logf("published up to %s on the old server; the restored one passed it at %s", harness.FormatLSN(published), harness.FormatLSN(end))
+}
+
+// freeze stops p (SIGSTOP) until the returned thaw (SIGCONT) runs, or the
+// test ends: a process the test must keep out of a server for a while
+// (a replication connection ignores CONNECTION LIMIT).
+func freeze(t *testing.T, p *harness.Proc) (thaw func()) {
+	t.Helper()
+	if err := p.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	thaw = func() {
+		once.Do(func() {
+			if err := p.Signal(syscall.SIGCONT); err != nil && !p.Exited() {
+				t.Error(err)
+			}
+		})
+	}
+	t.Cleanup(thaw)
+	return thaw
 }
