@@ -60,6 +60,7 @@ type streamer struct {
 	lastRecv time.Time
 	wakeAt   time.Time // read deadline while acks are awaited
 	pings    pingStreak
+	verify   *boundary // exactly-once: the checkpoint's transaction to meet (boundary.go); nil: none
 }
 
 // newStreamer is the session's read loop over stream, from start, with the
@@ -230,6 +231,9 @@ func (s *streamer) sendStatus(reply bool) error {
 func (s *streamer) handle(ctx context.Context, msg *wal.Msg, now time.Time) error {
 	switch msg.Kind {
 	case wal.KindBegin:
+		if err := s.verify.begin(msg.Begin.FinalLSN); err != nil {
+			return err
+		}
 		s.txn = s.wm.Begin(now)
 		s.tx = router.Tx{Xid: msg.Begin.Xid, CommitLSN: msg.Begin.FinalLSN, CommitTime: msg.Begin.CommitTime}
 		s.ordinal = 0
@@ -260,12 +264,18 @@ func (s *streamer) handle(ctx context.Context, msg *wal.Msg, now time.Time) erro
 		if s.txn == nil {
 			return errors.New("protocol: commit outside a transaction")
 		}
+		if err := s.verify.commit(msg.Commit.EndLSN); err != nil {
+			return err
+		}
 		txn := s.txn
 		s.txn = nil
 		s.m.transactions.Inc()
 		return s.txnErr(s.commit.txnCommitted(ctx, txn, msg.Commit.EndLSN))
 	case wal.KindKeepalive:
 		if s.txn == nil {
+			if err := s.verify.idle(msg.Keepalive.WALEnd); err != nil {
+				return err
+			}
 			s.wm.Idle(msg.Keepalive.WALEnd)
 		}
 		if msg.Keepalive.ReplyRequested {

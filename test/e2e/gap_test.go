@@ -408,3 +408,124 @@ func freeze(t *testing.T, p *harness.Proc) (thaw func()) {
 	t.Cleanup(thaw)
 	return thaw
 }
+
+// Exactly-once, restored from a cold copy of the same cluster (same system
+// identifier, same timeline) taken before A1-A5 were published:
+//
+//   - outboxd back in before the restored server's WAL reaches the
+//     checkpoint: the WAL ends before it, a gap (exit 1);
+//   - a new outboxd once the restored server committed F1-F3 and enough WAL
+//     to pass the checkpoint: nothing at connect shows the restore, but the
+//     checkpoint's own transaction is not in the replayed WAL, so it is a gap
+//     too (exit 1), where the checkpoint's skip rule used to drop F1-F3 as
+//     "already in Kafka" and stream on;
+//   - with --accept-gap: F1-F3 reach Kafka.
+func TestGapRestoreExactlyOnce(t *testing.T) {
+	primary := harness.PostgresForTest(t)
+	if primary.External() {
+		t.Skip("needs a harness-started server it may stop and restore (" + harness.EnvPostgres + " is set)")
+	}
+	f := newFixture(t, withPostgres(primary))
+	f.asSetupRole()
+	f.exec(`CREATE TABLE pad (x text)`) // not in the publication
+	eos := []string{"--exactly-once", "--checkpoint-topic", "cp." + f.agg}
+	p, r := f.spawn(eos...)
+	if err := r.waitStreaming(f.ctx); err != nil {
+		t.Fatalf("outboxd did not stream: %v\n%s", err, tailString(p.Log(), 4000))
+	}
+	f.waitConfirmed(f.commit(event{1, "a", "E", `{}`}), 20*time.Second)
+	reconnect := func() {
+		t.Helper()
+		f.conn.Close(context.Background())
+		var err error
+		if f.conn, err = primary.Connect(f.ctx, f.db); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := primary.Stop(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	backup := t.TempDir() + "/data"
+	if err := primary.ColdCopy(f.ctx, backup); err != nil {
+		if strings.Contains(err.Error(), "not supported") {
+			t.Skip(err)
+		}
+		t.Fatal(err)
+	}
+	if err := primary.Start(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	reconnect()
+	poll(t, 60*time.Second, "outboxd streaming again", func() bool { return f.slotState().Active && r.role(t) == "active" })
+	var evs []event
+	for n := 2; n <= 6; n++ {
+		evs = append(evs, event{n, "a", "A", `{"pad": "` + strings.Repeat("a", 2000) + `"}`})
+	}
+	published := f.commit(evs...)
+	f.waitConfirmed(published, 20*time.Second)
+	if n := len(f.readCommitted(6)); n != 6 {
+		t.Fatalf("%d committed records before the restore, want 6", n)
+	}
+
+	exitsWithGap := func(p *harness.Proc, what, want string) {
+		t.Helper()
+		wctx, cancel := context.WithTimeout(f.ctx, 60*time.Second)
+		defer cancel()
+		code, err := p.Wait(wctx)
+		if err != nil || code != 1 || !strings.Contains(p.Log(), want) {
+			t.Fatalf("%s: outboxd exit %d, err %v; want exit 1 with %q\n%s", what, code, err, want, tailString(p.Log(), 4000))
+		}
+		for _, line := range strings.Split(p.Log(), "\n") {
+			if strings.HasPrefix(line, "outboxd run: gap:") {
+				t.Logf("%s: %s", what, line)
+			}
+		}
+	}
+	if err := primary.Stop(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	thaw := freeze(t, p)
+	if err := primary.RestoreColdCopy(f.ctx, backup); err != nil {
+		t.Fatal(err)
+	}
+	if err := primary.Start(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	reconnect()
+	thaw() // back in before anything is written: the WAL ends before the checkpoint
+	exitsWithGap(p, "back in before the WAL passed the checkpoint", "outboxd run: gap: the server's WAL ends at ")
+
+	end := f.commit(event{11, "f", "F", `{}`}, event{12, "f", "F", `{}`}, event{13, "f", "F", `{}`})
+	for end <= published {
+		f.exec(`INSERT INTO pad SELECT repeat('x', 1000) FROM generate_series(1, 1000)`)
+		end = f.walLSN()
+	}
+	p2, _ := f.spawn(eos...)
+	exitsWithGap(p2, "started once the WAL passed the checkpoint", "outboxd run: gap: the exactly-once checkpoint in Kafka records slot ")
+	if s := f.slotState(); s.ConfirmedFlushLSN >= end {
+		t.Fatalf("the slot was confirmed to %s, past F1-F3", harness.FormatLSN(s.ConfirmedFlushLSN))
+	}
+
+	p3, r3 := f.spawn(append(eos, "--accept-gap")...)
+	if err := r3.waitStreaming(f.ctx); err != nil {
+		t.Fatalf("outboxd --accept-gap did not stream: %v\n%s", err, tailString(p3.Log(), 4000))
+	}
+	poll(t, 60*time.Second, "the slot confirmed past F1-F3 after the accepted gap", func() bool {
+		if p3.Exited() {
+			t.Fatalf("outboxd --accept-gap exited:\n%s", tailString(p3.Log(), 4000))
+		}
+		return f.slotState().ConfirmedFlushLSN >= end
+	})
+	first, _ := byID(t, f.readCommitted(9)) // and a duplicate of event 1 where the restored slot is before it
+	for _, n := range []int{11, 12, 13} {
+		if _, ok := first[eventID(n)]; !ok {
+			t.Errorf("event F%d, committed on the restored server, never reached Kafka after --accept-gap", n-10)
+		}
+	}
+	if len(first) != 9 {
+		t.Errorf("%d distinct events in Kafka, want 9 (1, A1-A5, F1-F3)", len(first))
+	}
+	if !strings.Contains(p3.Log(), "gap accepted") {
+		t.Errorf("no \"gap accepted\" warning:\n%s", tailString(p3.Log(), 4000))
+	}
+}
