@@ -77,7 +77,10 @@ func (b *boundary) capped(lsn wal.LSN) wal.LSN {
 func (b *boundary) begin(final wal.LSN) error {
 	switch {
 	case !b.pending():
-	case b.at.Events > 0 && final == b.at.LSN:
+	case final == b.at.LSN:
+		// A split's transaction; or, for Events 0, the transaction a
+		// checkpoint was committed before (eos.beforeProbe at its first
+		// event: the checkpoint is then that transaction's commit LSN).
 		b.seen = true
 	case final >= b.at.LSN:
 		return &boundaryGap{b, "a transaction committed at " + final.String()}

@@ -33,6 +33,7 @@ func TestBoundary(t *testing.T) {
 		{"restored: a transaction after it", whole, []step{{"begin", 0x960}}, 0, false},
 		{"restored, split: another commit there", split, []step{{"begin", 0x901}}, 0, false},
 		{"restored, split: WAL passes", split, []step{{"idle", 0x901}}, 0, false},
+		{"same WAL, committed before a probe at its first event", sink.Checkpoint{LSN: 0x900}, []step{{"begin", 0x100}, {"commit", 0x180}, {"begin", 0x900}}, -1, true},
 		{"not yet", whole, []step{{"begin", 0x100}, {"commit", 0x900}, {"idle", 0x94f}}, -1, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -64,8 +64,10 @@ type relay struct {
 	// textOnly: a binary session met a column type the router does not
 	// render from binary; text from now on (binary.go).
 	textOnly bool
-	// lastServer is the previous session's server (slot.Info.Server).
+	// lastServer is the previous session's server (slot.Info.Server), and
+	// lastInfo its slot.Info.
 	lastServer string
+	lastInfo   slot.Info
 	// ignoreDone is an exactly-once checkpoint whose transaction the WAL
 	// did not have, accepted with --accept-gap: reloading it from Kafka
 	// counts as no checkpoint (boundary.go).
@@ -267,6 +269,7 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 	info, created, err := conn.Prepare(ctx, slot.Config{
 		Slot: r.cfg.Slot, Publication: r.cfg.Publication, TakeOver: r.lastPID, StaleAfter: r.cfg.ReplicationTimeout,
 		Failover: r.cfg.SlotFailover.String(), Progress: r.progress, AcceptGap: r.cfg.AcceptGap, Unroutable: r.router.Unroutable,
+		Previous: r.lastInfo,
 	})
 	if err != nil {
 		return false, nil, err
@@ -277,6 +280,18 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 	}
 	srv := info.Server()
 	changed := r.lastServer != "" && srv != r.lastServer
+	if promoted := info.PreviousEnd != 0 && *resume <= info.PreviousEnd; changed && promoted && r.cfg.TxnSink == nil && *resume > info.ConfirmedFlush {
+		// A later timeline of the previous server (a promoted standby, a
+		// point-in-time recovery) whose history replayed the previous
+		// timeline past what this process acked: the WAL up to there is
+		// the one it streamed, so what it acked stays acked. A failover
+		// slot synchronized to the standby lags the primary's
+		// confirmation by up to the sync interval; resuming from it would
+		// publish those events again.
+		r.log.Info("the server is a later timeline of the previous one, which it replayed past what was acked: resuming from there, not from the slot's older position",
+			"resume_lsn", resume.String(), "confirmed_flush_lsn", info.ConfirmedFlush.String(), "timeline", info.Timeline, "previous_timeline", r.lastInfo.Timeline, "previous_timeline_end", info.PreviousEnd.String())
+		changed = false
+	}
 	if *resume > info.ConfirmedFlush && (changed || r.cfg.TxnSink != nil && r.lastServer == "") {
 		// Another server, or the same one restarted (restored from a
 		// backup, promoted): what this process acked lies at positions
@@ -291,7 +306,7 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 		}
 		*resume = 0
 	}
-	r.lastServer = srv
+	r.lastServer, r.lastInfo = srv, info
 	start := max(info.ConfirmedFlush, *resume)
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
