@@ -268,7 +268,7 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 
 	info, created, err := conn.Prepare(ctx, slot.Config{
 		Slot: r.cfg.Slot, Publication: r.cfg.Publication, TakeOver: r.lastPID, StaleAfter: r.cfg.ReplicationTimeout,
-		Failover: r.cfg.SlotFailover.String(), Progress: r.progress, AcceptGap: r.cfg.AcceptGap, Unroutable: r.router.Unroutable,
+		Failover: r.cfg.SlotFailover.String(), Progress: r.progress, AcceptGap: r.cfg.AcceptGap, Unroutable: r.unroutable,
 		Previous: r.lastInfo,
 	})
 	if err != nil {

@@ -229,6 +229,9 @@ func (s *streamer) sendStatus(reply bool) error {
 }
 
 func (s *streamer) handle(ctx context.Context, msg *wal.Msg, now time.Time) error {
+	if len(s.cfg.IgnoreTables) > 0 && s.ignored(msg) { // --ignore-table (ignoretable.go)
+		return nil
+	}
 	switch msg.Kind {
 	case wal.KindBegin:
 		if err := s.verify.begin(msg.Begin.FinalLSN); err != nil {
@@ -258,6 +261,9 @@ func (s *streamer) handle(ctx context.Context, msg *wal.Msg, now time.Time) erro
 	case wal.KindTruncate:
 		s.m.skipped.WithLabelValues("truncate").Inc()
 		for _, rel := range msg.Truncated {
+			if len(s.cfg.IgnoreTables) > 0 && s.cfg.ignores(rel) {
+				continue
+			}
 			s.log.Warn("skipped TRUNCATE of outbox table", "table", rel.QualifiedName(), "commit_lsn", s.tx.CommitLSN.String())
 		}
 	case wal.KindCommit:
