@@ -42,11 +42,11 @@ vet: ## go vet and the gofmt check
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
 
-# Tests make test leaves out until they are fixed (run them by name):
-# TestGapRestoreFromColdCopy failed 2 of about 8 runs on 2026-12-02 (the slot's
-# confirmed_flush_lsn did not reach the new server's WAL within 60 s after the
-# restore: under investigation, see the closing note).
-FLAKY := TestGapRestoreFromColdCopy
+# Tests make test leaves out until they are fixed (run them by name): none.
+# TestGapRestoreFromColdCopy was here until 2026-12-02: it kept outboxd out of
+# the restored server with CONNECTION LIMIT 0, which walsenders ignore; it
+# freezes outboxd now (22 passes in a row on PostgreSQL 15 and 16).
+FLAKY :=
 
 # make test runs the unit packages (and the inbox) under the race detector,
 # everything else without it.

@@ -92,6 +92,11 @@ type Config struct {
 	ProgressStore    sink.ProgressStore
 	NewProgressStore func(key string) sink.ProgressStore
 	AcceptGap        bool
+	// IgnoreTables are publication tables ("schema.table") whose rows are
+	// not outbox events: the startup check lets them pass and the stream
+	// skips their changes (ignoretable.go). For a publication shared with
+	// other consumers, such as Debezium's FOR ALL TABLES one.
+	IgnoreTables []string
 
 	// TxnSink is exactly-once mode's transactional sink (usually Sink
 	// itself), and Checkpoints binds it to this slot's checkpoint record
@@ -138,6 +143,9 @@ func (c *Config) defaults() error {
 	}
 	if c.Slot == "" {
 		c.Slot = "outboxd"
+	}
+	if err := validateIgnoreTables(c.IgnoreTables); err != nil {
+		return err
 	}
 	if c.Publication == "" {
 		c.Publication = "outboxd"

@@ -68,8 +68,14 @@ type relay struct {
 	// textOnly: a binary session met a column type the router does not
 	// render from binary; text from now on (binary.go).
 	textOnly bool
-	// lastServer is the previous session's server (slot.Info.Server).
+	// lastServer is the previous session's server (slot.Info.Server), and
+	// lastInfo its slot.Info.
 	lastServer string
+	lastInfo   slot.Info
+	// ignoreDone is an exactly-once checkpoint whose transaction the WAL
+	// did not have, accepted with --accept-gap: reloading it from Kafka
+	// counts as no checkpoint (boundary.go).
+	ignoreDone sink.Checkpoint
 	// fencings counts exactly-once fencings in a row with no other
 	// process seen on the slot (role.go, fenced).
 	fencings int
@@ -266,7 +272,8 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 
 	info, created, err := conn.Prepare(ctx, slot.Config{
 		Slot: r.cfg.Slot, Publication: r.cfg.Publication, TakeOver: r.lastPID, StaleAfter: r.cfg.ReplicationTimeout,
-		Failover: r.cfg.SlotFailover.String(), Progress: r.progress, AcceptGap: r.cfg.AcceptGap, Unroutable: r.router.Unroutable,
+		Failover: r.cfg.SlotFailover.String(), Progress: r.progress, AcceptGap: r.cfg.AcceptGap, Unroutable: r.unroutable,
+		Previous: r.lastInfo,
 	})
 	if err != nil {
 		return false, nil, err
@@ -275,17 +282,35 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 	if created {
 		r.log.Info("created replication slot", "slot", info.Name, "plugin", "pgoutput", "confirmed_flush_lsn", info.ConfirmedFlush.String())
 	}
-	if srv := info.Server(); r.lastServer != "" && srv != r.lastServer && r.cfg.TxnSink == nil && *resume > info.ConfirmedFlush {
+	srv := info.Server()
+	changed := r.lastServer != "" && srv != r.lastServer
+	if promoted := info.PreviousEnd != 0 && *resume <= info.PreviousEnd; changed && promoted && r.cfg.TxnSink == nil && *resume > info.ConfirmedFlush {
+		// A later timeline of the previous server (a promoted standby, a
+		// point-in-time recovery) whose history replayed the previous
+		// timeline past what this process acked: the WAL up to there is
+		// the one it streamed, so what it acked stays acked. A failover
+		// slot synchronized to the standby lags the primary's
+		// confirmation by up to the sync interval; resuming from it would
+		// publish those events again.
+		r.log.Info("the server is a later timeline of the previous one, which it replayed past what was acked: resuming from there, not from the slot's older position",
+			"resume_lsn", resume.String(), "confirmed_flush_lsn", info.ConfirmedFlush.String(), "timeline", info.Timeline, "previous_timeline", r.lastInfo.Timeline, "previous_timeline_end", info.PreviousEnd.String())
+		changed = false
+	}
+	if *resume > info.ConfirmedFlush && (changed || r.cfg.TxnSink != nil && r.lastServer == "") {
 		// Another server, or the same one restarted (restored from a
 		// backup, promoted): what this process acked lies at positions
 		// whose WAL may now hold other transactions, so it resumes where
 		// the slot says, never beyond (duplicates, at worst, and nothing
-		// skipped). Exactly-once resumes from its checkpoint.
-		r.log.Warn("the server changed since the last session; resuming from the slot's confirmed position, not beyond",
-			"resume_lsn", resume.String(), "confirmed_flush_lsn", info.ConfirmedFlush.String(), "server", srv, "previous", r.lastServer)
+		// skipped). Exactly-once mode does so on its first session too:
+		// it skips what the checkpoint covers, but only once the replayed
+		// WAL shows the checkpoint's own transaction (boundary.go).
+		if changed {
+			r.log.Warn("the server changed since the last session; resuming from the slot's confirmed position, not beyond",
+				"resume_lsn", resume.String(), "confirmed_flush_lsn", info.ConfirmedFlush.String(), "server", srv, "previous", r.lastServer)
+		}
 		*resume = 0
 	}
-	r.lastServer = info.Server()
+	r.lastServer, r.lastInfo = srv, info
 	start := max(info.ConfirmedFlush, *resume)
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -308,6 +333,10 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 		}
 		r.freshProducer = false
 	}
+	var verify *boundary
+	if r.cfg.TxnSink != nil {
+		verify = newBoundary(r.cfg.Slot, r.cfg.Done, start)
+	}
 
 	wm = slot.NewWatermark(start)
 	r.state.startSession(wm, info)
@@ -318,13 +347,38 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 	if r.cfg.TxnSink != nil {
 		s.commit = &eos{sink: r.cfg.TxnSink, wm: wm, done: r.done, splitAge: r.cfg.SplitAge}
 	}
+	if verify != nil {
+		s.verify = verify
+		s.confirmable = func(lsn wal.LSN) wal.LSN { return r.confirmable(verify.capped(lsn)) }
+		r.log.Info("exactly-once: replaying from the slot's position to the checkpoint; confirming nothing past it until the checkpoint's transaction shows the WAL is the one Kafka's events came from",
+			"from_lsn", start.String(), "checkpoint", r.cfg.Done.String())
+	}
 	err = s.loop(sctx)
 
 	r.m.connected.Set(0)
 	r.state.endSession()
 	s.finish(ctx, !conn.IsClosed())
+	var gap *boundaryGap
+	if errors.As(err, &gap) {
+		return true, wm, r.boundaryGap(gap, resume)
+	}
 	*resume = max(*resume, wm.Confirmed())
 	return true, wm, err
+}
+
+// boundaryGap handles a stream that passed the exactly-once checkpoint
+// without its transaction: a gap (SetupError), or with --accept-gap a new
+// baseline: the checkpoint is ignored from now on (this process), and the
+// next session streams everything from the slot's position, which the
+// boundary's cap kept where the session started.
+func (r *relay) boundaryGap(gap *boundaryGap, resume *wal.LSN) error {
+	if !r.cfg.AcceptGap {
+		return slot.GapError(gap.Error())
+	}
+	r.progress.Accepted(gap.Error())
+	r.ignoreDone, r.cfg.Done = gap.b.at, sink.Checkpoint{}
+	*resume = 0
+	return errors.New("exactly-once: gap accepted: streaming again from the slot's position, publishing what the old checkpoint covered")
 }
 
 // confirmable is the flush position the session may send for lsn: capped
@@ -355,6 +409,9 @@ func (r *relay) resetTransactions(ctx context.Context, resume *wal.LSN) error {
 		var done sink.Checkpoint
 		if err == nil {
 			done, err = r.cfg.TxnSink.LoadCheckpoint(ctx)
+		}
+		if err == nil && done == r.ignoreDone && done.LSN != 0 {
+			done = sink.Checkpoint{} // an accepted gap's: not this WAL's history (boundaryGap)
 		}
 		if err == nil {
 			if r.done.LSN < done.LSN || (r.done.LSN == done.LSN && r.done.Events < done.Events) {

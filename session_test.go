@@ -324,3 +324,47 @@ func TestRelayStopsOnASetupError(t *testing.T) {
 		t.Fatalf("/status last_error %v", st["last_error"])
 	}
 }
+
+// A failover between sessions: the second server is timeline 2 of the same
+// cluster. If its history replayed timeline 1 past what the first session
+// acked (PreviousEnd), what was acked stays acked: the session starts there,
+// not at the synchronized slot's older position. If timeline 1 ended before
+// it (a standby that lagged), the session starts at the slot.
+func TestRelayResumesOnAPromotedServer(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		previousEnd wal.LSN
+		want        wal.LSN
+	}{
+		{"replayed past the ack", 500, 210},
+		{"replayed up to the ack", 210, 210},
+		{"forked before the ack", 205, 150},
+		{"not in its history", 0, 150},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			first := &fakeConn{stream: newScriptStream(),
+				info: slot.Info{Slot: slot.Slot{Name: "s", Plugin: "pgoutput", ConfirmedFlush: 100}, SessionPID: 42, SystemID: "7", Timeline: 1, ServerStart: "a"}}
+			second := &fakeConn{stream: newScriptStream(),
+				info: slot.Info{Slot: slot.Slot{Name: "s", Plugin: "pgoutput", ConfirmedFlush: 150}, SessionPID: 43, SystemID: "7", Timeline: 2, ServerStart: "b", PreviousEnd: tc.previousEnd}}
+			cs := newConnScript(first, second)
+			hs := newHeldSink()
+			r := newTestRelay(t, cs, &fakeSQL{found: true}, hs, nil)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- r.Run(ctx) }()
+			first.stream.push(txn(200, 210, uuid(1))...)
+			hs.waitProduced(t, 1)
+			hs.ack(0, nil)
+			waitFor(t, "the confirmation of 0/D2", func() bool { return first.stream.lastSent() == 210 })
+			first.stream.fail(errors.New("unexpected EOF"))
+			waitFor(t, "the second session", func() bool { _, o := second.startOpts(); return o.Slot != "" })
+			prep, opts := second.startOpts()
+			if opts.StartLSN != tc.want || prep.Previous.Timeline != 1 || prep.Previous.SystemID != "7" {
+				t.Fatalf("second session: START_REPLICATION at %s (Previous %s/%d); want %s and the first session's server", opts.StartLSN, prep.Previous.SystemID, prep.Previous.Timeline, tc.want)
+			}
+			cancel()
+			<-done
+		})
+	}
+}

@@ -60,6 +60,7 @@ type streamer struct {
 	lastRecv time.Time
 	wakeAt   time.Time // read deadline while acks are awaited
 	pings    pingStreak
+	verify   *boundary // exactly-once: the checkpoint's transaction to meet (boundary.go); nil: none
 }
 
 // newStreamer is the session's read loop over stream, from start, with the
@@ -228,8 +229,14 @@ func (s *streamer) sendStatus(reply bool) error {
 }
 
 func (s *streamer) handle(ctx context.Context, msg *wal.Msg, now time.Time) error {
+	if len(s.cfg.IgnoreTables) > 0 && s.ignored(msg) { // --ignore-table (ignoretable.go)
+		return nil
+	}
 	switch msg.Kind {
 	case wal.KindBegin:
+		if err := s.verify.begin(msg.Begin.FinalLSN); err != nil {
+			return err
+		}
 		s.txn = s.wm.Begin(now)
 		s.tx = router.Tx{Xid: msg.Begin.Xid, CommitLSN: msg.Begin.FinalLSN, CommitTime: msg.Begin.CommitTime}
 		s.ordinal = 0
@@ -254,11 +261,17 @@ func (s *streamer) handle(ctx context.Context, msg *wal.Msg, now time.Time) erro
 	case wal.KindTruncate:
 		s.m.skipped.WithLabelValues("truncate").Inc()
 		for _, rel := range msg.Truncated {
+			if len(s.cfg.IgnoreTables) > 0 && s.cfg.ignores(rel) {
+				continue
+			}
 			s.log.Warn("skipped TRUNCATE of outbox table", "table", rel.QualifiedName(), "commit_lsn", s.tx.CommitLSN.String())
 		}
 	case wal.KindCommit:
 		if s.txn == nil {
 			return errors.New("protocol: commit outside a transaction")
+		}
+		if err := s.verify.commit(msg.Commit.EndLSN); err != nil {
+			return err
 		}
 		txn := s.txn
 		s.txn = nil
@@ -266,6 +279,9 @@ func (s *streamer) handle(ctx context.Context, msg *wal.Msg, now time.Time) erro
 		return s.txnErr(s.commit.txnCommitted(ctx, txn, msg.Commit.EndLSN))
 	case wal.KindKeepalive:
 		if s.txn == nil {
+			if err := s.verify.idle(msg.Keepalive.WALEnd); err != nil {
+				return err
+			}
 			s.wm.Idle(msg.Keepalive.WALEnd)
 		}
 		if msg.Keepalive.ReplyRequested {

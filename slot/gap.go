@@ -204,5 +204,12 @@ func guard(ctx context.Context, conn *pgconn.PgConn, cfg Config, found bool, srv
 		cfg.Progress.Accepted(gap)
 		return nil
 	}
+	return GapError(gap)
+}
+
+// GapError is the SetupError for a gap found by a check outside Prepare
+// (exactly-once mode's checkpoint boundary, found while streaming): the same
+// words and fix as Prepare's.
+func GapError(gap string) *SetupError {
 	return &SetupError{Problem: "gap: " + gap + "; outboxd refuses to continue", Fix: gapFix}
 }

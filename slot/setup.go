@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd/pgquote"
@@ -63,6 +64,12 @@ type Info struct {
 	// it tells the relay whether the server is the one its previous session
 	// streamed from (a restore or a failover restarts it).
 	ServerStart string
+	// PreviousEnd is where Config.Previous's timeline ended in this
+	// server's timeline history (TIMELINE_HISTORY): this server's WAL
+	// before it is the WAL the previous session streamed (a promoted
+	// standby replayed it). 0: not a later timeline of the same cluster,
+	// or not in its history.
+	PreviousEnd wal.LSN
 }
 
 // Server identifies the server incarnation a session streamed from.
@@ -104,6 +111,11 @@ type Config struct {
 	// client has not replied for this long is dead (outboxd replies every
 	// few seconds), e.g. left by a killed process; it is terminated. 0 never.
 	StaleAfter time.Duration
+	// Previous is the server the caller's previous session streamed from
+	// (system identifier and timeline; zero: none): if this server is a
+	// later timeline of it, Info.PreviousEnd says where that timeline
+	// ended in this server's history.
+	Previous Info
 }
 
 // Prepare runs on a replication connection before streaming. It checks
@@ -149,6 +161,15 @@ func Prepare(ctx context.Context, conn *pgconn.PgConn, cfg Config) (info Info, c
 	srv.slot = row.ConfirmedFlush
 	if err := guard(ctx, conn, cfg, found, srv); err != nil {
 		return Info{}, false, err
+	}
+	if prev := cfg.Previous; prev.SystemID == srv.systemID && prev.Timeline != 0 && prev.Timeline < srv.timeline {
+		h, err := pglogrepl.TimelineHistory(ctx, conn, srv.timeline)
+		if err != nil {
+			return Info{}, false, fmt.Errorf("TIMELINE_HISTORY %d: %w", srv.timeline, err)
+		}
+		if end, diverged := switchPoint(string(h.Content), prev.Timeline); !diverged {
+			info.PreviousEnd = end
+		}
 	}
 	if !found {
 		if err := createSlot(ctx, conn, cfg.Slot, failover); err != nil {

@@ -69,6 +69,7 @@ type runOptions struct {
 	PgoutputBinary        string
 	ProgressTopic         string
 	AcceptGap             bool
+	IgnoreTables          appendList // --ignore-table (ignoretable.go)
 	Topics                topicOptions
 	Broker                string                   // --broker: a broker other than Kafka (broker.go)
 	BrokerOpts            map[string]brokerOptions // by URL scheme
@@ -148,6 +149,7 @@ func (o *runOptions) register(s *optionSet) {
 	fs.IntVar(&o.MaxHeaders, "max-headers", router.DefaultMaxHeaders, "most headers one record may have; an event with more is invalid (--on-invalid)")
 	fs.StringVar(&o.ProgressTopic, "progress-topic", "outboxd.progress", "compacted topic holding the last confirmed LSN, system identifier and timeline per slot, keyed <system id>/<slot> (at-least-once mode; --exactly-once uses the checkpoint): it outlives the slot, so a lost or re-created slot or a server behind it is reported as a gap")
 	fs.BoolVar(&o.AcceptGap, "accept-gap", false, "continue past a reported gap (a missing slot outboxd confirmed before, another cluster, a server behind what was published): set it once after checking, then remove it")
+	fs.Var(&o.IgnoreTables, "ignore-table", ignoreTableUsage)
 	o.Topics.register(fs)
 	o.registerBrokers(s)
 }
@@ -329,7 +331,7 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 		ReplicationTimeout: o.ReplicationTimeout, MaxMessageBytes: int(o.MaxMessageBytes),
 		DeadLetterTopic: o.DeadLetterTopic, MessagePrefix: o.MessagePrefix,
 		HeartbeatInterval: o.HeartbeatInterval, PollInterval: o.PollInterval, MaxSlotLag: int64(o.MaxSlotLag),
-		Warnings: warnings, AcceptGap: o.AcceptGap,
+		Warnings: warnings, AcceptGap: o.AcceptGap, IgnoreTables: o.IgnoreTables,
 	}
 	if err := engineChoices(o, &cfg); err != nil {
 		return err

@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -183,15 +185,10 @@ func TestGapPromotedStandbyBehind(t *testing.T) {
 		_, _ = f.conn.Exec(f.ctx, `SELECT pg_log_standby_snapshot()`)
 		return slotSynced(f.ctx, sconn, f.slot)
 	})
-	// Keep outboxd out of the promoted server until the test lets it in
-	// (CONNECTION LIMIT 0 is retried, unlike a refused login; its open
-	// connections to the primary stay), so that the promoted server's new
-	// WAL can pass what was published first.
 	f.exec(`CREATE TABLE pad (x text)`) // not in the publication
-	f.exec(`ALTER ROLE ` + role + ` CONNECTION LIMIT 0`)
-	poll(t, 30*time.Second, "the standby replayed the connection limit", func() bool {
-		var limit int
-		return sconn.QueryRow(f.ctx, `SELECT rolconnlimit FROM pg_roles WHERE rolname = $1`, role).Scan(&limit) == nil && limit == 0
+	poll(t, 30*time.Second, "the standby replayed the pad table", func() bool {
+		var n int
+		return sconn.QueryRow(f.ctx, `SELECT count(*) FROM pg_class WHERE relname = 'pad'`).Scan(&n) == nil && n == 1
 	})
 	sconn.Close(context.Background())
 	if err := standby.Stop(f.ctx); err != nil {
@@ -207,6 +204,10 @@ func TestGapPromotedStandbyBehind(t *testing.T) {
 	if err := primary.Kill(f.ctx); err != nil {
 		t.Fatal(err)
 	}
+	// Keep outboxd out of the promoted server until its new WAL has passed
+	// what was published (frozen: a replication connection ignores the
+	// role's CONNECTION LIMIT).
+	thaw := freeze(t, p)
 	if err := standby.Start(f.ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -226,9 +227,7 @@ func TestGapPromotedStandbyBehind(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := pconn.Exec(f.ctx, `ALTER ROLE `+role+` CONNECTION LIMIT -1`); err != nil {
-		t.Fatal(err)
-	}
+	thaw()
 	ctx, cancel := context.WithTimeout(f.ctx, 60*time.Second)
 	defer cancel()
 	code, err := p.Wait(ctx)
@@ -300,18 +299,23 @@ func TestGapSlotRecreatedBySetup(t *testing.T) {
 // positions) but from the restored slot's confirmed position, so F1-F3
 // reach Kafka. (A1-A5 stay in Kafka without a row: that the restore made
 // them phantom is not detectable once the WAL passed them.)
+//
+// outboxd is frozen (SIGSTOP) from the restored server's start until its
+// WAL has passed A5: nothing else keeps a replication connection out
+// (PostgreSQL does not apply a role's CONNECTION LIMIT to walsenders, which
+// made this test flaky while it relied on one), and an outboxd that got in
+// earlier rightly refuses with a gap (the server's WAL ends before what was
+// published): that is TestGapRestoreBeforeWALPassed's case, not this one.
 func TestGapRestoreFromColdCopy(t *testing.T) {
 	primary := harness.PostgresForTest(t)
 	if primary.External() {
 		t.Skip("needs a harness-started server it may stop and restore (" + harness.EnvPostgres + " is set)")
 	}
 	f := newFixture(t, withPostgres(primary))
-	role := f.asSetupRole()
+	f.asSetupRole()
 	f.exec(`CREATE TABLE pad (x text)`) // not in the publication; created before the copy (its catalog WAL would move F1-F3)
 	r := f.startRelay()
 	f.waitConfirmed(f.commit(event{1, "a", "E", `{}`}), 20*time.Second)
-	// The copy keeps outboxd out (CONNECTION LIMIT 0 is retried, unlike a
-	// refused login) until the test lets it in.
 	reconnect := func() {
 		t.Helper()
 		f.conn.Close(context.Background())
@@ -320,20 +324,6 @@ func TestGapRestoreFromColdCopy(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	restart := func(restore string) {
-		t.Helper()
-		if err := primary.Stop(f.ctx); err != nil {
-			t.Fatal(err)
-		}
-		if err := primary.RestoreColdCopy(f.ctx, restore); err != nil {
-			t.Fatal(err)
-		}
-		if err := primary.Start(f.ctx); err != nil {
-			t.Fatal(err)
-		}
-		reconnect()
-	}
-	f.exec(`ALTER ROLE ` + role + ` CONNECTION LIMIT 0`)
 	if err := primary.Stop(f.ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -348,7 +338,6 @@ func TestGapRestoreFromColdCopy(t *testing.T) {
 		t.Fatal(err)
 	}
 	reconnect()
-	f.exec(`ALTER ROLE ` + role + ` CONNECTION LIMIT -1`)
 	// Bounds cover outboxd's reconnect backoff (up to 15 s) after the
 	// refused connections.
 	poll(t, 60*time.Second, "outboxd streaming again", func() bool { return f.slotState().Active && r.role(t) == "active" })
@@ -359,14 +348,29 @@ func TestGapRestoreFromColdCopy(t *testing.T) {
 	published := f.commit(evs...)
 	f.waitConfirmed(published, 20*time.Second)
 
-	restart(backup)
+	if err := primary.Stop(f.ctx); err != nil { // ends outboxd's session; it retries against a stopped server
+		t.Fatal(err)
+	}
+	thaw := freeze(t, r.Proc)
+	if err := primary.RestoreColdCopy(f.ctx, backup); err != nil {
+		t.Fatal(err)
+	}
+	if err := primary.Start(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	reconnect()
 	end := f.commit(event{11, "f", "F", `{}`}, event{12, "f", "F", `{}`}, event{13, "f", "F", `{}`})
 	for end <= published {
 		f.exec(`INSERT INTO pad SELECT repeat('x', 1000) FROM generate_series(1, 1000)`)
 		end = f.walLSN()
 	}
-	f.exec(`ALTER ROLE ` + role + ` CONNECTION LIMIT -1`)
-	f.waitConfirmed(end, 60*time.Second)
+	thaw()
+	poll(t, 60*time.Second, "the restored slot confirmed past F1-F3 and the padding", func() bool {
+		if r.Exited() {
+			t.Fatalf("outboxd exited instead of streaming from the restored slot:\n%s", tailString(r.Log(), 4000))
+		}
+		return f.slotState().ConfirmedFlushLSN >= end
+	})
 	first, _ := byID(t, f.records())
 	for _, n := range []int{11, 12, 13} {
 		if _, ok := first[eventID(n)]; !ok {
@@ -376,5 +380,149 @@ func TestGapRestoreFromColdCopy(t *testing.T) {
 	if len(first) != 9 {
 		t.Errorf("%d distinct events in Kafka, want 9 (1, A1-A5, F1-F3)", len(first))
 	}
+	if !strings.Contains(r.Log(), "the server changed since the last session; resuming from the slot's confirmed position") {
+		t.Errorf("no \"server changed\" warning:\n%s", tailString(r.Log(), 4000))
+	}
 	t.Logf("published up to %s on the old server; the restored one passed it at %s", harness.FormatLSN(published), harness.FormatLSN(end))
+}
+
+// freeze stops p (SIGSTOP) until the returned thaw (SIGCONT) runs, or the
+// test ends: a process the test must keep out of a server for a while
+// (a replication connection ignores CONNECTION LIMIT).
+func freeze(t *testing.T, p *harness.Proc) (thaw func()) {
+	t.Helper()
+	if err := p.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	thaw = func() {
+		once.Do(func() {
+			if err := p.Signal(syscall.SIGCONT); err != nil && !p.Exited() {
+				t.Error(err)
+			}
+		})
+	}
+	t.Cleanup(thaw)
+	return thaw
+}
+
+// Exactly-once, restored from a cold copy of the same cluster (same system
+// identifier, same timeline) taken before A1-A5 were published:
+//
+//   - outboxd back in before the restored server's WAL reaches the
+//     checkpoint: the WAL ends before it, a gap (exit 1);
+//   - a new outboxd once the restored server committed F1-F3 and enough WAL
+//     to pass the checkpoint: nothing at connect shows the restore, but the
+//     checkpoint's own transaction is not in the replayed WAL, so it is a gap
+//     too (exit 1), where the checkpoint's skip rule used to drop F1-F3 as
+//     "already in Kafka" and stream on;
+//   - with --accept-gap: F1-F3 reach Kafka.
+func TestGapRestoreExactlyOnce(t *testing.T) {
+	primary := harness.PostgresForTest(t)
+	if primary.External() {
+		t.Skip("needs a harness-started server it may stop and restore (" + harness.EnvPostgres + " is set)")
+	}
+	f := newFixture(t, withPostgres(primary))
+	f.asSetupRole()
+	f.exec(`CREATE TABLE pad (x text)`) // not in the publication
+	eos := []string{"--exactly-once", "--checkpoint-topic", "cp." + f.agg}
+	p, r := f.spawn(eos...)
+	if err := r.waitStreaming(f.ctx); err != nil {
+		t.Fatalf("outboxd did not stream: %v\n%s", err, tailString(p.Log(), 4000))
+	}
+	f.waitConfirmed(f.commit(event{1, "a", "E", `{}`}), 20*time.Second)
+	reconnect := func() {
+		t.Helper()
+		f.conn.Close(context.Background())
+		var err error
+		if f.conn, err = primary.Connect(f.ctx, f.db); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := primary.Stop(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	backup := t.TempDir() + "/data"
+	if err := primary.ColdCopy(f.ctx, backup); err != nil {
+		if strings.Contains(err.Error(), "not supported") {
+			t.Skip(err)
+		}
+		t.Fatal(err)
+	}
+	if err := primary.Start(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	reconnect()
+	poll(t, 60*time.Second, "outboxd streaming again", func() bool { return f.slotState().Active && r.role(t) == "active" })
+	var evs []event
+	for n := 2; n <= 6; n++ {
+		evs = append(evs, event{n, "a", "A", `{"pad": "` + strings.Repeat("a", 2000) + `"}`})
+	}
+	published := f.commit(evs...)
+	f.waitConfirmed(published, 20*time.Second)
+	if n := len(f.readCommitted(6)); n != 6 {
+		t.Fatalf("%d committed records before the restore, want 6", n)
+	}
+
+	exitsWithGap := func(p *harness.Proc, what, want string) {
+		t.Helper()
+		wctx, cancel := context.WithTimeout(f.ctx, 60*time.Second)
+		defer cancel()
+		code, err := p.Wait(wctx)
+		if err != nil || code != 1 || !strings.Contains(p.Log(), want) {
+			t.Fatalf("%s: outboxd exit %d, err %v; want exit 1 with %q\n%s", what, code, err, want, tailString(p.Log(), 4000))
+		}
+		for _, line := range strings.Split(p.Log(), "\n") {
+			if strings.HasPrefix(line, "outboxd run: gap:") {
+				t.Logf("%s: %s", what, line)
+			}
+		}
+	}
+	if err := primary.Stop(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	thaw := freeze(t, p)
+	if err := primary.RestoreColdCopy(f.ctx, backup); err != nil {
+		t.Fatal(err)
+	}
+	if err := primary.Start(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	reconnect()
+	thaw() // back in before anything is written: the WAL ends before the checkpoint
+	exitsWithGap(p, "back in before the WAL passed the checkpoint", "outboxd run: gap: the server's WAL ends at ")
+
+	end := f.commit(event{11, "f", "F", `{}`}, event{12, "f", "F", `{}`}, event{13, "f", "F", `{}`})
+	for end <= published {
+		f.exec(`INSERT INTO pad SELECT repeat('x', 1000) FROM generate_series(1, 1000)`)
+		end = f.walLSN()
+	}
+	p2, _ := f.spawn(eos...)
+	exitsWithGap(p2, "started once the WAL passed the checkpoint", "outboxd run: gap: the exactly-once checkpoint in Kafka records slot ")
+	if s := f.slotState(); s.ConfirmedFlushLSN >= end {
+		t.Fatalf("the slot was confirmed to %s, past F1-F3", harness.FormatLSN(s.ConfirmedFlushLSN))
+	}
+
+	p3, r3 := f.spawn(append(eos, "--accept-gap")...)
+	if err := r3.waitStreaming(f.ctx); err != nil {
+		t.Fatalf("outboxd --accept-gap did not stream: %v\n%s", err, tailString(p3.Log(), 4000))
+	}
+	poll(t, 60*time.Second, "the slot confirmed past F1-F3 after the accepted gap", func() bool {
+		if p3.Exited() {
+			t.Fatalf("outboxd --accept-gap exited:\n%s", tailString(p3.Log(), 4000))
+		}
+		return f.slotState().ConfirmedFlushLSN >= end
+	})
+	first, _ := byID(t, f.readCommitted(9)) // and a duplicate of event 1 where the restored slot is before it
+	for _, n := range []int{11, 12, 13} {
+		if _, ok := first[eventID(n)]; !ok {
+			t.Errorf("event F%d, committed on the restored server, never reached Kafka after --accept-gap", n-10)
+		}
+	}
+	if len(first) != 9 {
+		t.Errorf("%d distinct events in Kafka, want 9 (1, A1-A5, F1-F3)", len(first))
+	}
+	if !strings.Contains(p3.Log(), "gap accepted") {
+		t.Errorf("no \"gap accepted\" warning:\n%s", tailString(p3.Log(), 4000))
+	}
 }
