@@ -335,7 +335,7 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 	}
 	var verify *boundary
 	if r.cfg.TxnSink != nil {
-		verify = newBoundary(r.cfg.Slot, r.cfg.Done, start)
+		verify = newBoundary(r.cfg.Slot, r.done, start)
 	}
 
 	wm = slot.NewWatermark(start)
@@ -351,7 +351,7 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 		s.verify = verify
 		s.confirmable = func(lsn wal.LSN) wal.LSN { return r.confirmable(verify.capped(lsn)) }
 		r.log.Info("exactly-once: replaying from the slot's position to the checkpoint; confirming nothing past it until the checkpoint's transaction shows the WAL is the one Kafka's events came from",
-			"from_lsn", start.String(), "checkpoint", r.cfg.Done.String())
+			"from_lsn", start.String(), "checkpoint", r.done.String())
 	}
 	err = s.loop(sctx)
 
@@ -376,7 +376,7 @@ func (r *relay) boundaryGap(gap *boundaryGap, resume *wal.LSN) error {
 		return slot.GapError(gap.Error())
 	}
 	r.progress.Accepted(gap.Error())
-	r.ignoreDone, r.cfg.Done = gap.b.at, sink.Checkpoint{}
+	r.ignoreDone, r.done = gap.b.at, sink.Checkpoint{}
 	*resume = 0
 	return errors.New("exactly-once: gap accepted: streaming again from the slot's position, publishing what the old checkpoint covered")
 }
