@@ -318,13 +318,21 @@ func text(b []byte) string {
 // building: the first header of each name is replaced (the router put the
 // row's context there), a missing one is appended.
 func inject(sc trace.SpanContext, hdrs []router.Header) []router.Header {
-	out := make([]router.Header, len(hdrs), len(hdrs)+2)
+	var out []router.Header
+	var tp []byte
+	if len(hdrs)+2 <= smallHeaders {
+		// The usual record (id, type, a traceparent, a few of the
+		// writer's): its headers and traceparent in one allocation.
+		b := new(injected)
+		out, tp = b.hdrs[:len(hdrs):len(hdrs)+2], b.tp[:0]
+	} else {
+		out, tp = make([]router.Header, len(hdrs), len(hdrs)+2), make([]byte, 0, traceparentLen)
+	}
 	copy(out, hdrs)
 	if !sc.IsValid() {
 		return out
 	}
 	tid, sid := sc.TraceID(), sc.SpanID()
-	tp := make([]byte, 0, traceparentLen)
 	tp = append(tp, "00-"...)
 	tp = hex.AppendEncode(tp, tid[:])
 	tp = append(tp, '-')
@@ -339,6 +347,15 @@ func inject(sc trace.SpanContext, hdrs []router.Header) []router.Header {
 }
 
 const traceparentLen = 55 // 00-<32 hex>-<16 hex>-<2 hex>
+
+// smallHeaders is the most headers (with the traceparent and tracestate)
+// that inject allocates together with the traceparent.
+const smallHeaders = 6
+
+type injected struct {
+	hdrs [smallHeaders]router.Header
+	tp   [traceparentLen]byte
+}
 
 // setHeader replaces the first header named key, or inserts one at index
 // at: a record without a context (a root span, tracing.with.context.field.only
