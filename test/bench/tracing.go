@@ -190,12 +190,16 @@ func (c *TracingCase) Overhead() (float64, bool) {
 	return on/off - 1, true
 }
 
-// Spread is the untraced runs' range over their mean: what identical runs
-// differ by on this machine now.
+// Spread is what identical runs differ by on this machine now: the larger
+// of the untraced runs' and the traced runs' range over their mean.
 func (c *TracingCase) Spread() float64 {
+	return max(spread(c.Off), spread(c.On))
+}
+
+func spread(runs []TracingRun) float64 {
 	var lo, hi, sum float64
 	n := 0
-	for _, r := range c.Off {
+	for _, r := range runs {
 		if r.Err != nil {
 			continue
 		}
@@ -237,9 +241,9 @@ func tracingRows(c *TracingCase) []row {
 	} else {
 		tgt, res := target(true, fmt.Sprintf("≤ +%.0f%%", 100*targetTracingCPU), over <= targetTracingCPU)
 		if spread := c.Spread(); spread > 2*targetTracingCPU {
-			// Identical untraced runs differing by more than twice the
-			// target cannot resolve it either way.
-			res = fmt.Sprintf("NOISY (off runs ±%.0f%%)", 100*spread/2)
+			// Identical runs differing by more than twice the target
+			// cannot resolve it either way.
+			res = fmt.Sprintf("NOISY (identical runs ±%.0f%%)", 100*spread/2)
 		}
 		rows = append(rows, row{"5", label, fmt.Sprintf("on: %.1f µs/ev", on), fmt.Sprintf("off: %.1f µs/ev", off), fmt.Sprintf("%+.1f%%", 100*over), tgt, res})
 	}
