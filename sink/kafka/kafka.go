@@ -204,6 +204,28 @@ func (s *Sink) Produce(ctx context.Context, rec *router.Record, done func(error)
 	s.cl().Produce(ctx, kr, cb)
 }
 
+var _ sink.Acker = (*Sink)(nil)
+
+// ProduceAck is Produce passing done the partition and offset franz-go's
+// promise reports for the acked record: sink/otel's span attributes. A
+// second function rather than a flag on Produce: the relay's own path keeps
+// its one closure and never builds an Ack.
+func (s *Sink) ProduceAck(ctx context.Context, rec *router.Record, done func(sink.Ack, error)) {
+	kr := s.Record(rec)
+	cb := func(r *kgo.Record, err error) {
+		if err != nil {
+			s.failed.Add(1)
+			done(sink.NoAck, s.classifyTxn(err))
+			return
+		}
+		done(sink.Ack{Partition: r.Partition, Offset: r.Offset}, nil)
+	}
+	if s.topics.admit(ctx, kr, cb) {
+		return
+	}
+	s.cl().Produce(ctx, kr, cb)
+}
+
 // Record converts a routed record to a franz-go record.
 func (s *Sink) Record(rec *router.Record) *kgo.Record {
 	kr := &kgo.Record{Topic: rec.Topic, Key: rec.Key, Value: rec.Value, Timestamp: rec.Timestamp}

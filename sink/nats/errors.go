@@ -87,6 +87,6 @@ func (s *Sink) asyncError(_ *nats.Conn, _ *nats.Subscription, err error) {
 	}
 	s.fail(err)
 	for _, p := range denied {
-		p.done(classify(err))
+		p.finish(sink.NoAck, classify(err))
 	}
 }

@@ -92,10 +92,22 @@ type Sink struct {
 	streams streamCache
 }
 
-// publish is one record awaiting its PubAck.
+// publish is one record awaiting its PubAck: done, or ack when it came
+// through ProduceAck.
 type publish struct {
 	topic string
 	done  func(error)
+	ack   func(sink.Ack, error)
+}
+
+// finish reports the outcome; a is the PubAck's place (sink.NoAck on a
+// failure).
+func (p *publish) finish(a sink.Ack, err error) {
+	if p.ack != nil {
+		p.ack(a, err)
+		return
+	}
+	p.done(err)
 }
 
 // New connects to the server. A server that is down is retried in the
@@ -192,6 +204,18 @@ const KeyHeader = "Outboxd-Key"
 // Produce publishes rec; done runs once the stream has stored it, or with a
 // sink.Error saying how to handle the failure.
 func (s *Sink) Produce(ctx context.Context, rec *router.Record, done func(error)) {
+	s.produce(ctx, rec, &publish{topic: rec.Topic, done: done})
+}
+
+var _ sink.Acker = (*Sink)(nil)
+
+// ProduceAck is Produce passing done the PubAck's stream sequence
+// (sink/otel's span attribute).
+func (s *Sink) ProduceAck(ctx context.Context, rec *router.Record, done func(sink.Ack, error)) {
+	s.produce(ctx, rec, &publish{topic: rec.Topic, ack: done})
+}
+
+func (s *Sink) produce(ctx context.Context, rec *router.Record, p *publish) {
 	m := s.Message(rec)
 	// send keeps the socket's order the order of last; mu is never held
 	// while nats.go's publisher lock is taken (its timeout callback holds
@@ -202,7 +226,7 @@ func (s *Sink) Produce(ctx context.Context, rec *router.Record, done func(error)
 	err := s.admit()
 	s.mu.Unlock()
 	if err != nil {
-		done(err)
+		p.finish(sink.NoAck, err)
 		return
 	}
 	stream, err := s.streams.lookup(ctx, rec.Topic, m.Subject)
@@ -215,7 +239,7 @@ func (s *Sink) Produce(ctx context.Context, rec *router.Record, done func(error)
 			kind = sink.Rejected
 		}
 		s.fail(err)
-		done(&sink.Error{Kind: kind, Err: err})
+		p.finish(sink.NoAck, &sink.Error{Kind: kind, Err: err})
 		return
 	}
 	id := m.Header.Get(jetstream.MsgIDHeader)
@@ -226,7 +250,7 @@ func (s *Sink) Produce(ctx context.Context, rec *router.Record, done func(error)
 	// A message without an id cannot be named by the next one: that one
 	// then names no predecessor.
 	s.last[stream] = id
-	s.pending[m] = &publish{topic: rec.Topic, done: done}
+	s.pending[m] = p
 	s.mu.Unlock()
 	if _, err = s.js.PublishMsgAsync(m, jetstream.WithRetryAttempts(0)); err != nil {
 		if s.take(m) == nil {
@@ -234,7 +258,7 @@ func (s *Sink) Produce(ctx context.Context, rec *router.Record, done func(error)
 		}
 		err = classify(err)
 		s.fail(err)
-		done(err)
+		p.finish(sink.NoAck, err)
 	}
 }
 
@@ -280,9 +304,13 @@ func (s *Sink) take(m *nats.Msg) *publish {
 }
 
 // acked is nats.go's PubAck callback (one goroutine, in PubAck order).
-func (s *Sink) acked(_ jetstream.JetStream, m *nats.Msg, _ *jetstream.PubAck) {
+func (s *Sink) acked(_ jetstream.JetStream, m *nats.Msg, pa *jetstream.PubAck) {
 	if p := s.take(m); p != nil {
-		p.done(nil)
+		a := sink.NoAck
+		if pa != nil {
+			a.Sequence = pa.Sequence
+		}
+		p.finish(a, nil)
 	}
 }
 
@@ -298,7 +326,7 @@ func (s *Sink) failed(_ jetstream.JetStream, m *nats.Msg, err error) {
 		s.streams.forget(p.topic) // deleted since Check looked it up?
 	}
 	s.fail(err)
-	p.done(err)
+	p.finish(sink.NoAck, err)
 }
 
 // Ping checks that the server answers and JetStream is enabled for the
@@ -334,7 +362,7 @@ func (s *Sink) Close() {
 	s.pending = map[*nats.Msg]*publish{}
 	s.mu.Unlock()
 	for _, p := range left {
-		p.done(&sink.Error{Kind: sink.Transient, Err: errors.New("nats: sink closed before the PubAck")})
+		p.finish(sink.NoAck, &sink.Error{Kind: sink.Transient, Err: errors.New("nats: sink closed before the PubAck")})
 	}
 }
 

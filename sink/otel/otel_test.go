@@ -9,6 +9,8 @@ import (
 	"net/http/httptest"
 	"os"
 	"regexp"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -17,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/protobuf/proto"
 
@@ -473,5 +476,92 @@ func TestInjectAsPropagator(t *testing.T) {
 	}
 	if got := inject(trace.SpanContext{}, nil); len(got) != 0 {
 		t.Errorf("invalid span context: %q", got)
+	}
+}
+
+// ackingSink is a sink.Acker: the test acks with a place.
+type ackingSink struct {
+	fakeSink
+	acks []func(sink.Ack, error)
+}
+
+func (f *ackingSink) ProduceAck(_ context.Context, rec *router.Record, done func(sink.Ack, error)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.recs = append(f.recs, rec)
+	f.acks = append(f.acks, done)
+}
+
+// TestSpanPlace: a sink that reports where the broker put the record
+// (sink.Acker) gives the span the partition and offset (Kafka) or the
+// stream sequence (JetStream), exactly those values and after every other
+// attribute; a partition the route placed is not repeated; a failed record
+// has no place.
+func TestSpanPlace(t *testing.T) {
+	rcv := newReceiver(t)
+	p := testProvider(t, rcv.srv.URL)
+	inner := &ackingSink{}
+	s := Wrap(inner, p)
+	parent := trace.NewSpanContext(trace.SpanContextConfig{TraceID: mustTraceID("4bf92f3577b34da6a3ce929d0e0e4736"), SpanID: mustSpanID("00f067aa0ba902b7"), TraceFlags: trace.FlagsSampled, Remote: true})
+	rec := func(id string, partition int32) *router.Record {
+		return &router.Record{Topic: "t", Value: []byte("{}"), Partition: partition, Headers: []router.Header{{Key: "id", Value: []byte(id)}},
+			Trace: &router.Trace{Parent: parent, CommitLSN: 0x100000010, CommitTime: time.Now()}}
+	}
+	for _, r := range []*router.Record{rec("kafka", -1), rec("placed", 5), rec("nats", -1), rec("failed", -1)} {
+		s.Produce(context.Background(), r, func(error) {})
+	}
+	inner.acks[0](sink.Ack{Partition: 2, Offset: 41}, nil)
+	inner.acks[1](sink.Ack{Partition: 5, Offset: 0}, nil)
+	inner.acks[2](sink.Ack{Partition: -1, Offset: -1, Sequence: 99}, nil)
+	inner.acks[3](sink.NoAck, &sink.Error{Kind: sink.Transient, Err: errors.New("broker down")})
+	common := "messaging.system=kafka messaging.operation.type=send messaging.operation.name=send messaging.destination.name=t outboxd.commit_lsn=1/10 "
+	want := map[string]string{
+		"kafka":  common + "messaging.message.id=kafka messaging.destination.partition.id=2 messaging.kafka.offset=41",
+		"placed": common + "messaging.message.id=placed messaging.destination.partition.id=5 messaging.kafka.offset=0",
+		"nats":   common + "messaging.message.id=nats outboxd.nats.stream_sequence=99",
+		"failed": common + "messaging.message.id=failed error.type=transient",
+	}
+	for _, span := range waitSpans(t, rcv, 4) {
+		var got []string
+		id := ""
+		for _, a := range span.Attributes {
+			v := a.Value.GetStringValue()
+			if _, ok := a.Value.Value.(*commonpb.AnyValue_IntValue); ok {
+				v = strconv.FormatInt(a.Value.GetIntValue(), 10)
+			}
+			got = append(got, a.Key+"="+v)
+			if a.Key == "messaging.message.id" {
+				id = v
+			}
+		}
+		if g := strings.Join(got, " "); g != want[id] {
+			t.Errorf("span of %q:\n got  %s\n want %s", id, g, want[id])
+		}
+		delete(want, id)
+	}
+	if len(want) != 0 {
+		t.Errorf("no span for %v", want)
+	}
+}
+
+// checkedSink acks and passes every check at once.
+type checkedSink struct{ ackSink }
+
+func (checkedSink) Check(context.Context, *router.Record) error { return nil }
+
+// TestUntracedIsFree: a record without a trace passes the decorator with
+// no allocation: with tracing on, the events the writers did not trace
+// cost nothing (with it off the decorator is not there at all:
+// cmd/outboxd's TestTracingOffWithoutEndpoint).
+func TestUntracedIsFree(t *testing.T) {
+	s := Wrap(checkedSink{}, noop.NewTracerProvider())
+	rec := &router.Record{Topic: "t", Value: []byte("{}"), Partition: -1, Headers: []router.Header{{Key: "id", Value: []byte("e-1")}}}
+	done := func(error) {}
+	ctx := context.Background()
+	if n := testing.AllocsPerRun(1000, func() { s.Produce(ctx, rec, done) }); n != 0 {
+		t.Errorf("%v allocations per untraced record, want 0", n)
+	}
+	if n := testing.AllocsPerRun(1000, func() { _ = s.Check(ctx, rec) }); n != 0 {
+		t.Errorf("%v allocations per untraced Check, want 0", n)
 	}
 }

@@ -290,8 +290,9 @@ type Column struct {
 	EOSLatency  *EOSLatency
 	BigTxn      *RelayCase
 	Large       *RelayCase
-	MemCurve    *MemCurve // the memory case (memcurve.go)
-	Restarts    int       // servers that died (were stopped from outside) and were restarted
+	MemCurve    *MemCurve    // the memory case (memcurve.go)
+	Tracing     *TracingCase // the tracing case (tracing.go)
+	Restarts    int          // servers that died (were stopped from outside) and were restarted
 }
 
 // EOSLatency is outboxd --exactly-once at one rate beside the at-least-once
@@ -333,7 +334,7 @@ func (r *Column) Failed() bool {
 	if l := r.EOSLatency; l != nil && (l.ALOErr != nil || l.EOSErr != nil) {
 		return true
 	}
-	return (r.BigTxn != nil && r.BigTxn.Err != nil) || (r.Large != nil && r.Large.Err != nil) || r.MemCurve.Failed()
+	return (r.BigTxn != nil && r.BigTxn.Err != nil) || (r.Large != nil && r.Large.Err != nil) || r.MemCurve.Failed() || r.Tracing.Failed()
 }
 
 // Failed reports whether any column failed to run.
@@ -509,6 +510,9 @@ func (e *Env) runCases(ctx context.Context, res *Column, floor bool) {
 			e.progress("memory case FAILED: %v", m.Err)
 		}
 		res.MemCurve = &m
+	}
+	if cfg.Cases["tracing"] && floor {
+		res.Tracing = e.TracingCase(ctx, cfg.Reps, cfg.LatencyDuration) // tracing.go: the first column only
 	}
 }
 

@@ -449,6 +449,7 @@ func (r *Results) columnRows(col *Column) []row {
 			add("", "  ″ CPU split (% of one core)", "exactly-once: "+l.EOS.CPU.String(), "at-least-once: "+l.ALO.CPU.String())
 		}
 	}
+	rows = append(rows, tracingRows(col.Tracing)...) // tracing.go
 
 	return rows
 }

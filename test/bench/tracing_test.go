@@ -32,7 +32,9 @@ import (
 //
 //	OUTBOXD_BENCH_TRACING=1 go test -count=1 -v -run TestTracingOverhead ./test/bench/
 //
-// OUTBOXD_BENCH_TRACING_RATE (5000 ev/s), _SECONDS (12) and _REPS (2) size it.
+// OUTBOXD_BENCH_TRACING_SECONDS (12) and _REPS (2) size it; the fixed-rate
+// part is make bench's tracing case (TracingCase, tracing.go), which
+// `go run ./test/cmd/bench -cases tracing` runs alone.
 func TestTracingOverhead(t *testing.T) {
 	if os.Getenv("OUTBOXD_BENCH_TRACING") == "" {
 		t.Skip("a benchmark (about 2 minutes): set OUTBOXD_BENCH_TRACING=1")
@@ -43,7 +45,7 @@ func TestTracingOverhead(t *testing.T) {
 		}
 		return def
 	}
-	rate, secs, reps := num("OUTBOXD_BENCH_TRACING_RATE", 5000), num("OUTBOXD_BENCH_TRACING_SECONDS", 12), num("OUTBOXD_BENCH_TRACING_REPS", 2)
+	rate, secs, reps := TracingRate, num("OUTBOXD_BENCH_TRACING_SECONDS", 12), num("OUTBOXD_BENCH_TRACING_REPS", 2)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(reps)*2*(time.Duration(secs)*time.Second+2*time.Minute))
 	defer cancel()
 	cfg := DefaultConfig(false)
@@ -60,6 +62,28 @@ func TestTracingOverhead(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	dur := time.Duration(secs) * time.Second
+	c := e.TracingCase(ctx, reps, dur)
+	if c.Err != nil {
+		t.Fatal(c.Err)
+	}
+	for i, r := range append(append([]TracingRun(nil), c.Off...), c.On...) {
+		traced := i >= len(c.Off)
+		t.Logf("traced=%-5v: %d ev at %.0f ev/s: outboxd CPU %s (%.1f µs/event), p50 %s p99 %s; spans received %d",
+			traced, r.Sent, r.Achieved, r.OutboxdCPU, r.cpuPerEvent(), ms(r.P50), ms(r.P99), r.Spans)
+		if r.Behind() {
+			t.Logf("the writers fell behind the schedule (achieved %.0f of %d ev/s)", r.Achieved, rate)
+		}
+		if r.Err != nil {
+			log, _ := os.ReadFile(filepath.Join(e.logDir, "outboxd-lat_outboxd_"+strconv.Itoa(TracingRate)+".log"))
+			t.Errorf("traced=%v: %v\n%s", traced, r.Err, tailOf(string(log), 4000))
+		}
+	}
+	for _, row := range tracingRows(c) {
+		t.Logf("%s", strings.Join(row[:], " | "))
+	}
+
+	// The receiver of the drains: every span decoded and counted.
 	var spans atomic.Int64
 	rcv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
@@ -83,63 +107,6 @@ func TestTracingOverhead(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	dur := time.Duration(secs) * time.Second
-	type result struct {
-		cpuPerEvent time.Duration
-		p99         time.Duration
-	}
-	var off, on []result
-	for rep := range reps {
-		for _, traced := range []bool{false, true} {
-			// Every run makes the slot of the same name anew (the
-			// latency case names it after the rate): the gap check would
-			// refuse the second.
-			e.cfg.OutboxdArgs, e.cfg.OutboxdEnv = []string{"--accept-gap"}, nil
-			if traced {
-				e.cfg.OutboxdArgs = append(e.cfg.OutboxdArgs, "--config", conf)
-				e.cfg.OutboxdEnv = []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + rcv.URL, "OTEL_TRACES_SAMPLER=always_on"}
-			}
-			before := spans.Load()
-			l, err := e.latency(ctx, "outboxd", rate, dur, 0)
-			if err != nil {
-				log, _ := os.ReadFile(filepath.Join(e.logDir, "outboxd-lat_outboxd_"+strconv.Itoa(rate)+".log"))
-				t.Fatalf("traced=%v: %v\n%s", traced, err, tailOf(string(log), 4000))
-			}
-			res := result{cpuPerEvent: l.OutboxdCPU / time.Duration(l.Sent), p99: l.P99}
-			if traced { // outboxd's own count at exit, from its log
-				log, _ := os.ReadFile(filepath.Join(e.logDir, "outboxd-lat_outboxd_"+strconv.Itoa(rate)+".log"))
-				var lines []string // of this run: the log is appended to
-				for _, line := range strings.Split(string(log), "\n") {
-					switch {
-					case strings.Contains(line, "outboxd starting"):
-						lines = nil
-					case strings.Contains(line, "tracing: ") && !strings.Contains(line, "exporting"):
-						lines = append(lines, line)
-					}
-				}
-				for _, line := range lines {
-					t.Logf("rep %d: %s", rep, line)
-				}
-			}
-			got := spans.Load() - before
-			t.Logf("rep %d traced=%-5v: %d ev at %.0f ev/s: outboxd CPU %s (%s/event), p50 %s p99 %s; spans received %d",
-				rep, traced, l.Sent, l.Achieved, l.OutboxdCPU, res.cpuPerEvent, ms(l.P50), ms(l.P99), got)
-			if l.Behind() {
-				t.Logf("rep %d: the writers fell behind the schedule (achieved %.0f of %d ev/s)", rep, l.Achieved, rate)
-			}
-			if want := int64(l.Sent + 20); traced && got != want { // 20: the warm-up events
-				t.Errorf("rep %d: the receiver got %d spans, want %d (one per event)", rep, got, want)
-			}
-			if !traced && got != 0 {
-				t.Errorf("rep %d: %d spans without tracing", rep, got)
-			}
-			if traced {
-				on = append(on, res)
-			} else {
-				off = append(off, res)
-			}
-		}
-	}
 	// Drains of one backlog (10 events per transaction): where batching
 	// makes outboxd's own CPU per event smallest, a span's share is largest.
 	const drainEvents, perTxn = 50_000, 10
@@ -194,16 +161,4 @@ func TestTracingOverhead(t *testing.T) {
 	}
 	t.Logf("drain of %d events at %d/txn, %d runs each: CPU per event %s off, %s on (%+.1f%%)",
 		drainEvents, perTxn, reps, mean(drainOff), mean(drainOn), 100*(float64(mean(drainOn))/float64(mean(drainOff))-1))
-
-	sum := func(rs []result) (cpu, p99 time.Duration) {
-		for _, r := range rs {
-			cpu += r.cpuPerEvent
-			p99 += r.p99
-		}
-		return cpu / time.Duration(len(rs)), p99 / time.Duration(len(rs))
-	}
-	offCPU, offP99 := sum(off)
-	onCPU, onP99 := sum(on)
-	t.Logf("at %d ev/s for %s, %d runs each (%s): CPU per event %s off, %s on (%+.1f%%); p99 %s off, %s on",
-		rate, dur, reps, kind, offCPU, onCPU, 100*(float64(onCPU)/float64(offCPU)-1), ms(offP99), ms(onP99))
 }

@@ -6,11 +6,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/protobuf/proto"
 )
@@ -170,9 +172,17 @@ func TestTracing(t *testing.T) {
 		attrs := map[string]string{}
 		for _, a := range s.Attributes {
 			attrs[a.Key] = a.Value.GetStringValue()
+			if _, ok := a.Value.Value.(*commonpb.AnyValue_IntValue); ok {
+				attrs[a.Key] = strconv.FormatInt(a.Value.GetIntValue(), 10)
+			}
 		}
 		if attrs["messaging.message.id"] != id || attrs["messaging.destination.name"] != f.topic() || attrs["messaging.system"] != "kafka" || attrs["outboxd.commit_lsn"] == "" {
 			t.Errorf("span %s: attributes %v", id, attrs)
+		}
+		// Where the consumer read the record: the producer's answer.
+		if rec := byid[id]; rec != nil && (attrs["messaging.destination.partition.id"] != strconv.Itoa(int(rec.Partition)) || attrs["messaging.kafka.offset"] != strconv.FormatInt(rec.Offset, 10)) {
+			t.Errorf("span %s: partition %q offset %q, the consumer read it at partition %d offset %d", id,
+				attrs["messaging.destination.partition.id"], attrs["messaging.kafka.offset"], rec.Partition, rec.Offset)
 		}
 	}
 }

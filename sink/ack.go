@@ -1,0 +1,33 @@
+package sink
+
+import (
+	"context"
+
+	"github.com/outboxd/outboxd/router"
+)
+
+// Ack is where the broker put a record it acknowledged, as its client
+// reports it: what a trace of the record's hop can name so that a reader
+// finds the span's message in the broker (sink/otel's
+// messaging.destination.partition.id, messaging.kafka.offset). A failed
+// record's Ack is NoAck.
+type Ack struct {
+	// Partition and Offset are Kafka's; -1 where the broker has none.
+	Partition int32
+	Offset    int64
+	// Sequence is the JetStream stream sequence of the stored message (a
+	// duplicate's: the original's); 0 where the broker has none.
+	Sequence uint64
+}
+
+// NoAck is the Ack of a record the broker did not take, or of a broker that
+// reports no place.
+var NoAck = Ack{Partition: -1, Offset: -1}
+
+// Acker is a Sink that can say where each record went. ProduceAck is
+// Produce with the broker's Ack passed to done; a decorator that wants the
+// place (sink/otel) asks for it with a type assertion, and a sink without
+// one (RabbitMQ: a queue has no offset) simply does not implement it.
+type Acker interface {
+	ProduceAck(ctx context.Context, rec *router.Record, done func(Ack, error))
+}
