@@ -106,14 +106,33 @@ type Sink struct {
 	done chan struct{} // closed when the owner goroutine returns
 }
 
-// entry is one record on its way: the message, its callback and, once
-// published on a channel, its delivery tag there.
+// entry is one record on its way: the record, its routing key, its
+// callback and, once published on a channel, its delivery tag there.
+//
+// It holds the routed record, not its AMQP message: up to
+// --max-inflight-events records wait here (the window on the wire is only
+// a few thousand), and a message built ahead of its publish (a headers map
+// and a string copy of every header) took three times the record's own
+// memory. serve builds each message just before publishing it, into a
+// headers table it reuses, and amqp091 has encoded it by the time Publish
+// returns.
 type entry struct {
+	rec      *router.Record
 	key      string
-	msg      amqp.Publishing
 	done     func(error)
 	tag      uint64
 	returned *amqp.Return
+}
+
+// messageIDIs says whether id is the record's id header (its message_id),
+// without a copy.
+func (e *entry) messageIDIs(id string) bool {
+	for _, h := range e.rec.Headers {
+		if h.Key == "id" {
+			return string(h.Value) == id
+		}
+	}
+	return id == ""
 }
 
 // New builds the sink and starts its owner goroutine, which connects in the
@@ -154,7 +173,7 @@ func New(cfg Config) (*Sink, error) {
 // Produce queues rec for publication; done runs once RabbitMQ confirmed it,
 // or with a sink.Error of kind Rejected when it was returned or nacked.
 func (s *Sink) Produce(_ context.Context, rec *router.Record, done func(error)) {
-	e := &entry{key: s.routingKey(rec), msg: message(rec), done: done}
+	e := &entry{rec: rec, key: s.routingKey(rec), done: done}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -187,11 +206,17 @@ const KeyHeader = "outboxd.key"
 
 // message converts a routed record to an AMQP message: persistent, the
 // event id as message_id, the event type as type, every header as a string
-// header (AMQP long strings are binary-safe).
-func message(rec *router.Record) amqp.Publishing {
+// header (AMQP long strings are binary-safe). hdrs, if not nil, is cleared
+// and used as the headers table: the caller's to reuse once the message is
+// encoded.
+func message(rec *router.Record, hdrs amqp.Table) amqp.Publishing {
 	m := amqp.Publishing{DeliveryMode: amqp.Persistent, Body: rec.Value, Timestamp: rec.Timestamp}
 	if len(rec.Headers) > 0 || rec.Key != nil {
-		m.Headers = make(amqp.Table, len(rec.Headers)+1)
+		if hdrs == nil {
+			hdrs = make(amqp.Table, len(rec.Headers)+1)
+		}
+		clear(hdrs)
+		m.Headers = hdrs
 	}
 	for _, h := range rec.Headers {
 		m.Headers[h.Key] = string(h.Value)
@@ -489,6 +514,7 @@ func (s *Sink) serve(conn *amqp.Connection, ch *amqp.Channel) error {
 		unconfirmed []*entry // published on ch, by tag
 		nextTag     uint64   = 1
 		room                 = make(chan struct{}, 1)
+		hdrs                 = make(amqp.Table, 8) // every message's headers, in turn (see entry)
 	)
 	s.mu.Lock()
 	if s.closed {
@@ -528,7 +554,7 @@ loop:
 			// Taken off the line before the outcome is known: a failed
 			// publish leaves e in unconfirmed, which goes back in front.
 			published++
-			if err = ch.Publish(s.exchange, e.key, true, false, e.msg); err != nil {
+			if err = ch.Publish(s.exchange, e.key, true, false, message(e.rec, hdrs)); err != nil {
 				err = fmt.Errorf("rabbitmq: publish: %w", err)
 				break
 			}
@@ -536,6 +562,10 @@ loop:
 		}
 		if published > 0 {
 			s.mu.Lock()
+			// The published entries leave the line; their slots are
+			// cleared so that the backing array, which the line keeps
+			// using, does not keep confirmed records alive.
+			clear(s.pending[:published])
 			s.pending = s.pending[published:]
 			if len(s.pending) == 0 {
 				s.pending = nil
@@ -602,7 +632,7 @@ func (s *Sink) requeue(back []*entry, cause error) {
 	}
 	keep := make([]*entry, 0, len(back)+len(s.pending))
 	for _, e := range back {
-		if limit > 0 && len(e.msg.Body) > limit {
+		if limit > 0 && len(e.rec.Value) > limit {
 			refused = append(refused, e)
 			continue
 		}
@@ -611,7 +641,7 @@ func (s *Sink) requeue(back []*entry, cause error) {
 	s.pending = append(keep, s.pending...)
 	s.mu.Unlock()
 	for _, e := range refused {
-		e.done(&sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("the message body is %d bytes, more than the server's max_message_size %d (%v): raise max_message_size, or use --on-invalid dead-letter", len(e.msg.Body), limit, cause)})
+		e.done(&sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("the message body is %d bytes, more than the server's max_message_size %d (%v): raise max_message_size, or use --on-invalid dead-letter", len(e.rec.Value), limit, cause)})
 	}
 }
 
@@ -682,7 +712,7 @@ func (s *Sink) readConfirms(confirms <-chan amqp.Confirmation, returns <-chan am
 			}
 			umu.Lock()
 			for _, e := range *unconfirmed {
-				if e.tag > lastReturned && e.key == r.RoutingKey && e.msg.MessageId == r.MessageId && len(e.msg.Body) == len(r.Body) {
+				if e.tag > lastReturned && e.key == r.RoutingKey && e.messageIDIs(r.MessageId) && len(e.rec.Value) == len(r.Body) {
 					rr := r
 					e.returned, lastReturned = &rr, e.tag
 					break
