@@ -29,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -105,6 +106,9 @@ type Sink struct {
 	upc     chan struct{}
 	maxBody int // max_message_size, lowered if the server says it is lower
 	frame   int // the negotiated frame_max: the properties must fit one frame
+
+	pinging   chan error // the unanswered Ping's round trip, if any
+	pingSince time.Time
 
 	holding bool             // Config.Held was told the exchange is missing (run's)
 	conn    *amqp.Connection // serve's, for Close to unblock a publish the server stopped reading
@@ -294,15 +298,19 @@ func (s *Sink) Probe(ctx context.Context, rec *router.Record) error {
 	}
 }
 
-// Ping reports whether a channel to the server is open, waiting for one
-// until ctx ends.
+// Ping reports whether the server answers on the publishing connection:
+// it waits (until ctx ends) for a channel in confirm mode, then opens and
+// closes a channel of its own on the same connection, a round trip. A
+// connection that is open but gets no answer (a network partition, a
+// server that stopped reading) is therefore reported at the next Ping,
+// not only when its heartbeats time out.
 func (s *Sink) Ping(ctx context.Context) error {
 	for {
 		s.mu.Lock()
-		up, upc, closed := s.up, s.upc, s.closed
+		up, upc, closed, conn := s.up, s.upc, s.closed, s.conn
 		s.mu.Unlock()
-		if up {
-			return nil
+		if up && conn != nil {
+			return s.roundTrip(ctx, conn)
 		}
 		if closed {
 			return errors.New("rabbitmq: sink closed")
@@ -312,6 +320,43 @@ func (s *Sink) Ping(ctx context.Context) error {
 		case <-ctx.Done():
 			return s.reason(ctx.Err())
 		}
+	}
+}
+
+// roundTrip opens and closes a channel on conn, giving up when ctx ends.
+// amqp091's calls take no context, so the exchange runs in a goroutine
+// that ends when the server answers or the connection dies (heartbeats);
+// one at a time: while one is unanswered, Ping fails at once.
+func (s *Sink) roundTrip(ctx context.Context, conn *amqp.Connection) error {
+	s.mu.Lock()
+	if s.pinging != nil {
+		since := s.pingSince
+		s.mu.Unlock()
+		return fmt.Errorf("rabbitmq: the server has not answered for %s (a network partition, or a server that stopped reading); the connection is dropped when its heartbeats time out (%s)", time.Since(since).Round(time.Millisecond), 3*heartbeat)
+	}
+	res, since := make(chan error, 1), time.Now()
+	s.pinging, s.pingSince = res, since
+	s.mu.Unlock()
+	go func() { // owned by roundTrip's callers: ends with the connection at the latest
+		ch, err := conn.Channel()
+		if err == nil {
+			err = ch.Close()
+		}
+		if err != nil {
+			err = fmt.Errorf("rabbitmq: %w", err)
+		}
+		s.mu.Lock()
+		if s.pinging == res {
+			s.pinging = nil
+		}
+		s.mu.Unlock()
+		res <- err
+	}()
+	select {
+	case err := <-res:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("rabbitmq: the server did not answer within %s (a network partition, or a server that stopped reading): %w", time.Since(since).Round(time.Millisecond), ctx.Err())
 	}
 }
 
@@ -487,16 +532,52 @@ func exchangeError(name string, declare bool, err error) error {
 	return fmt.Errorf("exchange %q: %w", name, err)
 }
 
+// heartbeat is the AMQP heartbeat outboxd asks for. amqp091 drops a
+// connection that has received nothing for three of them, so a partition
+// that keeps the socket open (no RST, no FIN) ends the channel after 15 s,
+// and its unconfirmed messages are published again on a new one; the
+// server drops outboxd's side after two.
+const heartbeat = 5 * time.Second
+
+// writeTimeout bounds one write to the server's socket. A peer that stops
+// reading (a partition that drops packets, a stalled proxy) fills the
+// socket's buffer and blocks the publish writing to it; amqp091 sets no
+// write deadline, and its heartbeat timeout cannot end that publish: the
+// connection's shutdown waits for the channel lock the blocked publish
+// holds. So every write has a deadline of its own: a publish blocked this
+// long fails, the connection is closed, and the unconfirmed messages go to
+// the next one.
+const writeTimeout = 3 * heartbeat
+
+// writeDeadlineConn is a net.Conn whose every Write has a deadline.
+type writeDeadlineConn struct {
+	net.Conn
+	timeout time.Duration
+}
+
+func (c writeDeadlineConn) Write(b []byte) (int, error) {
+	if err := c.Conn.SetWriteDeadline(time.Now().Add(c.timeout)); err != nil {
+		return 0, err
+	}
+	return c.Conn.Write(b)
+}
+
 // dial connects with a bounded dial and handshake.
 func dial(url string, tlsCfg *tls.Config, timeout time.Duration) (*amqp.Connection, error) {
 	cfg := amqp.Config{
-		Heartbeat:       10 * time.Second,
+		Heartbeat:       heartbeat,
 		Locale:          "en_US",
 		TLSClientConfig: tlsCfg,
 		Properties:      amqp.Table{"connection_name": "outboxd"},
 		// A bounded dial and handshake: a server that accepts and says
 		// nothing must not hang the publisher (heartbeats start later).
-		Dial: amqp.DefaultDial(timeout),
+		Dial: func(network, addr string) (net.Conn, error) {
+			c, err := amqp.DefaultDial(timeout)(network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return writeDeadlineConn{Conn: c, timeout: writeTimeout}, nil
+		},
 	}
 	conn, err := amqp.DialConfig(url, cfg)
 	if err != nil {
