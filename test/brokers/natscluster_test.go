@@ -28,7 +28,7 @@ func (b *natsClusterBroker) flags() []string {
 }
 
 func (b *natsClusterBroker) read(ctx context.Context, topic string, want int) ([]message, error) {
-	return (&natsBroker{}).readFrom(ctx, b.c.URL(), topic, want)
+	return readNATS(ctx, b.c.URL(), topic, want)
 }
 
 // leader takes the test stream's leader down with halt.
@@ -48,7 +48,9 @@ func (b *natsClusterBroker) stop(ctx context.Context) error {
 }
 
 func (b *natsClusterBroker) kill() error {
-	return b.leader(context.Background(), (*harness.NATS).Kill)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return b.leader(ctx, (*harness.NATS).Kill)
 }
 
 func (b *natsClusterBroker) start(ctx context.Context) error {

@@ -30,6 +30,7 @@ type NATS struct {
 	extra  string
 	name   string // server_name ("outboxd-test" if empty)
 	route  string // the cluster block of a NATSCluster's node
+	tlsCA  string // WithNATSTLS: clients verify the server with this CA
 	proc   *Proc  // nil while stopped
 	reaper *jvmReaper
 }
@@ -40,6 +41,25 @@ type NATSOption func(*NATS)
 // WithNATSConfig appends lines to the server's configuration file (e.g.
 // "max_payload: 4096").
 func WithNATSConfig(lines string) NATSOption { return func(n *NATS) { n.extra += lines + "\n" } }
+
+// WithNATSTLS makes the server require TLS, with the given certificate
+// and key (issued for 127.0.0.1); URL is then tls://, and the harness's
+// own clients verify the server with caFile.
+func WithNATSTLS(certFile, keyFile, caFile string) NATSOption {
+	return func(n *NATS) {
+		n.extra += fmt.Sprintf("tls {\n  cert_file: %q\n  key_file: %q\n}\n", certFile, keyFile)
+		n.tlsCA = caFile
+	}
+}
+
+// ClientOptions are the options a client needs to connect (the CA of
+// WithNATSTLS).
+func (n *NATS) ClientOptions() []nats.Option {
+	if n.tlsCA == "" {
+		return nil
+	}
+	return []nats.Option{nats.RootCAs(n.tlsCA)}
+}
 
 // StartNATS builds nats-server (once per test process) and starts it.
 func StartNATS(ctx context.Context, opts ...NATSOption) (*NATS, error) {
@@ -94,7 +114,12 @@ func NATSForTest(t testing.TB, opts ...NATSOption) *NATS {
 }
 
 // URL is the server's client URL.
-func (n *NATS) URL() string { return "nats://127.0.0.1:" + strconv.Itoa(n.port) }
+func (n *NATS) URL() string {
+	if n.tlsCA != "" {
+		return "tls://127.0.0.1:" + strconv.Itoa(n.port)
+	}
+	return "nats://127.0.0.1:" + strconv.Itoa(n.port)
+}
 
 // Port is the client port (kept across Stop and Start).
 func (n *NATS) Port() int { return n.port }
@@ -154,7 +179,7 @@ func (n *NATS) waitReady(ctx context.Context) error {
 		if n.proc.Exited() {
 			return errors.New("the process exited")
 		}
-		nc, err := nats.Connect(n.URL(), nats.Timeout(time.Second))
+		nc, err := nats.Connect(n.URL(), append(n.ClientOptions(), nats.Timeout(time.Second))...)
 		if err == nil {
 			js, _ := jetstream.New(nc)
 			actx, acancel := context.WithTimeout(ctx, time.Second)
@@ -214,8 +239,8 @@ type NATSMessage struct {
 // messages or ctx ends, and returns them in stream order. Reading more than
 // want fails the read (a duplicate is a wrong count, not noise): it waits a
 // little past want for messages that should not be there.
-func ReadStream(ctx context.Context, url, stream string, want int) ([]NATSMessage, error) {
-	nc, err := nats.Connect(url)
+func ReadStream(ctx context.Context, url, stream string, want int, opts ...nats.Option) ([]NATSMessage, error) {
+	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -226,17 +251,23 @@ func ReadStream(ctx context.Context, url, stream string, want int) ([]NATSMessag
 	}
 	var out []NATSMessage
 	for {
-		s, err := js.Stream(ctx, stream)
+		// Each request on its own deadline: on a cluster, a request sent
+		// while a stream elects a new leader can go unanswered, and is
+		// then asked again.
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		s, err := js.Stream(rctx, stream)
 		if err == nil {
 			last := s.CachedInfo().State.LastSeq
 			for seq := uint64(len(out)) + 1; seq <= last && err == nil; seq++ {
 				var m *jetstream.RawStreamMsg
-				if m, err = s.GetMsg(ctx, seq); err == nil {
+				if m, err = s.GetMsg(rctx, seq); err == nil {
 					out = append(out, NATSMessage{Subject: m.Subject, Header: m.Header, Data: m.Data, Seq: m.Sequence})
 				}
 			}
 		}
-		if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		unanswered := rctx.Err() != nil && ctx.Err() == nil
+		cancel()
+		if err != nil && !unanswered && !errors.Is(err, jetstream.ErrStreamNotFound) {
 			return out, fmt.Errorf("reading stream %s: %w", stream, err)
 		}
 		if len(out) >= want {
@@ -351,24 +382,14 @@ func (n *NATS) Name() string {
 	return n.name
 }
 
-// StreamLeader is the node that leads stream (its cluster leader).
+// StreamLeader is the node that leads stream (its cluster leader),
+// waiting (until ctx ends) while the stream has none.
 func (c *NATSCluster) StreamLeader(ctx context.Context, stream string) (*NATS, error) {
-	nc, err := nats.Connect(c.URL(), nats.Timeout(time.Second))
+	info, err := natsStreamInfo(ctx, c.URL(), stream, func(info *jetstream.StreamInfo) bool {
+		return info.Cluster != nil && info.Cluster.Leader != ""
+	})
 	if err != nil {
 		return nil, err
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, err
-	}
-	s, err := js.Stream(ctx, stream)
-	if err != nil {
-		return nil, fmt.Errorf("stream %s: %w", stream, err)
-	}
-	info := s.CachedInfo()
-	if info.Cluster == nil || info.Cluster.Leader == "" {
-		return nil, fmt.Errorf("stream %s has no leader", stream)
 	}
 	for _, n := range c.Nodes {
 		if n.Name() == info.Cluster.Leader {
@@ -380,20 +401,42 @@ func (c *NATSCluster) StreamLeader(ctx context.Context, stream string) (*NATS, e
 
 // NATSStreamReplicas is the configured replica count of a stream.
 func NATSStreamReplicas(ctx context.Context, url, stream string) (int, error) {
-	nc, err := nats.Connect(url, nats.Timeout(time.Second))
+	info, err := natsStreamInfo(ctx, url, stream, func(*jetstream.StreamInfo) bool { return true })
 	if err != nil {
 		return 0, err
+	}
+	return info.Config.Replicas, nil
+}
+
+// natsStreamInfo asks for a stream's info until ok accepts it or ctx
+// ends, each request with a deadline of its own (one sent during a leader
+// election can go unanswered).
+func natsStreamInfo(ctx context.Context, url, stream string, ok func(*jetstream.StreamInfo) bool) (*jetstream.StreamInfo, error) {
+	nc, err := nats.Connect(url, nats.Timeout(time.Second))
+	if err != nil {
+		return nil, err
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	s, err := js.Stream(ctx, stream)
-	if err != nil {
-		return 0, fmt.Errorf("stream %s: %w", stream, err)
+	for {
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		s, err := js.Stream(rctx, stream)
+		cancel()
+		if err == nil && ok(s.CachedInfo()) {
+			return s.CachedInfo(), nil
+		}
+		if err == nil {
+			err = errors.New("not yet")
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("stream %s: %w (last: %v)", stream, ctx.Err(), err)
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
-	return s.CachedInfo().Config.Replicas, nil
 }
 
 // Close kills every node and removes their directories.
