@@ -16,9 +16,10 @@ import (
 	"github.com/outboxd/outboxd/test/harness"
 )
 
-// -long runs the tests that take minutes (a 200,000-event drain per
-// broker); `go test ./test/brokers/` leaves them out.
-var long = flag.Bool("long", false, "run the slow tests (large drains)")
+// -long runs what takes minutes: TestDrainMemory (a 200,000-event drain
+// per broker) and TestNetworkFaults' 20 s black hole (3 s past not-ready
+// without it). `go test ./test/brokers/ -args -long`.
+var long = flag.Bool("long", false, "run the slow tests: large drains, a 20 s black hole")
 
 // drainEvents is the size of TestDrainMemory's backlog.
 var drainEvents = flag.Int("drain-events", 200_000, "events in TestDrainMemory's backlog")
@@ -162,7 +163,7 @@ func (b *kfakeBroker) flags() []string {
 	return []string{"--kafka-brokers", strings.Join(b.k.Brokers(), ",")}
 }
 
-// metricValue reads one unlabelled series from outboxd's /metrics.
+// metricValues reads unlabelled series from outboxd's /metrics.
 func metricValues(ctx context.Context, addr string, names ...string) (map[string]float64, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
 	if err != nil {
