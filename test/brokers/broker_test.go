@@ -80,6 +80,9 @@ type fixture struct {
 	agg  string
 	conn *pgx.Conn
 	logs string
+	// via, if set, replaces the broker's flags() in startRelay: outboxd
+	// reaches the broker through a proxy (netfaults_test.go).
+	via []string
 }
 
 var nonWord = regexp.MustCompile(`[^a-z0-9]+`)
@@ -230,7 +233,7 @@ func (f *fixture) startRelay(extra ...string) *relay {
 		"--postgres", f.dsn, "--slot", f.slot, "--publication", "outboxd",
 		"--http-addr", addr, "--confirm-interval", "20ms", "--status-interval", "1s",
 		"--poll-interval", "500ms", "--shutdown-timeout", "10s", "--log-level", "debug",
-	}, append(f.b.flags(), extra...)...)
+	}, append(f.brokerFlags(), extra...)...)
 	p, err := harness.StartProc(f.ctx, "outboxd", outboxdBin, args, nil, f.logs)
 	if err != nil {
 		f.t.Fatal(err)
@@ -246,6 +249,13 @@ func (f *fixture) startRelay(extra ...string) *relay {
 		f.t.Fatalf("outboxd did not start streaming: %v\n%s", err, tail(p.Log(), 4000))
 	}
 	return r
+}
+
+func (f *fixture) brokerFlags() []string {
+	if f.via != nil {
+		return f.via
+	}
+	return f.b.flags()
 }
 
 func tail(s string, n int) string {

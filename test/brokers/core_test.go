@@ -13,47 +13,47 @@ import (
 // Routing: the destination is the routed topic, the key the aggregateid,
 // headers id and type, the payload the column's bytes verbatim; order per
 // aggregate is commit order, and each event arrives once.
-func TestRouting(t *testing.T) {
-	forEachBroker(t, false, func(t *testing.T, f *fixture) {
-		f.startRelay()
-		var evs []event
-		for i := 1; i <= 30; i++ {
-			evs = append(evs, event{i, fmt.Sprintf("order-%d", i%3), fmt.Sprintf("Type%d", i%2), fmt.Sprintf(`{"n": %d, "s": "é ☃ \"q\" \\ %d"}`, i, i)})
+func TestRouting(t *testing.T) { forEachBroker(t, false, testRouting) }
+
+func testRouting(t *testing.T, f *fixture) {
+	f.startRelay()
+	var evs []event
+	for i := 1; i <= 30; i++ {
+		evs = append(evs, event{i, fmt.Sprintf("order-%d", i%3), fmt.Sprintf("Type%d", i%2), fmt.Sprintf(`{"n": %d, "s": "é ☃ \"q\" \\ %d"}`, i, i)})
+	}
+	f.commit(evs[:10]...)
+	f.commit(evs[10:11]...)
+	end := f.commit(evs[11:]...)
+	f.waitConfirmed(end, 30*time.Second)
+	msgs := f.read(f.topic(), len(evs))
+	if len(msgs) != len(evs) {
+		t.Fatalf("%d messages, want %d", len(msgs), len(evs))
+	}
+	perKey := map[string][]int{}
+	byID := map[string]event{}
+	for _, e := range evs {
+		byID[eventID(e.n)] = e
+	}
+	for _, m := range msgs {
+		e, ok := byID[m.headers["id"]]
+		if !ok {
+			t.Fatalf("message with unknown id %q (headers %v)", m.headers["id"], m.headers)
 		}
-		f.commit(evs[:10]...)
-		f.commit(evs[10:11]...)
-		end := f.commit(evs[11:]...)
-		f.waitConfirmed(end, 30*time.Second)
-		msgs := f.read(f.topic(), len(evs))
-		if len(msgs) != len(evs) {
-			t.Fatalf("%d messages, want %d", len(msgs), len(evs))
+		if m.dest != f.topic() || m.key != e.key || m.headers["type"] != e.typ || !bytes.Equal(m.payload, []byte(e.payload)) {
+			t.Fatalf("event %d arrived as dest %q key %q type %q payload %q; want %q %q %q %q", e.n, m.dest, m.key, m.headers["type"], m.payload, f.topic(), e.key, e.typ, e.payload)
 		}
-		perKey := map[string][]int{}
-		byID := map[string]event{}
-		for _, e := range evs {
-			byID[eventID(e.n)] = e
-		}
-		for _, m := range msgs {
-			e, ok := byID[m.headers["id"]]
-			if !ok {
-				t.Fatalf("message with unknown id %q (headers %v)", m.headers["id"], m.headers)
-			}
-			if m.dest != f.topic() || m.key != e.key || m.headers["type"] != e.typ || !bytes.Equal(m.payload, []byte(e.payload)) {
-				t.Fatalf("event %d arrived as dest %q key %q type %q payload %q; want %q %q %q %q", e.n, m.dest, m.key, m.headers["type"], m.payload, f.topic(), e.key, e.typ, e.payload)
-			}
-			perKey[m.key] = append(perKey[m.key], e.n)
-		}
-		for k, ns := range perKey {
-			for i := 1; i < len(ns); i++ {
-				if ns[i] < ns[i-1] {
-					t.Fatalf("aggregate %s out of order: %v", k, ns)
-				}
-			}
-			if len(ns) != 10 {
-				t.Fatalf("aggregate %s: %d events, want 10", k, len(ns))
+		perKey[m.key] = append(perKey[m.key], e.n)
+	}
+	for k, ns := range perKey {
+		for i := 1; i < len(ns); i++ {
+			if ns[i] < ns[i-1] {
+				t.Fatalf("aggregate %s out of order: %v", k, ns)
 			}
 		}
-	})
+		if len(ns) != 10 {
+			t.Fatalf("aggregate %s: %d events, want 10", k, len(ns))
+		}
+	}
 }
 
 // The ack gate: with the broker down, the slot is not confirmed past the

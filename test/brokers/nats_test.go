@@ -26,7 +26,12 @@ func startNATS(t *testing.T, _ bool) broker { return &natsBroker{srv: harness.NA
 func (b *natsBroker) flags() []string { return []string{"--broker", b.srv.URL()} }
 
 func (b *natsBroker) read(ctx context.Context, topic string, want int) ([]message, error) {
-	raw, err := harness.ReadStream(ctx, b.srv.URL(), nats.StreamName(topic), want)
+	return readNATS(ctx, b.srv.URL(), topic, want, b.srv.ClientOptions()...)
+}
+
+// readNATS reads topic's stream from the server(s) at url.
+func readNATS(ctx context.Context, url, topic string, want int, opts ...natsgo.Option) ([]message, error) {
+	raw, err := harness.ReadStream(ctx, url, nats.StreamName(topic), want, opts...)
 	out := make([]message, len(raw))
 	for i, m := range raw {
 		h := map[string]string{}

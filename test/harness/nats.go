@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -27,7 +28,10 @@ type NATS struct {
 	dir    string // config, JetStream store, log, pid file
 	port   int
 	extra  string
-	proc   *Proc // nil while stopped
+	name   string // server_name ("outboxd-test" if empty)
+	route  string // the cluster block of a NATSCluster's node
+	tlsCA  string // WithNATSTLS: clients verify the server with this CA
+	proc   *Proc  // nil while stopped
 	reaper *jvmReaper
 }
 
@@ -37,6 +41,25 @@ type NATSOption func(*NATS)
 // WithNATSConfig appends lines to the server's configuration file (e.g.
 // "max_payload: 4096").
 func WithNATSConfig(lines string) NATSOption { return func(n *NATS) { n.extra += lines + "\n" } }
+
+// WithNATSTLS makes the server require TLS, with the given certificate
+// and key (issued for 127.0.0.1); URL is then tls://, and the harness's
+// own clients verify the server with caFile.
+func WithNATSTLS(certFile, keyFile, caFile string) NATSOption {
+	return func(n *NATS) {
+		n.extra += fmt.Sprintf("tls {\n  cert_file: %q\n  key_file: %q\n}\n", certFile, keyFile)
+		n.tlsCA = caFile
+	}
+}
+
+// ClientOptions are the options a client needs to connect (the CA of
+// WithNATSTLS).
+func (n *NATS) ClientOptions() []nats.Option {
+	if n.tlsCA == "" {
+		return nil
+	}
+	return []nats.Option{nats.RootCAs(n.tlsCA)}
+}
 
 // StartNATS builds nats-server (once per test process) and starts it.
 func StartNATS(ctx context.Context, opts ...NATSOption) (*NATS, error) {
@@ -91,7 +114,12 @@ func NATSForTest(t testing.TB, opts ...NATSOption) *NATS {
 }
 
 // URL is the server's client URL.
-func (n *NATS) URL() string { return "nats://127.0.0.1:" + strconv.Itoa(n.port) }
+func (n *NATS) URL() string {
+	if n.tlsCA != "" {
+		return "tls://127.0.0.1:" + strconv.Itoa(n.port)
+	}
+	return "nats://127.0.0.1:" + strconv.Itoa(n.port)
+}
 
 // Port is the client port (kept across Stop and Start).
 func (n *NATS) Port() int { return n.port }
@@ -100,14 +128,21 @@ func (n *NATS) Port() int { return n.port }
 func (n *NATS) LogFile() string { return filepath.Join(n.dir, "nats-server.log") }
 
 func (n *NATS) writeConfig() (string, error) {
-	conf := fmt.Sprintf("server_name: outboxd-test\nlisten: 127.0.0.1:%d\njetstream {\n  store_dir: %q\n}\n%s",
-		n.port, filepath.Join(n.dir, "js"), n.extra)
+	name := n.name
+	if name == "" {
+		name = "outboxd-test"
+	}
+	conf := fmt.Sprintf("server_name: %s\nlisten: 127.0.0.1:%d\njetstream {\n  store_dir: %q\n}\n%s%s",
+		name, n.port, filepath.Join(n.dir, "js"), n.route, n.extra)
 	path := filepath.Join(n.dir, "nats.conf")
 	return path, os.WriteFile(path, []byte(conf), 0o644)
 }
 
-// Start starts the server (again) and waits until JetStream answers.
-func (n *NATS) Start(ctx context.Context) error {
+// Start starts the server (again) and waits until JetStream answers (on a
+// cluster's node: once the cluster has a JetStream meta leader).
+func (n *NATS) Start(ctx context.Context) error { return n.start(ctx, true) }
+
+func (n *NATS) start(ctx context.Context, wait bool) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.proc != nil {
@@ -126,6 +161,9 @@ func (n *NATS) Start(ctx context.Context) error {
 		return err
 	}
 	n.proc = proc
+	if !wait {
+		return nil
+	}
 	if err := n.waitReady(ctx); err != nil {
 		_ = proc.Kill()
 		n.proc = nil
@@ -141,7 +179,7 @@ func (n *NATS) waitReady(ctx context.Context) error {
 		if n.proc.Exited() {
 			return errors.New("the process exited")
 		}
-		nc, err := nats.Connect(n.URL(), nats.Timeout(time.Second))
+		nc, err := nats.Connect(n.URL(), append(n.ClientOptions(), nats.Timeout(time.Second))...)
 		if err == nil {
 			js, _ := jetstream.New(nc)
 			actx, acancel := context.WithTimeout(ctx, time.Second)
@@ -201,8 +239,8 @@ type NATSMessage struct {
 // messages or ctx ends, and returns them in stream order. Reading more than
 // want fails the read (a duplicate is a wrong count, not noise): it waits a
 // little past want for messages that should not be there.
-func ReadStream(ctx context.Context, url, stream string, want int) ([]NATSMessage, error) {
-	nc, err := nats.Connect(url)
+func ReadStream(ctx context.Context, url, stream string, want int, opts ...nats.Option) ([]NATSMessage, error) {
+	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -213,17 +251,23 @@ func ReadStream(ctx context.Context, url, stream string, want int) ([]NATSMessag
 	}
 	var out []NATSMessage
 	for {
-		s, err := js.Stream(ctx, stream)
+		// Each request on its own deadline: on a cluster, a request sent
+		// while a stream elects a new leader can go unanswered, and is
+		// then asked again.
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		s, err := js.Stream(rctx, stream)
 		if err == nil {
 			last := s.CachedInfo().State.LastSeq
 			for seq := uint64(len(out)) + 1; seq <= last && err == nil; seq++ {
 				var m *jetstream.RawStreamMsg
-				if m, err = s.GetMsg(ctx, seq); err == nil {
+				if m, err = s.GetMsg(rctx, seq); err == nil {
 					out = append(out, NATSMessage{Subject: m.Subject, Header: m.Header, Data: m.Data, Seq: m.Sequence})
 				}
 			}
 		}
-		if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		unanswered := rctx.Err() != nil && ctx.Err() == nil
+		cancel()
+		if err != nil && !unanswered && !errors.Is(err, jetstream.ErrStreamNotFound) {
 			return out, fmt.Errorf("reading stream %s: %w", stream, err)
 		}
 		if len(out) >= want {
@@ -233,6 +277,175 @@ func ReadStream(ctx context.Context, url, stream string, want int) ([]NATSMessag
 		case <-ctx.Done():
 			return out, fmt.Errorf("reading stream %s: %d of %d messages: %w", stream, len(out), want, ctx.Err())
 		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// NATSCluster is a JetStream cluster of real nats-servers on 127.0.0.1,
+// each a NATS of its own (Stop, Kill and Start per node), routed to each
+// other: streams created with replicas 3 are stored on three nodes, and a
+// PubAck means a majority has the message.
+type NATSCluster struct {
+	Nodes []*NATS
+}
+
+// StartNATSCluster starts size nodes (3 for R3 streams) and waits until
+// every one of them answers JetStream requests (a meta leader is elected).
+func StartNATSCluster(ctx context.Context, size int) (*NATSCluster, error) {
+	bin, err := BuildBinary(ctx, "github.com/nats-io/nats-server/v2")
+	if err != nil {
+		return nil, err
+	}
+	c := &NATSCluster{}
+	routePorts := make([]int, size)
+	for i := range size {
+		n := &NATS{bin: bin, name: fmt.Sprintf("outboxd-test-%d", i+1)}
+		if n.dir, err = os.MkdirTemp("", "outboxd-nats-"); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("creating nats temp dir: %w", err)
+		}
+		if n.reaper, err = startJVMReaper("outboxd-nats-reaper", n.dir); err != nil {
+			os.RemoveAll(n.dir)
+			c.Close()
+			return nil, err
+		}
+		c.Nodes = append(c.Nodes, n)
+		if n.port, err = FreePort(); err == nil {
+			routePorts[i], err = FreePort()
+		}
+		if err != nil {
+			c.Close()
+			return nil, err
+		}
+	}
+	routes := ""
+	for _, p := range routePorts {
+		routes += fmt.Sprintf("nats-route://127.0.0.1:%d, ", p)
+	}
+	for i, n := range c.Nodes {
+		n.route = fmt.Sprintf("cluster {\n  name: outboxd-test\n  listen: 127.0.0.1:%d\n  routes: [%s]\n}\n", routePorts[i], routes)
+	}
+	// All first, then wait: a node's JetStream answers only once a
+	// majority of the cluster is up.
+	for _, n := range c.Nodes {
+		if err := n.start(ctx, false); err != nil {
+			c.Close()
+			return nil, err
+		}
+	}
+	for _, n := range c.Nodes {
+		if err := n.waitReady(ctx); err != nil {
+			err = fmt.Errorf("nats-server %s did not become ready: %w; log tail:\n%s", n.name, err, fileTail(n.LogFile(), 4096))
+			c.Close()
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// NATSClusterForTest starts a cluster that is removed when the test
+// finishes; on failure the end of each node's log is added to the output.
+func NATSClusterForTest(t testing.TB, size int) *NATSCluster {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c, err := StartNATSCluster(ctx, size)
+	if err != nil {
+		t.Fatalf("starting a nats cluster: %v", err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, n := range c.Nodes {
+				t.Logf("%s log tail (%s):\n%s", n.name, n.LogFile(), fileTail(n.LogFile(), 4<<10))
+			}
+		}
+		c.Close()
+	})
+	return c
+}
+
+// URL lists every node's client URL, comma-separated (what nats.Connect
+// and outboxd's --broker take).
+func (c *NATSCluster) URL() string {
+	urls := make([]string, len(c.Nodes))
+	for i, n := range c.Nodes {
+		urls[i] = n.URL()
+	}
+	return strings.Join(urls, ",")
+}
+
+// Name is a node's server_name.
+func (n *NATS) Name() string {
+	if n.name == "" {
+		return "outboxd-test"
+	}
+	return n.name
+}
+
+// StreamLeader is the node that leads stream (its cluster leader),
+// waiting (until ctx ends) while the stream has none.
+func (c *NATSCluster) StreamLeader(ctx context.Context, stream string) (*NATS, error) {
+	info, err := natsStreamInfo(ctx, c.URL(), stream, func(info *jetstream.StreamInfo) bool {
+		return info.Cluster != nil && info.Cluster.Leader != ""
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range c.Nodes {
+		if n.Name() == info.Cluster.Leader {
+			return n, nil
+		}
+	}
+	return nil, fmt.Errorf("stream %s: leader %q is not a node of this cluster", stream, info.Cluster.Leader)
+}
+
+// NATSStreamReplicas is the configured replica count of a stream.
+func NATSStreamReplicas(ctx context.Context, url, stream string) (int, error) {
+	info, err := natsStreamInfo(ctx, url, stream, func(*jetstream.StreamInfo) bool { return true })
+	if err != nil {
+		return 0, err
+	}
+	return info.Config.Replicas, nil
+}
+
+// natsStreamInfo asks for a stream's info until ok accepts it or ctx
+// ends, each request with a deadline of its own (one sent during a leader
+// election can go unanswered).
+func natsStreamInfo(ctx context.Context, url, stream string, ok func(*jetstream.StreamInfo) bool) (*jetstream.StreamInfo, error) {
+	nc, err := nats.Connect(url, nats.Timeout(time.Second))
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		s, err := js.Stream(rctx, stream)
+		cancel()
+		if err == nil && ok(s.CachedInfo()) {
+			return s.CachedInfo(), nil
+		}
+		if err == nil {
+			err = errors.New("not yet")
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("stream %s: %w (last: %v)", stream, ctx.Err(), err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// Close kills every node and removes their directories.
+func (c *NATSCluster) Close() {
+	for _, n := range c.Nodes {
+		if n.reaper != nil {
+			n.Close()
+		} else {
+			os.RemoveAll(n.dir)
 		}
 	}
 }
