@@ -121,9 +121,9 @@ func (o *runOptions) register(s *optionSet) {
 	fs.DurationVar(&o.StatusInterval, "status-interval", 10*time.Second, "longest gap between standby status updates to PostgreSQL")
 	fs.DurationVar(&o.ConfirmInterval, "confirm-interval", 25*time.Millisecond, "shortest gap between flush LSN confirmations while events flow")
 	fs.DurationVar(&o.ReplicationTimeout, "replication-timeout", 30*time.Second, "silence from PostgreSQL (status updates ask for replies) after which the replication connection is presumed dead and replaced")
-	fs.IntVar(&o.MaxInflightEvents, "max-inflight-events", 50000, "events handed to Kafka and not yet acked before reading pauses")
+	fs.IntVar(&o.MaxInflightEvents, "max-inflight-events", 50000, "events handed to the broker and not yet acked before reading pauses (RabbitMQ: 8192 unless set)")
 	o.MaxInflightBytes = 32 << 20
-	fs.Var(&o.MaxInflightBytes, "max-inflight-bytes", "bytes handed to Kafka and not yet acked before reading pauses")
+	fs.Var(&o.MaxInflightBytes, "max-inflight-bytes", "bytes handed to the broker and not yet acked before reading pauses")
 	fs.DurationVar(&o.KafkaLinger, "kafka-linger", 2*time.Millisecond, "how long a partition waits to fill a batch: make bench measured about 40% less outboxd CPU per event at 2k ev/s with 2ms (0: send at once)")
 	s.choice(&o.Compression, "compression", "none", "producer compression", "none", "gzip", "snappy", "lz4", "zstd")
 	o.MaxMessageBytes = 1000012
