@@ -98,8 +98,12 @@ func (r *txnRing) find(lsn wal.LSN) (int, bool) {
 // add records a committed transaction. In stream order it is one append;
 // a transaction at or before the newest entry is a replay: the same entry
 // is kept, a different one replaces every entry from there on (the WAL is
-// another history from there, and the ring follows the latest one).
+// another history from there, and the ring follows the latest one); one
+// older than the ring's coverage is left out.
 func (r *txnRing) add(t decodedTxn) {
+	if t.commit < r.from {
+		return // older than what the ring covers (a replay from before it): nothing to keep
+	}
 	if n := len(r.buf); n > 0 && t.commit <= r.at(n-1).commit {
 		i, ok := r.find(t.commit)
 		if ok && r.at(i) == t {
