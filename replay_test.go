@@ -195,3 +195,12 @@ func BenchmarkHandleTxn(b *testing.B) {
 		})
 	}
 }
+
+// One append to a full ring, the hot path's cost of the replay check.
+func BenchmarkTxnRingAdd(b *testing.B) {
+	r := newTxnRing(replayRingSize)
+	r.reset(1)
+	for i := range b.N {
+		r.add(decodedTxn{commit: wal.LSN(10 + 100*i), xid: uint32(i)})
+	}
+}
