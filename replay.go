@@ -174,7 +174,7 @@ func (s *streamer) replayBegin(b *wal.Begin) bool {
 		rc.upTo = 0
 		rc.diverged++
 		s.log.Warn("the server's WAL differs from what outboxd published at this position: it is not the history the broker's events came from (a restore from a backup, snapshot or cold copy of the same cluster?). "+
-			"Events published from there on may not be in PostgreSQL, and its transactions since are published now; see docs/ha.md, \"Gaps\" and \"Verified replays after a restart\"",
+			"Events published from there on may not be in PostgreSQL, and its transactions since are published now; see docs/ha.md, \"Restore, and a server that changed underneath\" and \"At-least-once: verified replays after a restart\"",
 			"commit_lsn", b.FinalLSN.String(), "xid", b.Xid, "slot", s.cfg.Slot)
 	}
 	return false
