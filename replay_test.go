@@ -204,3 +204,64 @@ func BenchmarkTxnRingAdd(b *testing.B) {
 		r.add(decodedTxn{commit: wal.LSN(10 + 100*i), xid: uint32(i)})
 	}
 }
+
+// A replay cut short by another reconnect is verified on in the next
+// session, up to the same acked position; exactly-once mode keeps no ring.
+func TestRelayVerifiesAReplayAcrossSessions(t *testing.T) {
+	at := time.Date(2026, 12, 2, 4, 0, 0, 0, time.UTC)
+	fixed := func(commit, end wal.LSN, id int) []*wal.Msg {
+		m := txn(commit, end, uuid(id))
+		m[0].Begin.CommitTime = at.Add(time.Duration(commit) * time.Millisecond)
+		return m
+	}
+	t1, t2, t3 := fixed(200, 210, 1), fixed(300, 310, 2), fixed(400, 410, 3)
+	conn := func(pid int, start string, confirmed wal.LSN) *fakeConn {
+		return &fakeConn{stream: newScriptStream(),
+			info: slot.Info{Slot: slot.Slot{Name: "s", Plugin: "pgoutput", ConfirmedFlush: confirmed}, SessionPID: pid, SystemID: "7", Timeline: 1, ServerStart: start}}
+	}
+	first, second, third := conn(42, "a", 100), conn(43, "b", 100), conn(44, "b", 100)
+	cs := newConnScript(first, second, third)
+	hs := newHeldSink()
+	r := newTestRelay(t, cs, &fakeSQL{found: true}, hs, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	acked := 0
+	ackUntil := func(s *scriptStream, lsn wal.LSN) {
+		t.Helper()
+		waitFor(t, "the confirmation of "+lsn.String(), func() bool {
+			for ; acked < hs.count(); acked++ {
+				hs.ack(acked, nil)
+			}
+			return s.lastSent() == lsn
+		})
+	}
+	first.stream.push(append(append(t1, t2...), t3...)...)
+	ackUntil(first.stream, 410)
+	first.stream.fail(errors.New("unexpected EOF"))
+	waitFor(t, "the second session", func() bool { _, o := second.startOpts(); return o.Slot != "" })
+	second.stream.push(t1...)
+	ackUntil(second.stream, 210)
+	second.stream.fail(errors.New("unexpected EOF"))
+	waitFor(t, "the third session", func() bool { _, o := third.startOpts(); return o.Slot != "" })
+	if _, opts := third.startOpts(); opts.StartLSN != 210 {
+		t.Fatalf("third session: START_REPLICATION at %s, want 0/D2 (what the second confirmed)", opts.StartLSN)
+	}
+	third.stream.push(append(t2, t3...)...)
+	ackUntil(third.stream, 410)
+	if n := hs.count(); n != 3 {
+		t.Fatalf("%d events published, want the first session's 3 only", n)
+	}
+	if v := testutil.ToFloat64(r.m.skipped.WithLabelValues("replayed")); v != 3 {
+		t.Fatalf("%v replayed events skipped, want 3", v)
+	}
+	cancel()
+	<-done
+
+	eos := newTestRelay(t, newConnScript(conn(45, "a", 100)), &fakeSQL{found: true}, newHeldSink(), func(c *Config) { c.TxnSink = &fakeReset{} })
+	eos.relay.replayStart(100, 0)
+	if eos.relay.replay != nil {
+		t.Fatal("exactly-once mode keeps a replay ring")
+	}
+}
