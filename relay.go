@@ -72,6 +72,10 @@ type relay struct {
 	// lastInfo its slot.Info.
 	lastServer string
 	lastInfo   slot.Info
+	// replay is at-least-once's record of the transactions decoded and the
+	// replay to verify after a server change (replay.go); nil in
+	// exactly-once mode.
+	replay *replayCheck
 	// ignoreDone is an exactly-once checkpoint whose transaction the WAL
 	// did not have, accepted with --accept-gap: reloading it from Kafka
 	// counts as no checkpoint (boundary.go).
@@ -283,6 +287,7 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 		r.log.Info("created replication slot", "slot", info.Name, "plugin", "pgoutput", "confirmed_flush_lsn", info.ConfirmedFlush.String())
 	}
 	srv := info.Server()
+	prev := *resume
 	changed := r.lastServer != "" && srv != r.lastServer
 	if promoted := info.PreviousEnd != 0 && *resume <= info.PreviousEnd; changed && promoted && r.cfg.TxnSink == nil && *resume > info.ConfirmedFlush {
 		// A later timeline of the previous server (a promoted standby, a
@@ -307,11 +312,13 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 		if changed {
 			r.log.Warn("the server changed since the last session; resuming from the slot's confirmed position, not beyond",
 				"resume_lsn", resume.String(), "confirmed_flush_lsn", info.ConfirmedFlush.String(), "server", srv, "previous", r.lastServer)
+			r.replayFrom(*resume) // at-least-once: skip what the stream shows was acked (replay.go)
 		}
 		*resume = 0
 	}
 	r.lastServer, r.lastInfo = srv, info
 	start := max(info.ConfirmedFlush, *resume)
+	r.replayStart(start, prev)
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := conn.Start(sctx, wal.StartOptions{
@@ -344,6 +351,7 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 	r.log.Info("streaming", "slot", info.Name, "publication", r.cfg.Publication, "from_lsn", start.String(), "failover", info.Failover, "pgoutput", streamMode(stream))
 
 	s := newStreamer(r, stream, wm, start)
+	s.replay = r.replay
 	if r.cfg.TxnSink != nil {
 		s.commit = &eos{sink: r.cfg.TxnSink, wm: wm, done: r.done, splitAge: r.cfg.SplitAge}
 	}

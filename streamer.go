@@ -60,7 +60,9 @@ type streamer struct {
 	lastRecv time.Time
 	wakeAt   time.Time // read deadline while acks are awaited
 	pings    pingStreak
-	verify   *boundary // exactly-once: the checkpoint's transaction to meet (boundary.go); nil: none
+	verify   *boundary    // exactly-once: the checkpoint's transaction to meet (boundary.go); nil: none
+	replay   *replayCheck // at-least-once: the relay's decoded transactions and replay to verify (replay.go)
+	skipTxn  bool         // the current transaction is a verified replay of one published and acked
 }
 
 // newStreamer is the session's read loop over stream, from start, with the
@@ -237,6 +239,7 @@ func (s *streamer) handle(ctx context.Context, msg *wal.Msg, now time.Time) erro
 		if err := s.verify.begin(msg.Begin.FinalLSN); err != nil {
 			return err
 		}
+		s.skipTxn = s.replay != nil && s.replay.upTo != 0 && s.replayBegin(&msg.Begin)
 		s.txn = s.wm.Begin(now)
 		s.tx = router.Tx{Xid: msg.Begin.Xid, CommitLSN: msg.Begin.FinalLSN, CommitTime: msg.Begin.CommitTime}
 		s.ordinal = 0
@@ -276,6 +279,9 @@ func (s *streamer) handle(ctx context.Context, msg *wal.Msg, now time.Time) erro
 		txn := s.txn
 		s.txn = nil
 		s.m.transactions.Inc()
+		if s.replay != nil {
+			s.replay.ring.add(decodedTxn{commit: s.tx.CommitLSN, xid: s.tx.Xid, at: uint32(s.tx.CommitTime.UnixMicro())})
+		}
 		return s.txnErr(s.commit.txnCommitted(ctx, txn, msg.Commit.EndLSN))
 	case wal.KindKeepalive:
 		if s.txn == nil {
@@ -299,10 +305,15 @@ func (s *streamer) handle(ctx context.Context, msg *wal.Msg, now time.Time) erro
 }
 
 // nextEvent numbers the current transaction's next outbox event and reports
-// whether Kafka holds it already (exactly-once mode's checkpoint).
+// whether the broker holds it already (exactly-once mode's checkpoint, or
+// at-least-once's verified replay after a server change: replay.go).
 func (s *streamer) nextEvent() (eventPos, bool) {
 	pos := eventPos{commit: s.tx.CommitLSN, n: s.ordinal}
 	s.ordinal++
+	if s.skipTxn {
+		s.m.skipped.WithLabelValues("replayed").Inc() // replays only (replay.go)
+		return pos, true
+	}
 	return pos, s.commit.covers(pos)
 }
 
