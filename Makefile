@@ -81,7 +81,7 @@ test-pg-versions: ## the e2e core on PostgreSQL 16, 17 and 18 (binaries from .ci
 # or the CLI, not the broker (startup checks, gaps and failover, setup, TLS to
 # PostgreSQL, the demo, hostile rows): they run on kfake and on PostgreSQL
 # 15-18. make test-apache APACHE_SKIP= runs the whole suite on Apache.
-APACHE_SKIP ?= TestStartupCheck|TestStartupRefuses|TestReplicationRoleAlone|TestPostgresTLS|TestMakeRunDemo|TestPGFailover|TestPostgresConnectionLoss|TestGap|TestPostgresShutdown|TestOps|TestPublicationTables|TestREADMEQuickstart|TestSlotFailoverOption|TestSchemaChange|TestSQLInjection|TestEmitMessagePublic|TestHTTPKeepsRowValuesOut|TestStreamNeverStartsBeyondServerWAL|TestConfigFileThreeSchemas|TestRouterOptions|TestTablelessMessages|TestTracing|TestHeaderShadowing|TestHostileSizes|TestIdleOutbox|TestSlotHeldByAnotherProcess|TestStaleOutboxdWalsender|TestHAStandbyTakeover
+APACHE_SKIP ?= TestStartupCheck|TestPGRestartNoMassResend|TestIgnoreTable|TestStartupRefuses|TestReplicationRoleAlone|TestPostgresTLS|TestMakeRunDemo|TestPGFailover|TestPostgresConnectionLoss|TestGap|TestPostgresShutdown|TestOps|TestPublicationTables|TestREADMEQuickstart|TestSlotFailoverOption|TestSchemaChange|TestSQLInjection|TestEmitMessagePublic|TestHTTPKeepsRowValuesOut|TestStreamNeverStartsBeyondServerWAL|TestConfigFileThreeSchemas|TestRouterOptions|TestTablelessMessages|TestTracing|TestHeaderShadowing|TestHostileSizes|TestIdleOutbox|TestSlotHeldByAnotherProcess|TestStaleOutboxdWalsender|TestHAStandbyTakeover
 
 test-apache: ## only the Apache Kafka runs of make test: e2e on one node (the broker-facing tests: APACHE_SKIP), short fault suite on three
 	OUTBOXD_TEST_KAFKA_KIND=apache $(GO) test -count=1 -timeout 20m $(if $(APACHE_SKIP),-skip '$(APACHE_SKIP)') ./test/e2e/
