@@ -316,28 +316,7 @@ func TestGapRestoreFromColdCopy(t *testing.T) {
 	f.exec(`CREATE TABLE pad (x text)`) // not in the publication; created before the copy (its catalog WAL would move F1-F3)
 	r := f.startRelay()
 	f.waitConfirmed(f.commit(event{1, "a", "E", `{}`}), 20*time.Second)
-	reconnect := func() {
-		t.Helper()
-		f.conn.Close(context.Background())
-		var err error
-		if f.conn, err = primary.Connect(f.ctx, f.db); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := primary.Stop(f.ctx); err != nil {
-		t.Fatal(err)
-	}
-	backup := t.TempDir() + "/data"
-	if err := primary.ColdCopy(f.ctx, backup); err != nil {
-		if strings.Contains(err.Error(), "not supported") {
-			t.Skip(err)
-		}
-		t.Fatal(err)
-	}
-	if err := primary.Start(f.ctx); err != nil {
-		t.Fatal(err)
-	}
-	reconnect()
+	backup := f.coldCopy(primary)
 	// Bounds cover outboxd's reconnect backoff (up to 15 s) after the
 	// refused connections.
 	poll(t, 60*time.Second, "outboxd streaming again", func() bool { return f.slotState().Active && r.role(t) == "active" })
@@ -348,17 +327,7 @@ func TestGapRestoreFromColdCopy(t *testing.T) {
 	published := f.commit(evs...)
 	f.waitConfirmed(published, 20*time.Second)
 
-	if err := primary.Stop(f.ctx); err != nil { // ends outboxd's session; it retries against a stopped server
-		t.Fatal(err)
-	}
-	thaw := freeze(t, r.Proc)
-	if err := primary.RestoreColdCopy(f.ctx, backup); err != nil {
-		t.Fatal(err)
-	}
-	if err := primary.Start(f.ctx); err != nil {
-		t.Fatal(err)
-	}
-	reconnect()
+	thaw := f.restoreColdCopy(primary, backup, r.Proc) // ends outboxd's session; it retries against a stopped server
 	end := f.commit(event{11, "f", "F", `{}`}, event{12, "f", "F", `{}`}, event{13, "f", "F", `{}`})
 	for end <= published {
 		f.exec(`INSERT INTO pad SELECT repeat('x', 1000) FROM generate_series(1, 1000)`)
@@ -389,6 +358,54 @@ func TestGapRestoreFromColdCopy(t *testing.T) {
 // freeze stops p (SIGSTOP) until the returned thaw (SIGCONT) runs, or the
 // test ends: a process the test must keep out of a server for a while
 // (a replication connection ignores CONNECTION LIMIT).
+// coldCopy stops primary, copies its data directory (skipping the test
+// where the backend cannot), starts it again and renews f's connection; it
+// returns the copy's path.
+func (f *fixture) coldCopy(primary *harness.Postgres) string {
+	f.t.Helper()
+	if err := primary.Stop(f.ctx); err != nil {
+		f.t.Fatal(err)
+	}
+	backup := f.t.TempDir() + "/data"
+	if err := primary.ColdCopy(f.ctx, backup); err != nil {
+		if strings.Contains(err.Error(), "not supported") {
+			f.t.Skip(err)
+		}
+		f.t.Fatal(err)
+	}
+	f.startAgain(primary)
+	return backup
+}
+
+// restoreColdCopy stops primary, freezes outboxd's process p (nothing else
+// keeps a walsender out: see freeze), restores the copy at backup, starts
+// the server and renews f's connection. The caller thaws p.
+func (f *fixture) restoreColdCopy(primary *harness.Postgres, backup string, p *harness.Proc) (thaw func()) {
+	f.t.Helper()
+	if err := primary.Stop(f.ctx); err != nil {
+		f.t.Fatal(err)
+	}
+	thaw = freeze(f.t, p)
+	if err := primary.RestoreColdCopy(f.ctx, backup); err != nil {
+		f.t.Fatal(err)
+	}
+	f.startAgain(primary)
+	return thaw
+}
+
+// startAgain starts the stopped primary and renews f's connection to it.
+func (f *fixture) startAgain(primary *harness.Postgres) {
+	f.t.Helper()
+	if err := primary.Start(f.ctx); err != nil {
+		f.t.Fatal(err)
+	}
+	f.conn.Close(context.Background())
+	var err error
+	if f.conn, err = primary.Connect(f.ctx, f.db); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
 func freeze(t *testing.T, p *harness.Proc) (thaw func()) {
 	t.Helper()
 	if err := p.Signal(syscall.SIGSTOP); err != nil {
@@ -431,28 +448,7 @@ func TestGapRestoreExactlyOnce(t *testing.T) {
 		t.Fatalf("outboxd did not stream: %v\n%s", err, tailString(p.Log(), 4000))
 	}
 	f.waitConfirmed(f.commit(event{1, "a", "E", `{}`}), 20*time.Second)
-	reconnect := func() {
-		t.Helper()
-		f.conn.Close(context.Background())
-		var err error
-		if f.conn, err = primary.Connect(f.ctx, f.db); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := primary.Stop(f.ctx); err != nil {
-		t.Fatal(err)
-	}
-	backup := t.TempDir() + "/data"
-	if err := primary.ColdCopy(f.ctx, backup); err != nil {
-		if strings.Contains(err.Error(), "not supported") {
-			t.Skip(err)
-		}
-		t.Fatal(err)
-	}
-	if err := primary.Start(f.ctx); err != nil {
-		t.Fatal(err)
-	}
-	reconnect()
+	backup := f.coldCopy(primary)
 	poll(t, 60*time.Second, "outboxd streaming again", func() bool { return f.slotState().Active && r.role(t) == "active" })
 	var evs []event
 	for n := 2; n <= 6; n++ {
@@ -478,17 +474,7 @@ func TestGapRestoreExactlyOnce(t *testing.T) {
 			}
 		}
 	}
-	if err := primary.Stop(f.ctx); err != nil {
-		t.Fatal(err)
-	}
-	thaw := freeze(t, p)
-	if err := primary.RestoreColdCopy(f.ctx, backup); err != nil {
-		t.Fatal(err)
-	}
-	if err := primary.Start(f.ctx); err != nil {
-		t.Fatal(err)
-	}
-	reconnect()
+	thaw := f.restoreColdCopy(primary, backup, p)
 	thaw() // back in before anything is written: the WAL ends before the checkpoint
 	exitsWithGap(p, "back in before the WAL passed the checkpoint", "outboxd run: gap: the server's WAL ends at ")
 
