@@ -292,6 +292,9 @@ type Column struct {
 	Large       *RelayCase
 	MemCurve    *MemCurve // the memory case (memcurve.go)
 	Restarts    int       // servers that died (were stopped from outside) and were restarted
+
+	// Sustained is the sustained case (sustained.go).
+	Sustained []SustainedRun
 }
 
 // EOSLatency is outboxd --exactly-once at one rate beside the at-least-once
@@ -333,7 +336,7 @@ func (r *Column) Failed() bool {
 	if l := r.EOSLatency; l != nil && (l.ALOErr != nil || l.EOSErr != nil) {
 		return true
 	}
-	return (r.BigTxn != nil && r.BigTxn.Err != nil) || (r.Large != nil && r.Large.Err != nil) || r.MemCurve.Failed()
+	return (r.BigTxn != nil && r.BigTxn.Err != nil) || (r.Large != nil && r.Large.Err != nil) || r.MemCurve.Failed() || sustainedFailed(r.Sustained)
 }
 
 // Failed reports whether any column failed to run.
@@ -509,6 +512,9 @@ func (e *Env) runCases(ctx context.Context, res *Column, floor bool) {
 			e.progress("memory case FAILED: %v", m.Err)
 		}
 		res.MemCurve = &m
+	}
+	if cfg.Cases["sustained"] {
+		res.Sustained = e.SustainedCases(ctx, res.Broker)
 	}
 }
 
