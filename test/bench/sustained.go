@@ -454,7 +454,7 @@ func (e *Env) Sustained(ctx context.Context, broker string, perTxn int) (res Sus
 	res.Samples = len(lsns)
 	res.LagMax, res.LagMaxAt = lagMax(lsns, windowStart, windowEnd)
 	res.Series = series(acks, perTxn, procs, lsns, windowStart, windowEnd)
-	res.RSSWindow = min(time.Minute, cfg.Duration/6)
+	res.RSSWindow = min(time.Minute, (cfg.Duration/6).Round(time.Second))
 	res.RSSSecond, res.RSSLast = rssWindows(procs, windowStart, windowEnd, res.RSSWindow)
 
 	switch {
@@ -716,10 +716,17 @@ func series(acks []int32, perTxn int, procs []procSample, lsns []lsnSample, from
 	if to <= from {
 		return nil
 	}
-	nb := int((to - from + step - 1) / step)
+	// Whole steps only: a last partial one (the writers' final
+	// milliseconds) would read as a dip. A window shorter than one step
+	// is one point.
+	nb := max(1, int((to-from)/step))
+	if int(to-from) < int(step) {
+		step = to - from
+	}
 	out := make([]SustainedPoint, nb)
+	end := from + int32(nb)*step
 	bucket := func(t int32) int {
-		if t < from || t >= to {
+		if t < from || t >= end {
 			return -1
 		}
 		return int((t - from) / step)
@@ -737,7 +744,7 @@ func series(acks []int32, perTxn int, procs []procSample, lsns []lsnSample, from
 	}
 	for b := range out {
 		s := from + int32(b)*step
-		e := min(s+step, to)
+		e := s + step
 		out[b].At = time.Duration(e-from) * time.Microsecond
 		out[b].Rate = float64(events[b]) / (float64(e-s) / 1e6)
 		// CPU between the last /proc sample at or before s and the last
