@@ -454,7 +454,7 @@ func (e *Env) Sustained(ctx context.Context, broker string, perTxn int) (res Sus
 	res.Samples = len(lsns)
 	res.LagMax, res.LagMaxAt = lagMax(lsns, windowStart, windowEnd)
 	res.Series = series(acks, perTxn, procs, lsns, windowStart, windowEnd)
-	res.RSSWindow = min(time.Minute, (cfg.Duration/6).Round(time.Second))
+	res.RSSWindow = min(time.Minute, (cfg.Duration / 6).Round(time.Second))
 	res.RSSSecond, res.RSSLast = rssWindows(procs, windowStart, windowEnd, res.RSSWindow)
 
 	switch {
