@@ -114,8 +114,9 @@ type SustainedRun struct {
 	ProbeCPU   CPUSplit      // the machine during the probe: what limits the rate
 	Duration   time.Duration // the window as scheduled
 	Writers    int
-	Sent       int // events committed in the window
-	Received   int // of them, received by the consumer
+	Sent       int  // events committed in the window
+	Cut        bool // the writers stopped at 1.25× the window before committing all it scheduled
+	Received   int  // of them, received by the consumer
 	Dups       int
 	Achieved   float64 // events/s committed over the window
 	Late       int     // transactions started more than 10 ms behind the schedule
@@ -359,7 +360,7 @@ func (e *Env) Sustained(ctx context.Context, broker string, perTxn int) (res Sus
 	e.progress("sustained %d ev/txn: probe at %s ev/s for %s (%d writers)", perTxn, commas(int64(cfg.Rate)), cfg.Probe, res.Writers)
 	snap, pcpu0 := e.snapshot(), cpuOf(ob.Pid())
 	probeTxns := max(1, int(float64(txnRate(cfg.Rate))*cfg.Probe.Seconds()))
-	p, err := wr.run(ctx, cfg.Rate, probeTxns, sustainedSeqBase, nil)
+	p, err := wr.run(ctx, cfg.Rate, probeTxns, sustainedSeqBase, cfg.Probe, nil)
 	if err != nil {
 		res.Err = fmt.Errorf("probe: %w", err)
 		return res
@@ -382,7 +383,9 @@ func (e *Env) Sustained(ctx context.Context, broker string, perTxn int) (res Sus
 	e.progress("sustained %d ev/txn: %s events at %s ev/s for %s", perTxn, commas(int64(n)), commas(int64(res.Rate)), cfg.Duration)
 	snap = e.snapshot()
 	cpu0 := cpuOf(ob.Pid())
-	wres, err := wr.run(ctx, res.Rate, txns, 0, acks)
+	// A machine that got slower since the probe cannot stretch the window
+	// beyond a quarter more than its length: the writers stop there.
+	wres, err := wr.run(ctx, res.Rate, txns, 0, cfg.Duration+cfg.Duration/4, acks)
 	if err != nil {
 		res.Err = fmt.Errorf("window: %w", err)
 		return res
@@ -390,18 +393,22 @@ func (e *Env) Sustained(ctx context.Context, broker string, perTxn int) (res Sus
 	res.CPU = e.split(snap, walsender)
 	res.OutboxdCPU = cpuOf(ob.Pid()) - cpu0
 	res.CPU.Outboxd = res.OutboxdCPU
-	res.Sent, res.Achieved, res.Late, res.MaxLag = n, wres.achieved, wres.late, wres.maxLag
+	res.Sent, res.Achieved, res.Late, res.MaxLag = wres.txns*perTxn, wres.achieved, wres.late, wres.maxLag
+	if res.Sent < n {
+		res.Cut = true
+		e.progress("sustained %d ev/txn: the writers committed %s of %s events within 1.25× the window: stopped there", perTxn, commas(int64(res.Sent)), commas(int64(n)))
+	}
 	windowStart, windowEnd := wres.start, wres.end
 
 	// The tail: one more second at the same rate, not measured, so that
 	// the slot has commits beyond the last sample's insert position to
 	// confirm (WAL written without a commit, say by autovacuum, is
 	// confirmed only with the next commit).
-	if _, err := wr.run(ctx, res.Rate, max(10, txnRate(res.Rate)), sustainedSeqBase+probeTxns*perTxn, nil); err != nil {
+	if _, err := wr.run(ctx, res.Rate, max(10, txnRate(res.Rate)), sustainedSeqBase+probeTxns*perTxn, 0, nil); err != nil {
 		res.Err = fmt.Errorf("tail: %w", err)
 		return res
 	}
-	werr := waitCount(ctx, &got, int64(n), 2*time.Minute)
+	werr := waitCount(ctx, &got, int64(res.Sent), 2*time.Minute)
 	// Every measured transaction is confirmed once the slot reached the
 	// insert position sampled after the last ack.
 	lastAck := slices.Max(acks)
@@ -459,13 +466,13 @@ func (e *Env) Sustained(ctx context.Context, broker string, perTxn int) (res Sus
 
 	switch {
 	case werr != nil:
-		res.Err = fmt.Errorf("consumer received %d of the window's %d events: %w", res.Received, n, werr)
+		res.Err = fmt.Errorf("consumer received %d of the window's %d events: %w", res.Received, res.Sent, werr)
 	case cerr != nil:
 		res.Err = cerr
-	case res.Dups != 0 || res.Received != n:
-		res.Err = fmt.Errorf("consumer received %d events (%d duplicates), want exactly %d", res.Received, res.Dups, n)
+	case res.Dups != 0 || res.Received != res.Sent:
+		res.Err = fmt.Errorf("consumer received %d events (%d duplicates), want exactly %d", res.Received, res.Dups, res.Sent)
 	case res.Confirmed.Unconfirmed != 0:
-		res.Err = fmt.Errorf("%d of %d events have no confirmation in the samples", res.Confirmed.Unconfirmed, n)
+		res.Err = fmt.Errorf("%d of %d events have no confirmation in the samples", res.Confirmed.Unconfirmed, res.Sent)
 	}
 	e.progress("sustained %d ev/txn: achieved %s ev/s; commit → ack p50/p99/p99.9/max %s; → confirmed %s; slot lag max %.2f MiB; RSS %.1f → %.1f MiB; outboxd %.1f µs/ev",
 		perTxn, commas(int64(res.Achieved)), res.Ack, res.Confirmed, mib(res.LagMax), mib(res.RSSSecond), mib(res.RSSLast), res.CPUPerEvent())
@@ -553,17 +560,25 @@ type sustainedWriter struct {
 
 type writeResult struct {
 	start, end int32 // µs since base: the first scheduled commit, the last ack
+	txns       int   // transactions committed
 	achieved   float64
 	late       int
 	maxLag     time.Duration
 }
 
-// run commits txns transactions at rate events/s: transaction j (events
-// seq+j·perTxn …) is due at t0 + j·perTxn/rate, writer k takes every
-// len(conns)-th one. acks, when not nil, receives each transaction's
-// COMMIT acknowledgement (µs since base).
-func (wr *sustainedWriter) run(ctx context.Context, rate, txns, seq int, acks []int32) (writeResult, error) {
+// run commits up to txns transactions at rate events/s: transaction j
+// (events seq+j·perTxn …) is due at t0 + j·perTxn/rate, writer k takes
+// every len(conns)-th one. Writers that fell behind stop at t0 + within
+// (0: never), so that a schedule they cannot hold ends on time; acks,
+// when not nil, receives each committed transaction's COMMIT
+// acknowledgement (µs since base; 0: not written).
+func (wr *sustainedWriter) run(ctx context.Context, rate, txns, seq int, within time.Duration, acks []int32) (writeResult, error) {
 	t0 := time.Now().Add(20 * time.Millisecond)
+	var stopAt time.Time
+	if within > 0 {
+		stopAt = t0.Add(within)
+	}
+	written := make([]int, len(wr.conns))
 	period := float64(time.Second) * float64(wr.perTxn) / float64(rate)
 	nw := len(wr.conns)
 	lags := make([]time.Duration, nw)
@@ -578,6 +593,9 @@ func (wr *sustainedWriter) run(ctx context.Context, rate, txns, seq int, acks []
 			args := make([]any, 0, 5*wr.perTxn)
 			for j := k; j < txns; j += nw {
 				target := t0.Add(time.Duration(float64(j) * period))
+				if !stopAt.IsZero() && time.Now().After(stopAt) {
+					return
+				}
 				if d := time.Until(target); d > 0 {
 					time.Sleep(d)
 				} else {
@@ -597,6 +615,7 @@ func (wr *sustainedWriter) run(ctx context.Context, rate, txns, seq int, acks []
 					return
 				}
 				last[k] = time.Now()
+				written[k]++
 				if acks != nil {
 					acks[j] = max(us(last[k].Sub(wr.base)), 1)
 				}
@@ -609,8 +628,11 @@ func (wr *sustainedWriter) run(ctx context.Context, rate, txns, seq int, acks []
 	}
 	end := slices.MaxFunc(last, func(a, b time.Time) int { return a.Compare(b) })
 	r := writeResult{start: us(t0.Sub(wr.base)), end: us(end.Sub(wr.base)), maxLag: slices.Max(lags)}
+	for _, n := range written {
+		r.txns += n
+	}
 	if d := end.Sub(t0); d > 0 {
-		r.achieved = float64(txns*wr.perTxn) / d.Seconds()
+		r.achieved = float64(r.txns*wr.perTxn) / d.Seconds()
 	}
 	for _, n := range late {
 		r.late += n
@@ -678,8 +700,11 @@ func confirmedQuantiles(acks []int32, perTxn int, lsns []lsnSample) Quantiles {
 	lat := make([]int32, 0, len(acks)*perTxn)
 	q := Quantiles{Resolution: sustainedSampleEvery}
 	for _, a := range acks {
+		if a == 0 { // not written (the writers stopped)
+			continue
+		}
 		k, _ := slices.BinarySearchFunc(lsns, a, func(s lsnSample, a int32) int { return int(s.send) - int(a) })
-		if a == 0 || k >= len(lsns) || conf[k] < 0 {
+		if k >= len(lsns) || conf[k] < 0 {
 			q.Unconfirmed += perTxn
 			continue
 		}

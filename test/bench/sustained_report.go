@@ -93,7 +93,8 @@ func sustainedRows(col *Column) []row {
 			res = "ERROR"
 		}
 		add("5", label, fmt.Sprintf("%s ev/s (%s events, %d writers, %s)", commas(int64(s.Achieved+0.5)), commas(int64(s.Sent)), s.Writers,
-			map[bool]string{true: "FELL BEHIND the schedule", false: "on schedule"}[s.Behind()]), sched, rs+" target", "—", res)
+			map[bool]string{true: "FELL BEHIND the schedule", false: "on schedule"}[s.Behind()]+map[bool]string{true: ", stopped at 1.25× the window", false: ""}[s.Cut]),
+			sched, rs+" target", "—", res)
 		if s.Err != nil {
 			add("", "  ″ error", short(s.Err))
 		}

@@ -45,7 +45,7 @@ func TestSustainedConfirmed(t *testing.T) {
 	// Ack 5 → sample 1 (insert 200) → confirmed ≥ 200 first at sample 3 (recv 31): 26.
 	// Ack 10 → sample 1 as well: 21. Ack 25 → sample 3 (insert 300, confirmed 300): 6.
 	// Ack 40: no sample after it.
-	q := confirmedQuantiles([]int32{5, 10, 25, 40}, 1, lsns)
+	q := confirmedQuantiles([]int32{5, 10, 0, 25, 40}, 1, lsns) // 0: not written
 	if q.N != 3 || q.Unconfirmed != 1 || q.P50 != 21*time.Microsecond || q.Max != 26*time.Microsecond {
 		t.Fatalf("%+v", q)
 	}
