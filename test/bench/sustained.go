@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"math"
+	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -106,22 +110,25 @@ type SustainedPoint struct {
 
 // SustainedRun is one transaction size's run.
 type SustainedRun struct {
-	Broker     string
-	PerTxn     int
-	Target     int           // events/s asked for
-	Rate       int           // events/s scheduled in the window: Target, or 95% of what the probe achieved
-	Probe      float64       // events/s the writers achieved in the probe at Target
-	ProbeCPU   CPUSplit      // the machine during the probe: what limits the rate
-	Duration   time.Duration // the window as scheduled
-	Writers    int
-	Sent       int  // events committed in the window
-	Cut        bool // the writers stopped at 1.25× the window before committing all it scheduled
-	Received   int  // of them, received by the consumer
-	Dups       int
-	Achieved   float64 // events/s committed over the window
-	Late       int     // transactions started more than 10 ms behind the schedule
-	MaxLag     time.Duration
-	Ack        Quantiles // commit → consumer receipt
+	Broker   string
+	PerTxn   int
+	Target   int           // events/s asked for
+	Rate     int           // events/s scheduled in the window: Target, or 95% of what the probe achieved
+	Probe    float64       // events/s the writers achieved in the probe at Target
+	ProbeCPU CPUSplit      // the machine during the probe: what limits the rate
+	Duration time.Duration // the window as scheduled
+	Writers  int
+	Sent     int  // events committed in the window
+	Cut      bool // the writers stopped at 1.25× the window before committing all it scheduled
+	Received int  // of them, received by the consumer
+	Dups     int
+	Achieved float64 // events/s committed over the window
+	Late     int     // transactions started more than 10 ms behind the schedule
+	MaxLag   time.Duration
+	Ack      Quantiles // commit → consumer receipt
+	// OutboxdAck is outboxd's own outboxd_publish_latency_seconds over
+	// the window: commit timestamp → the broker's ack, in buckets.
+	OutboxdAck publishHistogram
 	Confirmed  Quantiles // commit → confirmed_flush_lsn
 	LagMax     int64     // bytes
 	LagMaxAt   time.Duration
@@ -381,6 +388,11 @@ func (e *Env) Sustained(ctx context.Context, broker string, perTxn int) (res Sus
 
 	// The window.
 	e.progress("sustained %d ev/txn: %s events at %s ev/s for %s", perTxn, commas(int64(n)), commas(int64(res.Rate)), cfg.Duration)
+	hist0, herr := scrapePublishHistogram(ctx, ob.httpAddr)
+	if herr != nil {
+		res.Err = herr
+		return res
+	}
 	snap = e.snapshot()
 	cpu0 := cpuOf(ob.Pid())
 	// A machine that got slower since the probe cannot stretch the window
@@ -444,6 +456,12 @@ func (e *Env) Sustained(ctx context.Context, broker string, perTxn int) (res Sus
 		}
 	}()
 	res.PeakRSS = peakRSS(ob.Pid())
+	// The tail's events are in it too: a second beside the window's minutes.
+	if hist1, err := scrapePublishHistogram(ctx, ob.httpAddr); err == nil {
+		res.OutboxdAck = hist1.since(hist0)
+	} else if cerr == nil {
+		cerr = err
+	}
 	stopSampling()
 	swg.Wait()
 	stopReceiving()
@@ -834,3 +852,109 @@ func sparkline(vs []float64) string {
 }
 
 func lsnString(v int64) string { return fmt.Sprintf("%X/%X", uint64(v)>>32, uint32(v)) }
+
+// publishHistogram is outboxd's own commit → ack histogram,
+// outboxd_publish_latency_seconds (the commit timestamp PostgreSQL sent to
+// the broker's ack callback): cumulative counts by upper bound, +Inf last.
+type publishHistogram struct {
+	le    []float64 // seconds, ascending
+	count []float64 // cumulative
+}
+
+// scrapePublishHistogram reads the histogram from outboxd's /metrics.
+func scrapePublishHistogram(ctx context.Context, addr string) (publishHistogram, error) {
+	var h publishHistogram
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(rctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	if err != nil {
+		return h, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return h, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return h, err
+	}
+	const prefix = `outboxd_publish_latency_seconds_bucket{le="`
+	for _, line := range strings.Split(string(b), "\n") {
+		rest, ok := strings.CutPrefix(line, prefix)
+		if !ok {
+			continue
+		}
+		le, v, ok := strings.Cut(rest, `"} `)
+		if !ok {
+			continue
+		}
+		bound, err1 := strconv.ParseFloat(le, 64) // "+Inf" parses as +Inf
+		n, err2 := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if err1 != nil || err2 != nil {
+			return h, fmt.Errorf("/metrics: bad bucket line %q", line)
+		}
+		h.le, h.count = append(h.le, bound), append(h.count, n)
+	}
+	if len(h.le) == 0 {
+		return h, errors.New("/metrics has no outboxd_publish_latency_seconds buckets")
+	}
+	return h, nil
+}
+
+// since is h minus an earlier scrape of the same histogram.
+func (h publishHistogram) since(before publishHistogram) publishHistogram {
+	d := publishHistogram{le: h.le, count: slices.Clone(h.count)}
+	if len(before.count) == len(h.count) {
+		for i := range d.count {
+			d.count[i] -= before.count[i]
+		}
+	}
+	return d
+}
+
+// quantile interpolates linearly within the bucket that holds q, as
+// PromQL's histogram_quantile does (the highest finite bound when q falls
+// in +Inf).
+func (h publishHistogram) quantile(q float64) time.Duration {
+	if len(h.count) == 0 || h.count[len(h.count)-1] <= 0 {
+		return 0
+	}
+	rank := q * h.count[len(h.count)-1]
+	lo, below := 0.0, 0.0
+	for i, c := range h.count {
+		if c >= rank {
+			if math.IsInf(h.le[i], 1) {
+				return time.Duration(lo * float64(time.Second))
+			}
+			f := 0.0
+			if c > below {
+				f = (rank - below) / (c - below)
+			}
+			return time.Duration((lo + f*(h.le[i]-lo)) * float64(time.Second))
+		}
+		lo, below = h.le[i], c
+	}
+	return time.Duration(lo * float64(time.Second))
+}
+
+// within is the fraction of observations at or below bound (a bucket's).
+func (h publishHistogram) within(bound float64) float64 {
+	if len(h.count) == 0 || h.count[len(h.count)-1] <= 0 {
+		return 0
+	}
+	for i, le := range h.le {
+		if le >= bound {
+			return h.count[i] / h.count[len(h.count)-1]
+		}
+	}
+	return 1
+}
+
+// total is the number of observations.
+func (h publishHistogram) total() int64 {
+	if len(h.count) == 0 {
+		return 0
+	}
+	return int64(h.count[len(h.count)-1])
+}

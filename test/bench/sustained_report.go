@@ -101,6 +101,11 @@ func sustainedRows(col *Column) []row {
 		add("", "  ″ limit", s.limit())
 		tgt, v := target(tg, "p99 ≤ "+ms(targetSustainedP99), s.Err == nil && s.Ack.N > 0 && s.Ack.P99 <= targetSustainedP99)
 		add("", "  ″ commit → ack (consumer receipt): p50 / p99 / p99.9 / max", s.Ack.String(), fmt.Sprintf("%s events", commas(int64(s.Ack.N))), "", tgt, v)
+		if h := s.OutboxdAck; h.total() > 0 {
+			add("", "  ″ commit → ack, outboxd's outboxd_publish_latency_seconds (bucket-interpolated): p50 / p99 / p99.9",
+				fmt.Sprintf("%s / %s / %s", ms(h.quantile(0.5)), ms(h.quantile(0.99)), ms(h.quantile(0.999))),
+				fmt.Sprintf("%s acks: %.2f%% ≤ 10 ms, %.2f%% ≤ 25 ms", commas(h.total()), 100*h.within(0.01), 100*h.within(0.025)))
+		}
 		add("", "  ″ commit → confirmed_flush_lsn (5 ms samples, upper bound): p50 / p99 / p99.9 / max", s.Confirmed.String(),
 			fmt.Sprintf("%s samples", commas(int64(s.Samples))), "", "—", "—")
 		tgt, v = target(tg, fmt.Sprintf("≤ %d MiB", targetSustainedLag>>20), s.Err == nil && s.Samples > 0 && s.LagMax <= targetSustainedLag)
@@ -157,6 +162,13 @@ func (r *Results) sustainedResults(f *results.File) {
 				fig(q.name+"-p99", ms(q.q.P99))
 				fig(q.name+"-p99.9", ms(q.q.P999))
 				fig(q.name+"-max", ms(q.q.Max))
+			}
+			if h := s.OutboxdAck; h.total() > 0 {
+				fig("outboxd-ack-p50", ms(h.quantile(0.5)))
+				fig("outboxd-ack-p99", ms(h.quantile(0.99)))
+				fig("outboxd-ack-p99.9", ms(h.quantile(0.999)))
+				fig("outboxd-ack-within-10ms", fmt.Sprintf("%.2f%%", 100*h.within(0.01)))
+				fig("outboxd-ack-within-25ms", fmt.Sprintf("%.2f%%", 100*h.within(0.025)))
 			}
 			fig("lag-max", fmt.Sprintf("%.2f MiB", mib(s.LagMax)))
 			fig("rss-second", fmt.Sprintf("%.1f MiB", mib(s.RSSSecond)))

@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"context"
+	"math"
 	"regexp"
 	"strings"
 	"testing"
@@ -92,6 +93,27 @@ func TestSustainedSeries(t *testing.T) {
 	}
 	if got := sparkline([]float64{3, 3}); got != "▁▁" {
 		t.Errorf("flat sparkline = %q", got)
+	}
+}
+
+// outboxd's histogram: the window's share is the difference of two
+// scrapes; quantiles interpolate within a bucket as histogram_quantile does.
+func TestPublishHistogram(t *testing.T) {
+	inf := math.Inf(1)
+	before := publishHistogram{le: []float64{0.01, 0.025, inf}, count: []float64{10, 10, 10}}
+	after := publishHistogram{le: []float64{0.01, 0.025, inf}, count: []float64{60, 110, 120}}
+	h := after.since(before) // 50 ≤ 10 ms, 50 in (10, 25] ms, 10 above
+	if h.total() != 110 {
+		t.Fatalf("total %d", h.total())
+	}
+	if got := h.quantile(0.5); got != 11500*time.Microsecond { // rank 55: 5 of 50 into (10, 25]: 10 + 15/10
+		t.Errorf("p50 = %s, want 11.5ms", got)
+	}
+	if got := h.quantile(0.99); got != 25*time.Millisecond { // in +Inf: the highest finite bound
+		t.Errorf("p99 = %s, want 25ms", got)
+	}
+	if got := h.within(0.01); math.Abs(got-50.0/110) > 1e-9 {
+		t.Errorf("within 10 ms = %f", got)
 	}
 }
 
