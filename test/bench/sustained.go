@@ -132,7 +132,8 @@ type SustainedRun struct {
 	Confirmed  Quantiles // commit → confirmed_flush_lsn
 	LagMax     int64     // bytes
 	LagMaxAt   time.Duration
-	Samples    int // LSN samples taken
+	Samples    int           // LSN samples taken in the window
+	Window     time.Duration // from the first scheduled commit to the last ack
 	Series     []SustainedPoint
 	RSSSecond  int64 // median VmRSS over the second window (the second minute of a 10-minute run)
 	RSSLast    int64 // median VmRSS over the last one
@@ -476,7 +477,12 @@ func (e *Env) Sustained(ctx context.Context, broker string, perTxn int) (res Sus
 
 	res.Ack = ackQuantiles(recv[:n], acks, perTxn)
 	res.Confirmed = confirmedQuantiles(acks, perTxn, lsns)
-	res.Samples = len(lsns)
+	res.Window = time.Duration(windowEnd-windowStart) * time.Microsecond
+	for _, l := range lsns {
+		if l.send >= windowStart && l.send <= windowEnd {
+			res.Samples++
+		}
+	}
 	res.LagMax, res.LagMaxAt = lagMax(lsns, windowStart, windowEnd)
 	res.Series = series(acks, perTxn, procs, lsns, windowStart, windowEnd)
 	res.RSSWindow = min(time.Minute, (cfg.Duration / 6).Round(time.Second))

@@ -107,7 +107,7 @@ func sustainedRows(col *Column) []row {
 				fmt.Sprintf("%s acks: %.2f%% ≤ 10 ms, %.2f%% ≤ 25 ms", commas(h.total()), 100*h.within(0.01), 100*h.within(0.025)))
 		}
 		add("", "  ″ commit → confirmed_flush_lsn (5 ms samples, upper bound): p50 / p99 / p99.9 / max", s.Confirmed.String(),
-			fmt.Sprintf("%s samples", commas(int64(s.Samples))), "", "—", "—")
+			fmt.Sprintf("%s samples, one per %s on average", commas(int64(s.Samples)), ms(s.Window/time.Duration(max(1, s.Samples)))), "", "—", "—")
 		tgt, v = target(tg, fmt.Sprintf("≤ %d MiB", targetSustainedLag>>20), s.Err == nil && s.Samples > 0 && s.LagMax <= targetSustainedLag)
 		add("", "  ″ slot lag max (pg_current_wal_lsn − confirmed_flush_lsn, every 5 ms)", fmt.Sprintf("%.2f MiB (at %s)", mib(s.LagMax), s.LagMaxAt.Round(time.Second)),
 			"per 10 s: "+spark(s.Series, func(p SustainedPoint) float64 { return mib(p.LagMax) }, "%.2f"), "", tgt, v)
