@@ -336,7 +336,16 @@ func (e *Env) Sustained(ctx context.Context, broker string, perTxn int) (res Sus
 			p := procSample{at: since(), rss: statusKB(ob.Pid(), "VmRSS"), cpu: cpuOf(ob.Pid()), received: got.Load()}
 			samplesMu.Lock()
 			procs = append(procs, p)
+			var lag int64
+			if len(lsns) > 0 {
+				lag = lsns[len(lsns)-1].write - lsns[len(lsns)-1].confirmed
+			}
+			n := len(procs)
 			samplesMu.Unlock()
+			if n%60 == 0 { // a sign of life once a minute in a long run
+				e.progress("sustained %d ev/txn: %s in, %s window events received, slot lag %.2f MiB, outboxd RSS %.1f MiB, load %s",
+					perTxn, (time.Duration(p.at) * time.Microsecond).Round(time.Second), commas(p.received), mib(lag), mib(p.rss), loadAvg())
+			}
 			select {
 			case <-sctx.Done():
 				return
