@@ -293,6 +293,9 @@ type Column struct {
 	MemCurve    *MemCurve    // the memory case (memcurve.go)
 	Tracing     *TracingCase // the tracing case (tracing.go)
 	Restarts    int          // servers that died (were stopped from outside) and were restarted
+
+	// Sustained is the sustained case (sustained.go).
+	Sustained []SustainedRun
 }
 
 // EOSLatency is outboxd --exactly-once at one rate beside the at-least-once
@@ -334,7 +337,7 @@ func (r *Column) Failed() bool {
 	if l := r.EOSLatency; l != nil && (l.ALOErr != nil || l.EOSErr != nil) {
 		return true
 	}
-	return (r.BigTxn != nil && r.BigTxn.Err != nil) || (r.Large != nil && r.Large.Err != nil) || r.MemCurve.Failed() || r.Tracing.Failed()
+	return (r.BigTxn != nil && r.BigTxn.Err != nil) || (r.Large != nil && r.Large.Err != nil) || r.MemCurve.Failed() || r.Tracing.Failed() || sustainedFailed(r.Sustained)
 }
 
 // Failed reports whether any column failed to run.
@@ -513,6 +516,9 @@ func (e *Env) runCases(ctx context.Context, res *Column, floor bool) {
 	}
 	if cfg.Cases["tracing"] && floor {
 		res.Tracing = e.TracingCase(ctx, cfg.Reps, cfg.LatencyDuration) // tracing.go: the first column only
+	}
+	if cfg.Cases["sustained"] {
+		res.Sustained = e.SustainedCases(ctx, res.Broker)
 	}
 }
 

@@ -47,6 +47,7 @@ type Config struct {
 	OutboxdEnv      []string        // added to outboxd's environment (KEY=VALUE), e.g. GOMAXPROCS=1
 	Cases           map[string]bool // drain, latency, resources, eos, debezium
 	Debezium        DebeziumConfig  // the debezium case (debezium.go)
+	Sustained       SustainedConfig // the sustained case (sustained.go)
 	Brokers         []string        // broker kinds, one column each, in order (harness kinds: kfake, apache, apache-cluster, external)
 	SkipPolling     bool            // drain cases without the polling publisher
 	PerfDir         string          // if set, `perf record` outboxd and its walsender during drains
@@ -71,6 +72,7 @@ func DefaultConfig(quick bool) Config {
 		MemBounds:       []int64{0, 4 << 20, 8 << 20, 16 << 20},
 		Cases:           map[string]bool{"drain": true, "latency": true, "resources": true, "eos": true, "debezium": true, "binary": true, "memory": true},
 		Debezium:        defaultDebezium(quick),
+		Sustained:       defaultSustained(quick),
 		Brokers:         DefaultBrokers(),
 	}
 	if quick {

@@ -356,6 +356,7 @@ func (r *Results) columnRows(col *Column) []row {
 		}
 	}
 	rows = append(rows, memCurveRows(col.MemCurve, col.Broker)...) // memcurve.go
+	rows = append(rows, sustainedRows(col)...)
 	for _, c := range col.Drains {
 		if c.Relay().Elapsed == 0 {
 			continue

@@ -33,6 +33,7 @@ func (r *Results) ResultsFile(args string) *results.File {
 		}
 		f.Tables[name] = t
 	}
+	r.sustainedResults(f) // sustained.go
 	return f
 }
 

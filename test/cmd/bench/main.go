@@ -16,6 +16,7 @@
 //	go run ./test/cmd/bench -cases latency -outboxd-env 'GOMAXPROCS=1'
 //	go run ./test/cmd/bench -cases drain -perf-dir /tmp/perf   # perf record outboxd + walsender
 //	go run ./test/cmd/bench -brokers nats,rabbitmq -cases drain,latency   # outboxd --broker nats:// and amqp:// (not in the default list)
+//	go run ./test/cmd/bench -cases sustained -brokers apache-cluster -results results   # 10 min at 20k ev/s per txn size (~25 min)
 //
 // Progress goes to stderr, the table to stdout.
 package main
@@ -40,7 +41,7 @@ func main() {
 		quick       = flag.Bool("quick", false, "smoke-test sizes: 10k events per case, 5 s latency runs")
 		outboxdArgs = flag.String("outboxd-args", "", "extra arguments for outboxd run, space-separated (e.g. '--kafka-linger 5ms')")
 		outboxdEnv  = flag.String("outboxd-env", "", "extra environment for outboxd, space-separated KEY=VALUE (e.g. 'GOMAXPROCS=1 GOGC=200')")
-		cases       = flag.String("cases", "drain,latency,resources,eos,debezium,binary,memory", "comma-separated cases to run: drain, latency, resources, eos (exactly-once beside at-least-once), debezium (beside Debezium + Kafka Connect on Apache Kafka), binary (the drains also with --pgoutput-binary off, interleaved), memory (one 200k-row transaction at the default in-flight bounds and smaller --max-inflight-bytes); not by default: tracing (outboxd's CPU per event and p99 at 5k ev/s with every event an OTLP span vs tracing off, first broker only)")
+		cases       = flag.String("cases", "drain,latency,resources,eos,debezium,binary,memory", "comma-separated cases to run: drain, latency, resources, eos (exactly-once beside at-least-once), debezium (beside Debezium + Kafka Connect on Apache Kafka), binary (the drains also with --pgoutput-binary off, interleaved), memory (one 200k-row transaction at the default in-flight bounds and smaller --max-inflight-bytes); not by default: tracing (outboxd's CPU per event and p99 at 5k ev/s with every event an OTLP span vs tracing off, first broker only), sustained (10 min per transaction size at 20k ev/s, 1 and 10 ev/txn; -sustained-* flags)")
 		perfDir     = flag.String("perf-dir", "", "record perf record -g profiles of outboxd and its walsender during each drain into this directory")
 		noPolling   = flag.Bool("no-polling", false, "skip the polling publisher in the drain cases")
 		timeout     = flag.Duration("timeout", 45*time.Minute, "give up after this long")
@@ -61,6 +62,7 @@ apache-cluster ~7 min); -quick took ~4 min. Exits 1 when a measurement misses it
 	}
 	flag.Parse()
 	cfg := bench.DefaultConfig(*quick)
+	applySustained(&cfg)
 	cfg.OutboxdArgs = strings.Fields(*outboxdArgs)
 	cfg.OutboxdEnv = strings.Fields(*outboxdEnv)
 	for _, kv := range cfg.OutboxdEnv {
@@ -72,11 +74,11 @@ apache-cluster ~7 min); -quick took ~4 min. Exits 1 when a measurement misses it
 	cfg.Cases = map[string]bool{}
 	for _, c := range strings.Split(*cases, ",") {
 		switch c = strings.TrimSpace(c); c {
-		case "drain", "latency", "resources", "eos", "debezium", "binary", "memory", "tracing":
+		case "drain", "latency", "resources", "eos", "debezium", "binary", "memory", "tracing", "sustained":
 			cfg.Cases[c] = true
 		case "":
 		default:
-			fmt.Fprintf(os.Stderr, "bench: unknown case %q (drain, latency, resources, eos, debezium, binary, memory, tracing)\n", c)
+			fmt.Fprintf(os.Stderr, "bench: unknown case %q (drain, latency, resources, eos, debezium, binary, memory, tracing, sustained)\n", c)
 			os.Exit(2)
 		}
 	}
