@@ -87,7 +87,7 @@ test-apache: ## only the Apache Kafka runs of make test: e2e on one node (the br
 	OUTBOXD_TEST_KAFKA_KIND=apache $(GO) test -count=1 -timeout 20m $(if $(APACHE_SKIP),-skip '$(APACHE_SKIP)') ./test/e2e/
 	$(GO) test -count=1 -timeout 20m -run TestFaultsShort ./test/fault/ -kafka apache-cluster
 
-bench: ## throughput/latency/resources beside baselines and Debezium, on kfake, one Apache node and a 3-node cluster; writes results/bench-*.json (~30 min on a busy 2-core machine; BENCH_ARGS='-brokers apache' for one column, BENCH_ARGS='-cases debezium -brokers apache' beside Debezium only)
+bench: ## throughput/latency/resources beside baselines and Debezium, on kfake, one Apache node and a 3-node cluster; writes results/bench-*.json (~30 min on a busy 2-core machine; BENCH_ARGS='-brokers apache' for one column, BENCH_ARGS='-cases debezium -brokers apache' beside Debezium only; not by default: BENCH_ARGS='-cases tracing -brokers kfake', BENCH_ARGS='-cases sustained -brokers apache-cluster')
 	$(GO) run ./test/cmd/bench -results $(CURDIR)/results $(BENCH_ARGS)
 
 parity: ## Debezium 3.6 (Kafka Connect) beside outboxd: the full corpus in three converter setups, README's difference table checked, the cutover, and the Debezium facts README quotes (results/debezium-facts-*.json) (Java; jars from .ci/debezium.sh or fetched on demand)
