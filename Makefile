@@ -69,13 +69,14 @@ test-docker: ## container tests only: the image, compose, and test/e2e and test/
 	$(GO) test -count=1 -timeout 20m ./test/docker/ ./test/harness/
 	OUTBOXD_TEST_BACKEND=docker $(GO) test -count=1 -timeout 10m -skip '$(DOCKER_SKIP)' ./test/e2e/ ./test/harness/
 
-test-pg-versions: ## the e2e core on PostgreSQL 16, 17 and 18 (binaries from .ci/postgres.sh)
-	@for v in $(PG_VERSIONS); do \
-	  bin=$(PG_CACHE)/pg-$$v/bin; \
-	  test -x $$bin/postgres || { echo "PostgreSQL $$v binaries missing in $$bin: run bash .ci/postgres.sh"; exit 1; }; \
-	  echo "e2e core on PostgreSQL $$v"; \
-	  OUTBOXD_TEST_PG_BIN=$$bin $(GO) test -count=1 -timeout 10m -run '$(E2E_CORE)' -skip '$(FLAKY)' ./test/e2e/ || exit 1; \
-	done
+test-pg-versions: ## the e2e core on PostgreSQL 16, 17 and 18 at once (binaries from .ci/postgres.sh; each version's output together)
+	@$(MAKE) --no-print-directory -j$(words $(PG_VERSIONS)) --output-sync=target $(addprefix test-pg-,$(PG_VERSIONS))
+
+test-pg-%:
+	@bin=$(PG_CACHE)/pg-$*/bin; \
+	test -x $$bin/postgres || { echo "PostgreSQL $* binaries missing in $$bin: run bash .ci/postgres.sh"; exit 1; }; \
+	echo "e2e core on PostgreSQL $*"; \
+	OUTBOXD_TEST_PG_BIN=$$bin $(GO) test -count=1 -timeout 10m -run '$(E2E_CORE)' -skip '$(FLAKY)' ./test/e2e/
 
 # On the Apache node, make test skips the e2e tests whose subject is PostgreSQL
 # or the CLI, not the broker (startup checks, gaps and failover, setup, TLS to

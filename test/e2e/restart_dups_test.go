@@ -34,6 +34,7 @@ func TestPGRestartNoMassResend(t *testing.T) {
 	}
 	const maxInflight = 200
 	f := newFixture(t)
+	f.asSetupRole() // as users run it: the role outboxd setup --role creates
 	r := f.startRelay("--max-inflight-events", strconv.Itoa(maxInflight))
 
 	w := startRestartWriter(t, f)
