@@ -65,22 +65,7 @@ func (r TracingRun) SpanErr(traced bool) error {
 func (e *Env) TracingCase(ctx context.Context, reps int, dur time.Duration) *TracingCase {
 	c := &TracingCase{Rate: TracingRate, Duration: dur}
 	var spans atomic.Int64
-	rcv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		var msg coltracepb.ExportTraceServiceRequest
-		if err := proto.Unmarshal(body, &msg); err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		for _, rs := range msg.ResourceSpans {
-			for _, ss := range rs.ScopeSpans {
-				spans.Add(int64(len(ss.Spans)))
-			}
-		}
-		out, _ := proto.Marshal(&coltracepb.ExportTraceServiceResponse{})
-		w.Header().Set("Content-Type", "application/x-protobuf")
-		w.Write(out)
-	}))
+	rcv := SpanReceiver(&spans)
 	defer rcv.Close()
 	conf := filepath.Join(e.logDir, "tracing.yaml")
 	if c.Err = os.WriteFile(conf, []byte("router:\n  tracing.with.context.field.only: false\n"), 0o600); c.Err != nil {
@@ -283,4 +268,25 @@ func tracingRows(c *TracingCase) []row {
 	}
 	rows = append(rows, row{"", "  ″ each rep's µs/ev (every span of every traced run arrived unless it says otherwise)", strings.Join(each, "; ")})
 	return rows
+}
+
+// SpanReceiver is an OTLP/HTTP trace receiver that decodes every export
+// request (the real protobuf payloads) and adds its spans to spans.
+func SpanReceiver(spans *atomic.Int64) *httptest.Server {
+	return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var msg coltracepb.ExportTraceServiceRequest
+		if err := proto.Unmarshal(body, &msg); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		for _, rs := range msg.ResourceSpans {
+			for _, ss := range rs.ScopeSpans {
+				spans.Add(int64(len(ss.Spans)))
+			}
+		}
+		out, _ := proto.Marshal(&coltracepb.ExportTraceServiceResponse{})
+		w.Header().Set("Content-Type", "application/x-protobuf")
+		w.Write(out)
+	}))
 }

@@ -3,9 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -13,9 +10,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/outboxd/outboxd/test/harness"
 )
@@ -85,22 +79,7 @@ func TestTracingOverhead(t *testing.T) {
 
 	// The receiver of the drains: every span decoded and counted.
 	var spans atomic.Int64
-	rcv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		var msg coltracepb.ExportTraceServiceRequest
-		if err := proto.Unmarshal(body, &msg); err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		for _, rs := range msg.ResourceSpans {
-			for _, ss := range rs.ScopeSpans {
-				spans.Add(int64(len(ss.Spans)))
-			}
-		}
-		out, _ := proto.Marshal(&coltracepb.ExportTraceServiceResponse{})
-		w.Header().Set("Content-Type", "application/x-protobuf")
-		w.Write(out)
-	}))
+	rcv := SpanReceiver(&spans)
 	defer rcv.Close()
 	conf := filepath.Join(t.TempDir(), "tracing.yaml")
 	if err := os.WriteFile(conf, []byte("router:\n  tracing.with.context.field.only: false\n"), 0o600); err != nil {
