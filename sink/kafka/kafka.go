@@ -7,11 +7,14 @@ package kafka
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl"
 
@@ -23,7 +26,7 @@ import (
 type Config struct {
 	Brokers         []string
 	ClientID        string
-	MaxMessageBytes int32         // largest record batch; a larger record fails (0: franz-go's 1,000,012)
+	MaxMessageBytes int32         // largest record batch, smaller for a topic with a smaller max.message.bytes; a larger record fails (0: franz-go's 1,000,012)
 	Compression     string        // none, gzip, snappy, lz4, zstd
 	Linger          time.Duration // how long partitions wait to fill a batch
 	MaxBuffered     int           // records the client may buffer; the caller's in-flight bound must be lower
@@ -63,9 +66,9 @@ type Sink struct {
 	conn   []kgo.Opt                  // brokers, TLS and SASL: for the checkpoint reader
 	log    *slog.Logger               // may be nil
 
-	maxBatch   int  // the producer's batch limit, for Check
-	compressed bool // batches are compressed: the topic's limit counts bytes Check cannot know
+	maxBatch   int // the producer's batch limit (--max-message-bytes), for Check
 	limits     topicLimits
+	caps       sync.Map // topic → the batch limit the client holds for it (batchMax)
 	partitions partitionCache
 	txn        *Transactional // nil unless exactly-once
 	cp         Checkpoints    // where exactly-once checkpoints live (InitTransactions)
@@ -102,7 +105,6 @@ func New(cfg Config) (*Sink, error) {
 	}
 	s := &Sink{manual: context.WithValue(context.Background(), manualKey{}, true)}
 	s.maxBatch = int(cfg.MaxMessageBytes)
-	s.compressed = cfg.Compression != "" && cfg.Compression != "none"
 	if s.maxBatch == 0 {
 		s.maxBatch = 1000012
 	}
@@ -118,9 +120,7 @@ func New(cfg Config) (*Sink, error) {
 	if cfg.MaxBuffered > 0 {
 		opts = append(opts, kgo.MaxBufferedRecords(cfg.MaxBuffered))
 	}
-	if cfg.MaxMessageBytes > 0 {
-		opts = append(opts, kgo.ProducerBatchMaxBytes(cfg.MaxMessageBytes))
-	}
+	opts = append(opts, kgo.ProducerBatchMaxBytesFn(s.batchMax)) // per topic: topiclimit.go
 	s.conn = []kgo.Opt{kgo.SeedBrokers(cfg.Brokers...)}
 	if cfg.TLS != nil {
 		s.conn = append(s.conn, kgo.DialTLSConfig(cfg.TLS))
@@ -191,10 +191,9 @@ func (s *Sink) useTransactionalID(id string) error {
 // topic waits until the topic exists (topics.go).
 func (s *Sink) Produce(ctx context.Context, rec *router.Record, done func(error)) {
 	kr := s.Record(rec)
-	cb := func(_ *kgo.Record, err error) {
+	cb := func(r *kgo.Record, err error) {
 		if err != nil {
-			s.failed.Add(1)
-			err = s.classifyTxn(err)
+			err = s.fail(r, err)
 		}
 		done(err)
 	}
@@ -214,8 +213,7 @@ func (s *Sink) ProduceAck(ctx context.Context, rec *router.Record, done func(sin
 	kr := s.Record(rec)
 	cb := func(r *kgo.Record, err error) {
 		if err != nil {
-			s.failed.Add(1)
-			done(sink.NoAck, s.classifyTxn(err))
+			done(sink.NoAck, s.fail(r, err))
 			return
 		}
 		done(sink.Ack{Partition: r.Partition, Offset: r.Offset}, nil)
@@ -224,6 +222,17 @@ func (s *Sink) ProduceAck(ctx context.Context, rec *router.Record, done func(sin
 		return
 	}
 	s.cl().Produce(ctx, kr, cb)
+}
+
+// fail counts and classifies a record's failure. A batch refused as too
+// large makes the topic's limit be read again before its next record
+// (topiclimit.go): the limit may have been lowered since it was read.
+func (s *Sink) fail(r *kgo.Record, err error) error {
+	s.failed.Add(1)
+	if errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge) {
+		s.limits.forget(r.Topic)
+	}
+	return s.classifyTxn(err)
 }
 
 // Record converts a routed record to a franz-go record.

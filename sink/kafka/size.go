@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
@@ -53,8 +54,8 @@ func varintLen(n int) int {
 }
 
 // Check says, before the record is produced, whether Kafka would refuse it:
-// larger than the producer's batch limit (--max-message-bytes) or, without
-// compression, than the topic's max.message.bytes (topiclimit.go), or an
+// larger than the producer's batch limit (--max-message-bytes) or than the
+// topic's max.message.bytes (topiclimit.go; uncompressed), or an
 // explicit partition the topic does not have. The error is a sink.Error of
 // kind Rejected, so the invalid-event policy applies before anything is sent.
 func (s *Sink) Check(ctx context.Context, rec *router.Record) error {
@@ -62,7 +63,7 @@ func (s *Sink) Check(ctx context.Context, rec *router.Record) error {
 	if s.maxBatch > 0 && size > s.maxBatch {
 		return &sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("the record batch is %d bytes, more than --max-message-bytes %d: raise it (and the topic's max.message.bytes), or use --on-invalid dead-letter", size, s.maxBatch)}
 	}
-	if err := s.checkTopicLimit(ctx, rec.Topic, size); err != nil {
+	if err := s.checkTopicLimit(ctx, rec.Topic, size, false); err != nil {
 		return &sink.Error{Kind: sink.Rejected, Err: err}
 	}
 	if rec.Partition < 0 {
@@ -112,4 +113,71 @@ func (c *partitionCache) count(ctx context.Context, s *Sink, topic string, fresh
 	c.n[topic] = n
 	c.mu.Unlock()
 	return n, nil
+}
+
+// prepareProbe readies the producer for a probe of rec, which must go out
+// alone: a broker refuses whole batches, so a probe that shares its batch
+// with other records answers for them too (issue 31: a 420-byte probe went
+// out in a 1,472-byte batch and was refused with it). It reports answered when
+// the probe is answered already: err the refusal (the topic's limit, read
+// again from the broker, is smaller than the record), or nil without
+// producing (below).
+//
+// At-least-once, records of the session before the probe may still be in
+// the producer's buffer (or wait for their topic's check, topics.go), in
+// the probe's partition: prepareProbe waits until every one has its
+// answer, so the probe is the only record buffered (the
+// relay produces nothing while it waits for the probe). With nothing in
+// flight it is also where a client whose batch limit for the topic no
+// longer matches the topic's limit (batchMax) is replaced.
+//
+// Exactly-once, the relay commits the open Kafka transaction before a probe
+// (or holds, with nothing open), so nothing else is buffered; but the
+// client may not be replaced: a new transactional producer fences, which
+// only the slot's holder may do (a hold has no slot). A client that would
+// refuse the record itself, from the topic's old, smaller limit, would
+// keep a held event held after the operator raised the limit; since the
+// limit just read admits the record, the probe reports it accepted without
+// producing, and the next session's new producer (Reset) sizes batches by
+// the new limit. Should the broker still refuse the record then, the
+// record is refused and probed again, by that new producer.
+func (s *Sink) prepareProbe(ctx context.Context, rec *router.Record) (answered bool, err error) {
+	size := BatchSize(rec)
+	if size > s.maxBatch {
+		return true, s.Check(ctx, rec)
+	}
+	if err := s.checkTopicLimit(ctx, rec.Topic, size, true); err != nil {
+		return true, &sink.Error{Kind: sink.Rejected, Err: err}
+	}
+	held, stale := s.staleCap(rec.Topic)
+	if s.txn != nil {
+		return stale && size > held, nil
+	}
+	err = s.topics.waitFlushed(ctx, rec.Topic)
+	if err == nil {
+		err = s.cl().Flush(ctx)
+	}
+	if err != nil {
+		return true, classify(fmt.Errorf("kafka: waiting for the records before the probe: %w", err), false)
+	}
+	if stale {
+		if err := s.renew(); err != nil {
+			return true, &sink.Error{Kind: sink.Transient, Err: err}
+		}
+	}
+	return false, nil
+}
+
+// renew replaces the client (at-least-once, nothing buffered): the new one
+// loads every partition again, with batch limits from the topics' limits
+// known now. A new client is a new idempotent producer id, so sequence
+// numbers start over without a gap the broker would refuse.
+func (s *Sink) renew() error {
+	client, err := kgo.NewClient(s.opts...)
+	if err != nil {
+		return fmt.Errorf("kafka: %w", err)
+	}
+	s.caps.Clear()
+	s.client.Swap(client).Close()
+	return nil
 }

@@ -11,7 +11,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 )
 
-// topicLimits caches topics' max.message.bytes for Check. A record the
+// topicLimits caches topics' max.message.bytes for Check and for the
+// producer's batch size (batchMax). A record the
 // topic is too small for must be refused before it is produced, not by
 // the broker: franz-go then fails the partition's whole buffer, but a
 // record handed to it right after starts a new buffer and is written, and
@@ -65,6 +66,37 @@ func (l *topicLimits) limit(ctx context.Context, s *Sink, topic string, fresh bo
 	return n
 }
 
+// forget drops what is known of topic's limit: the next limit call asks
+// the broker. A broker refused a batch as too large: its limit may have
+// been lowered since it was described. Called from produce callbacks, so
+// it never waits for the broker.
+func (l *topicLimits) forget(topic string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	m := l.m.Load()
+	if m == nil {
+		return
+	}
+	if _, ok := (*m)[topic]; !ok {
+		return
+	}
+	next := make(map[string]topicLimit, len(*m))
+	for k, v := range *m {
+		if k != topic {
+			next[k] = v
+		}
+	}
+	l.m.Store(&next)
+}
+
+// cached is topic's limit as last described, without asking (0: unknown).
+func (l *topicLimits) cached(topic string) int {
+	if m := l.m.Load(); m != nil {
+		return (*m)[topic].bytes
+	}
+	return 0
+}
+
 func describeMaxMessageBytes(ctx context.Context, adm *kadm.Client, topic string) (int, error) {
 	rc, err := adm.DescribeTopicConfigs(ctx, topic)
 	if err != nil {
@@ -86,20 +118,88 @@ func describeMaxMessageBytes(ctx context.Context, adm *kadm.Client, topic string
 }
 
 // checkTopicLimit refuses a record whose batch is larger than its topic's
-// max.message.bytes. Only without compression: the broker counts the
-// compressed batch, which Check cannot know.
-func (s *Sink) checkTopicLimit(ctx context.Context, topic string, size int) error {
-	if s.compressed || topic == "" {
+// max.message.bytes, counted uncompressed even when --compression is on:
+// the producer sizes its batches by the limit before compressing them
+// (batchMax), so it would refuse such a record itself, after Check, on the
+// asynchronous path that can reorder. fresh asks the broker first.
+func (s *Sink) checkTopicLimit(ctx context.Context, topic string, size int, fresh bool) error {
+	if topic == "" {
 		return nil
 	}
-	lim := s.limits.limit(ctx, s, topic, false)
+	lim := s.limits.limit(ctx, s, topic, fresh)
 	if lim <= 0 || size <= lim {
 		return nil
 	}
-	if lim = s.limits.limit(ctx, s, topic, true); lim <= 0 || size <= lim {
-		return nil
+	if !fresh {
+		if lim = s.limits.limit(ctx, s, topic, true); lim <= 0 || size <= lim {
+			return nil
+		}
 	}
 	return &TopicLimitError{Topic: topic, Size: size, Limit: lim, bootstrap: s.topics.bootstrap()}
+}
+
+// batchMax is the producer's record batch limit for topic
+// (kgo.ProducerBatchMaxBytesFn): --max-message-bytes, or the topic's
+// max.message.bytes if smaller.
+//
+// franz-go packs a partition's records into one batch up to this size, and
+// the broker checks the whole batch against the topic's max.message.bytes.
+// A single global cap (--max-message-bytes, 1,000,012 by default) lets
+// records that each fit a topic with a smaller limit travel together in a
+// batch the broker refuses as a whole (issue 31, item 2): the refusal is
+// asynchronous, so the relay's refusal path runs for events that were
+// valid, and can write a later event of an aggregate before an earlier one.
+// A global cap lowered to the smallest limit among the destination topics
+// would shrink every topic's batches for one small topic, and which topics
+// a relay writes to is known only as events arrive; waiting for each
+// record's ack would end pipelining. A cap per topic costs nothing per
+// record: franz-go asks once per partition, when it first loads the
+// partition's metadata, which is after Check described the topic (Check
+// runs before a topic's first record is produced).
+//
+// Counted before compression, the cap is exact without compression and
+// conservative with it: a compressed batch is smaller (franz-go sends a
+// batch uncompressed if compressing grows it), so it passes the broker's
+// check too; in exchange a record must fit the topic's limit uncompressed,
+// as it must fit --max-message-bytes. The producer counts a batch 4 bytes
+// larger than the broker does (the records array's length prefix, as
+// BatchSize counts it), so a batch at the cap passes the broker's check.
+//
+// franz-go keeps the cap for the life of the partition's buffer: a limit
+// changed later is picked up by a new client. A broker's refusal forgets
+// the topic's limit (Produce's callback); exactly-once's next producer
+// session (Reset) builds a new client anyway, and at-least-once rebuilds it
+// before a probe (prepareProbe), when nothing is in flight. Until then a
+// raised limit only leaves batches smaller than they could be. A limit not
+// known (no DescribeConfigs permission, a topic created after Check asked)
+// leaves --max-message-bytes. franz-go refuses caps below 512 bytes; a
+// topic whose limit is lower gets 512.
+func (s *Sink) batchMax(topic string) int32 {
+	n := s.capFor(topic)
+	if topic != "" {
+		s.caps.Store(topic, n) // what the client now holds (staleCap)
+	}
+	return int32(n)
+}
+
+// capFor is batchMax's value for topic from the limits known now.
+func (s *Sink) capFor(topic string) int {
+	n := s.maxBatch
+	if lim := s.limits.cached(topic); topic != "" && lim > 0 && lim < n {
+		n = max(lim, 512)
+	}
+	return n
+}
+
+// staleCap reports the batch limit the client holds for topic if it is no
+// longer the one the topic's known limit gives (ok false: it holds the
+// right one, or has not loaded the topic yet).
+func (s *Sink) staleCap(topic string) (held int, ok bool) {
+	v, loaded := s.caps.Load(topic)
+	if !loaded || v.(int) == s.capFor(topic) {
+		return 0, false
+	}
+	return v.(int), true
 }
 
 // TopicLimitError is Check's refusal of a record larger than its topic's

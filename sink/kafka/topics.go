@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -278,8 +279,10 @@ func (t *topics) bootstrap() string {
 
 // waitFlushed blocks until no record waits for a topic check, or ctx ends:
 // a Kafka transaction must not commit while some of its records have not
-// reached the producer.
-func (t *topics) waitFlushed(ctx context.Context) error {
+// reached the producer. With only, it waits for those topics' records
+// alone (a probe: records of other topics never share its batch, and one
+// held topic must not hold up a probe of another).
+func (t *topics) waitFlushed(ctx context.Context, only ...string) error {
 	stop := context.AfterFunc(ctx, func() {
 		t.mu.Lock()
 		t.drained.Broadcast()
@@ -291,7 +294,7 @@ func (t *topics) waitFlushed(ctx context.Context) error {
 	for {
 		var waiting []string
 		for n, q := range t.pending {
-			if len(q) > 0 {
+			if len(q) > 0 && (len(only) == 0 || slices.Contains(only, n)) {
 				waiting = append(waiting, n)
 			}
 		}

@@ -488,6 +488,9 @@ func ptr(s string) *string { return &s }
 // Kafka transaction that it aborts, so read_committed consumers never see
 // the probe; the record is produced for real when the relay streams on.
 func (s *Sink) Probe(ctx context.Context, rec *router.Record) error {
+	if answered, err := s.prepareProbe(ctx, rec); answered {
+		return err
+	}
 	if s.txn != nil {
 		if s.spent.Load() {
 			return errSpent
