@@ -144,6 +144,7 @@ func New(cfg Config) (*Sink, error) {
 	s.client.Store(client)
 	s.log = cfg.Logger
 	s.topics = newTopics(cfg.Topics, cfg.Logger, cfg.Brokers, s.cl)
+	s.topics.found = s.topicFound
 	return s, nil
 }
 

@@ -171,8 +171,9 @@ func (s *Sink) checkTopicLimit(ctx context.Context, topic string, size int, fres
 // session (Reset) builds a new client anyway, and at-least-once rebuilds it
 // before a probe (prepareProbe), when nothing is in flight. Until then a
 // raised limit only leaves batches smaller than they could be. A limit not
-// known (no DescribeConfigs permission, a topic created after Check asked)
-// leaves --max-message-bytes. franz-go refuses caps below 512 bytes; a
+// known (no DescribeConfigs permission) leaves --max-message-bytes; a
+// topic created after Check asked is described again before its records
+// reach the producer (topicFound). franz-go refuses caps below 512 bytes; a
 // topic whose limit is lower gets 512.
 func (s *Sink) batchMax(topic string) int32 {
 	n := s.capFor(topic)
@@ -189,6 +190,15 @@ func (s *Sink) capFor(topic string) int {
 		n = max(lim, 512)
 	}
 	return n
+}
+
+// topicFound reads the limit of a topic that had none known when its
+// first record was checked (it did not exist yet: outboxd or the broker
+// creates it), before the producer loads its partitions and asks batchMax.
+func (s *Sink) topicFound(ctx context.Context, topic string) {
+	if s.limits.cached(topic) == 0 {
+		s.limits.limit(ctx, s, topic, true)
+	}
 }
 
 // staleCap reports the batch limit the client holds for topic if it is no

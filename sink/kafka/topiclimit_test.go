@@ -275,3 +275,20 @@ func TestRaisedTopicLimitReleasesAProbe(t *testing.T) {
 		})
 	}
 }
+
+// A topic outboxd creates (--topic-config max.message.bytes=1000) did not
+// exist when its first record was checked: its limit is read once it
+// exists, before the producer loads it, so its batches fit it too.
+func TestCreatedTopicBatchesFitItsLimit(t *testing.T) {
+	c := newCluster(t)
+	s := newSink(t, c, Config{Linger: 50 * time.Millisecond, Topics: TopicConfig{Configs: map[string]string{"max.message.bytes": "1000"}}})
+	recs := make([]*router.Record, 10)
+	for i := range recs {
+		recs[i] = order(i)
+	}
+	for i, err := range checkAndProduce(t, s, recs...) {
+		if err != nil {
+			t.Fatalf("record %d refused: %v", i, err)
+		}
+	}
+}

@@ -63,7 +63,11 @@ type topics struct {
 	client  func() *kgo.Client
 	brokers []string
 
-	ready   sync.Map // topic → struct{}: usable, produce directly
+	ready sync.Map // topic → struct{}: usable, produce directly
+	// found runs once a topic is usable, before its waiting records are
+	// handed to the producer (the sink reads its max.message.bytes, which
+	// the producer's batch limit for it comes from: topiclimit.go).
+	found   func(ctx context.Context, topic string)
 	mu      sync.Mutex
 	pending map[string][]pendingRecord // topics being checked, their waiting records
 	drained *sync.Cond                 // signalled when pending shrinks
@@ -127,6 +131,9 @@ func (t *topics) ensure(topic string) {
 			return
 		}
 		if err == nil {
+			if t.found != nil {
+				t.found(t.ctx, topic)
+			}
 			t.mu.Lock()
 			for _, p := range t.pending[topic] {
 				t.client().Produce(p.ctx, p.rec, p.done)
