@@ -97,8 +97,8 @@ func TestRefusedRecordPutsNoLaterEventBeforeIt(t *testing.T) {
 }
 
 // Check's cost per record with the topic's limit cached (the hot path:
-// one atomic load and a map lookup) beside a compressed producer's, which
-// skips the topic limit.
+// one atomic load and a map lookup), without compression and with it (the
+// limit applies to the record before compression either way).
 func BenchmarkCheck(b *testing.B) {
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(1))
 	if err != nil {
