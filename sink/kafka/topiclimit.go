@@ -34,6 +34,7 @@ type topicLimits struct {
 type topicLimit struct {
 	bytes int       // 0: unknown (not described yet, or refused)
 	at    time.Time // when it was described
+	stale bool      // the broker refused a batch as too large since: ask again (forget)
 }
 
 // unknownLimitRetry is how long an unknown limit (a topic not created yet,
@@ -43,16 +44,30 @@ const unknownLimitRetry = 30 * time.Second
 
 // limit is topic's max.message.bytes, 0 if unknown. fresh describes it
 // again (before a refusal: an operator may have raised it to release a
-// held event).
+// held event). A failed description keeps the limit last known: it says
+// nothing of the limit, and forgetting it would size the topic's batches by
+// --max-message-bytes again (batchMax).
 func (l *topicLimits) limit(ctx context.Context, s *Sink, topic string, fresh bool) int {
-	if m := l.m.Load(); m != nil && !fresh {
-		if v, ok := (*m)[topic]; ok && (v.bytes > 0 || time.Since(v.at) < unknownLimitRetry) {
+	var old topicLimit
+	if m := l.m.Load(); m != nil {
+		v, ok := (*m)[topic]
+		if ok && !fresh && !v.stale && (v.bytes > 0 || time.Since(v.at) < unknownLimitRetry) {
 			return v.bytes
 		}
+		old = v
 	}
 	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	n, _ := describeMaxMessageBytes(dctx, kadm.NewClient(s.cl()), topic)
+	n, err := describeMaxMessageBytes(dctx, kadm.NewClient(s.cl()), topic)
+	if err != nil {
+		n = old.bytes
+	}
+	l.set(topic, topicLimit{bytes: n, at: time.Now()})
+	return n
+}
+
+// set stores topic's entry (copy on write).
+func (l *topicLimits) set(topic string, v topicLimit) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	next := map[string]topicLimit{}
@@ -61,32 +76,21 @@ func (l *topicLimits) limit(ctx context.Context, s *Sink, topic string, fresh bo
 			next[k] = v
 		}
 	}
-	next[topic] = topicLimit{bytes: n, at: time.Now()}
+	next[topic] = v
 	l.m.Store(&next)
-	return n
 }
 
-// forget drops what is known of topic's limit: the next limit call asks
-// the broker. A broker refused a batch as too large: its limit may have
-// been lowered since it was described. Called from produce callbacks, so
-// it never waits for the broker.
+// forget marks topic's limit stale: the next limit call asks the broker. A
+// broker refused a batch as too large: its limit may have been lowered
+// since it was described. Called from produce callbacks, so it never waits
+// for the broker.
 func (l *topicLimits) forget(topic string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	m := l.m.Load()
-	if m == nil {
-		return
-	}
-	if _, ok := (*m)[topic]; !ok {
-		return
-	}
-	next := make(map[string]topicLimit, len(*m))
-	for k, v := range *m {
-		if k != topic {
-			next[k] = v
+	if m := l.m.Load(); m != nil {
+		if v, ok := (*m)[topic]; ok && !v.stale {
+			v.stale = true
+			l.set(topic, v)
 		}
 	}
-	l.m.Store(&next)
 }
 
 // cached is topic's limit as last described, without asking (0: unknown).

@@ -292,3 +292,23 @@ func TestCreatedTopicBatchesFitItsLimit(t *testing.T) {
 		}
 	}
 }
+
+// A topic's limit that cannot be read again (Kafka down, a timeout) stays
+// what it was: forgetting it would size the topic's batches by
+// --max-message-bytes again, and the broker would refuse them.
+func TestFailedReadKeepsTheTopicLimit(t *testing.T) {
+	c := newCluster(t)
+	s := newSink(t, c, Config{})
+	ctx := context.Background()
+	if _, err := kadm.NewClient(s.cl()).CreateTopic(ctx, 1, 1, map[string]*string{"max.message.bytes": ptr("1000")}, "orders"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Check(ctx, order(1)); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	s.limits.forget("orders") // as after a refusal
+	if n := s.limits.limit(ctx, s, "orders", true); n != 1000 || s.capFor("orders") != 1000 {
+		t.Fatalf("after a failed read the topic's limit is %d and the batch limit %d, want 1000 both", n, s.capFor("orders"))
+	}
+}
