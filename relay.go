@@ -341,8 +341,9 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 		r.freshProducer = false
 	}
 	var verify *boundary
+	skip := r.done // what the session skips as in Kafka already
 	if r.cfg.TxnSink != nil {
-		verify = newBoundary(r.cfg.Slot, r.done, start)
+		skip, verify = sessionCheckpoint(r.log, r.cfg.Slot, r.done, start)
 	}
 
 	wm = slot.NewWatermark(start)
@@ -353,7 +354,7 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 	s := newStreamer(r, stream, wm, start)
 	s.replay = r.replay
 	if r.cfg.TxnSink != nil {
-		s.commit = &eos{sink: r.cfg.TxnSink, wm: wm, done: r.done, splitAge: r.cfg.SplitAge}
+		s.commit = &eos{sink: r.cfg.TxnSink, wm: wm, done: skip, splitAge: r.cfg.SplitAge, tx: &s.tx}
 	}
 	if verify != nil {
 		s.verify = verify

@@ -196,3 +196,45 @@ func TestSplitCheckpointUnderAnotherMessagePrefix(t *testing.T) {
 		}
 	}
 }
+
+// A checkpoint record carries the identity of the transaction it names
+// (xid, commit time) in its headers, and the load returns it, so that a
+// session can tell the checkpoint's transaction from another one at the
+// same position (issue 31 item 1). A record of an earlier version (no such
+// headers) loads unnamed, which the relay does not skip on (boundary.go);
+// malformed headers stop the load rather than being taken for either.
+func TestCheckpointNamesItsTransaction(t *testing.T) {
+	c := newCluster(t)
+	ctx := context.Background()
+	s := newSink(t, c, Config{Transactional: &Transactional{ID: "outboxd.a", Timeout: time.Minute}})
+	if err := s.InitTransactions(ctx, Checkpoints{Topic: "cp", Key: "slot-a"}); err != nil {
+		t.Fatal(err)
+	}
+	named := sink.Checkpoint{LSN: 0x200, Events: 2, Xid: 745, CommitTime: 1796200230756684}
+	commitCheckpoint(t, s, named)
+	if got, err := s.LoadCheckpoint(ctx); err != nil || got != named || !got.Identified() {
+		t.Fatalf("LoadCheckpoint = %+v, %v; want %+v", got, err, named)
+	}
+	// An earlier version's record: the value alone, with the prefix header.
+	legacy := func(headers ...kgo.RecordHeader) {
+		t.Helper()
+		if err := s.Begin(); err != nil {
+			t.Fatal(err)
+		}
+		rec := &kgo.Record{Topic: "cp", Key: []byte("slot-a"), Value: []byte("0/300"), Headers: append([]kgo.RecordHeader{{Key: prefixHeader}}, headers...)}
+		if err := s.cl().ProduceSync(ctx, rec).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.cl().EndTransaction(ctx, kgo.TryCommit); err != nil {
+			t.Fatal(err)
+		}
+	}
+	legacy()
+	if got, err := s.LoadCheckpoint(ctx); err != nil || got != (sink.Checkpoint{LSN: 0x300}) || got.Identified() {
+		t.Fatalf("LoadCheckpoint of an earlier version's record = %+v, %v; want 0/300, unnamed", got, err)
+	}
+	legacy(kgo.RecordHeader{Key: xidHeader, Value: []byte("745")})
+	if got, err := s.LoadCheckpoint(ctx); err == nil {
+		t.Fatalf("LoadCheckpoint with an xid and no commit time = %+v; want an error", got)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -195,6 +196,11 @@ func (s *Sink) Commit(ctx context.Context, at sink.Checkpoint) error {
 func (s *Sink) commit(ctx context.Context, at sink.Checkpoint) error {
 	rec := &kgo.Record{Topic: s.cp.Topic, Key: []byte(s.cp.Key), Value: []byte(at.String()),
 		Headers: []kgo.RecordHeader{{Key: prefixHeader, Value: []byte(s.cp.MessagePrefix)}}}
+	if at.Identified() {
+		rec.Headers = append(rec.Headers,
+			kgo.RecordHeader{Key: xidHeader, Value: strconv.AppendUint(nil, uint64(at.Xid), 10)},
+			kgo.RecordHeader{Key: commitTimeHeader, Value: strconv.AppendInt(nil, at.CommitTime, 10)})
+	}
 	if err := s.produceWithin(ctx, rec); err != nil {
 		return err
 	}
@@ -241,11 +247,15 @@ func (s *Sink) abort(ctx context.Context) error {
 // with read_committed isolation and returns the last checkpoint committed for
 // its key (zero if none).
 func (s *Sink) LoadCheckpoint(ctx context.Context) (sink.Checkpoint, error) {
-	text, err := s.loadCheckpoint(ctx, s.cp)
-	if err != nil || text == "" {
+	rec, err := s.loadCheckpoint(ctx, s.cp)
+	if err != nil || rec == nil || len(rec.Value) == 0 {
 		return sink.Checkpoint{}, denied(err)
 	}
+	text := string(rec.Value)
 	c, err := sink.ParseCheckpoint(text)
+	if err == nil {
+		c.Xid, c.CommitTime, err = checkpointTxn(rec)
+	}
 	if err != nil {
 		return sink.Checkpoint{}, fmt.Errorf("kafka: checkpoint %q in %s: %w", text, s.cp.Topic, err)
 	}
@@ -262,7 +272,7 @@ func (s *Sink) LoadCheckpoint(ctx context.Context) (sink.Checkpoint, error) {
 	return c, nil
 }
 
-func (s *Sink) loadCheckpoint(ctx context.Context, cp Checkpoints) (string, error) {
+func (s *Sink) loadCheckpoint(ctx context.Context, cp Checkpoints) (*kgo.Record, error) {
 	adm := kadm.NewClient(s.cl())
 	var ends kadm.ListedOffsets
 	err := untilKafkaAnswers(ctx, func() error {
@@ -274,7 +284,7 @@ func (s *Sink) loadCheckpoint(ctx context.Context, cp Checkpoints) (string, erro
 		return err
 	}, "kafka: checkpoint end offsets")
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	want := map[int32]int64{}
 	ends.Each(func(o kadm.ListedOffset) {
@@ -283,7 +293,7 @@ func (s *Sink) loadCheckpoint(ctx context.Context, cp Checkpoints) (string, erro
 		}
 	})
 	if len(want) == 0 {
-		return "", nil
+		return nil, nil
 	}
 	// Every checkpoint of this slot lies below those end offsets: its own
 	// transactions are over (InitTransactions and Reset abort an open one,
@@ -309,25 +319,24 @@ func (s *Sink) loadCheckpoint(ctx context.Context, cp Checkpoints) (string, erro
 	}, s.conn...)
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	defer cl.Close()
 	type open struct {
-		value  string
-		prefix []byte // the prefix header, nil if none
+		rec    *kgo.Record
 		part   int32
 		offset int64
 	}
-	last, pending, settled := "", map[int64]open{}, 0 // pending: producer id → this key's value in its open transaction
+	var last *kgo.Record
+	pending, settled := map[int64]open{}, 0 // pending: producer id → this key's record in its open transaction
 	waitLogged := false
 	defer s.noteLoadWait(nil)
-	var lastPrefix []byte
 	for len(want) > 0 {
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
 		fetches := cl.PollFetches(pctx)
 		cancel()
 		if err := ctx.Err(); err != nil {
-			return "", fmt.Errorf("kafka: read checkpoint %s to offset %v: %w", cp.Topic, want, err)
+			return nil, fmt.Errorf("kafka: read checkpoint %s to offset %v: %w", cp.Topic, want, err)
 		}
 		if fetches.NumRecords() == 0 {
 			// Compaction may have removed the tail's marker (a day after the
@@ -354,15 +363,15 @@ func (s *Sink) loadCheckpoint(ctx context.Context, cp Checkpoints) (string, erro
 			case r.Attrs.IsControl():
 				if o, ok := pending[r.ProducerID]; ok && o.part == r.Partition {
 					if isCommitMarker(r.Key) {
-						last, lastPrefix = o.value, o.prefix
+						last = o.rec
 					}
 					delete(pending, r.ProducerID)
 				}
 			case string(r.Key) != cp.Key:
 			case r.Attrs.IsTransactional():
-				pending[r.ProducerID] = open{value: string(r.Value), prefix: header(r, prefixHeader), part: r.Partition, offset: r.Offset}
+				pending[r.ProducerID] = open{rec: r, part: r.Partition, offset: r.Offset}
 			default:
-				last, lastPrefix = string(r.Value), nil // an operator's record (a tombstone, say)
+				last = r // an operator's record (a tombstone, say)
 			}
 			if end, ok := want[r.Partition]; ok && r.Offset >= end-1 {
 				delete(want, r.Partition)
@@ -372,17 +381,47 @@ func (s *Sink) loadCheckpoint(ctx context.Context, cp Checkpoints) (string, erro
 	for pid, o := range pending {
 		s.abortHanging(ctx, adm, cp.Topic, pid, o.part, o.offset)
 	}
-	if last != "" && cp.Check != nil {
-		if err := cp.Check(ctx, last); err != nil {
-			return "", err
+	if last == nil || len(last.Value) == 0 {
+		return nil, nil
+	}
+	if cp.Check != nil {
+		if err := cp.Check(ctx, string(last.Value)); err != nil {
+			return nil, err
 		}
 	}
-	s.lastPrefix, s.lastPrefixKnown = string(lastPrefix), lastPrefix != nil
+	prefix := header(last, prefixHeader)
+	s.lastPrefix, s.lastPrefixKnown = string(prefix), prefix != nil
 	return last, nil
 }
 
 // prefixHeader carries Checkpoints.MessagePrefix on each checkpoint record.
 const prefixHeader = "outboxd.message_prefix"
+
+// xidHeader and commitTimeHeader carry the identity of the transaction a
+// checkpoint names (sink.Checkpoint: its xid, its commit time in
+// microseconds since the Unix epoch, both decimal). Records of earlier
+// versions have neither, and earlier versions ignore them.
+const (
+	xidHeader        = "outboxd.xid"
+	commitTimeHeader = "outboxd.commit_time"
+)
+
+// checkpointTxn reads the transaction identity of a checkpoint record:
+// zeros if it has none (sink.Checkpoint.Identified).
+func checkpointTxn(r *kgo.Record) (xid uint32, commitTime int64, err error) {
+	x, t := header(r, xidHeader), header(r, commitTimeHeader)
+	if x == nil && t == nil {
+		return 0, 0, nil
+	}
+	x64, err := strconv.ParseUint(string(x), 10, 32)
+	if err == nil {
+		commitTime, err = strconv.ParseInt(string(t), 10, 64)
+	}
+	if err != nil || commitTime == 0 {
+		return 0, 0, fmt.Errorf("bad transaction headers %s=%q %s=%q", xidHeader, x, commitTimeHeader, t)
+	}
+	return uint32(x64), commitTime, nil
+}
 
 // header is the value of r's header key, nil if it has none.
 func header(r *kgo.Record, key string) []byte {
