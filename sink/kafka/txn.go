@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -273,6 +274,15 @@ func (s *Sink) LoadCheckpoint(ctx context.Context) (sink.Checkpoint, error) {
 }
 
 func (s *Sink) loadCheckpoint(ctx context.Context, cp Checkpoints) (*kgo.Record, error) {
+	return s.readCheckpoint(ctx, cp, 0)
+}
+
+// maxFences bounds how often one load fences another transactional id and
+// reads again (fenceOthers): each fencing ends that id's transaction, so a
+// second round finds it over unless yet another instance keeps writing.
+const maxFences = 2
+
+func (s *Sink) readCheckpoint(ctx context.Context, cp Checkpoints, fences int) (*kgo.Record, error) {
 	adm := kadm.NewClient(s.cl())
 	var ends kadm.ListedOffsets
 	err := untilKafkaAnswers(ctx, func() error {
@@ -378,6 +388,23 @@ func (s *Sink) loadCheckpoint(ctx context.Context, cp Checkpoints) (*kgo.Record,
 			}
 		})
 	}
+	if fences < maxFences && (len(pending) > 0 || last != nil && last.ProducerID >= 0) {
+		// The producers that wrote this key lately: of the newest record
+		// believed, and of those with no marker yet.
+		pids := make([]int64, 0, len(pending)+1)
+		for pid := range pending {
+			pids = append(pids, pid)
+		}
+		if last != nil && last.ProducerID >= 0 {
+			pids = append(pids, last.ProducerID)
+		}
+		if fenced, err := s.fenceOthers(ctx, adm, pids); err != nil || fenced {
+			if err != nil {
+				return nil, err
+			}
+			return s.readCheckpoint(ctx, cp, fences+1)
+		}
+	}
 	for pid, o := range pending {
 		s.abortHanging(ctx, adm, cp.Topic, pid, o.part, o.offset)
 	}
@@ -392,6 +419,72 @@ func (s *Sink) loadCheckpoint(ctx context.Context, cp Checkpoints) (*kgo.Record,
 	prefix := header(last, prefixHeader)
 	s.lastPrefix, s.lastPrefixKnown = string(prefix), prefix != nil
 	return last, nil
+}
+
+// fenceOthers fences every other transactional id that, as its coordinator
+// says (ListTransactions), holds one of the producers pids in an open
+// transaction: the producers that wrote this slot's key lately (the newest
+// committed record's, and those with a record and no marker after it).
+// Only this database's outboxd writes the key (it names the system
+// identifier), so such an id is this slot's too under another name: an
+// earlier version's outboxd.<slot> during a rolling upgrade, or another
+// --transactional-id-prefix, whose last commit may still be in flight.
+// Taking its record for this id's own hanging transaction and aborting it
+// on the checkpoint partition alone would let that commit go on to make
+// its events visible with the checkpoint behind them: published twice. And
+// a transaction that has not written its checkpoint record yet would add
+// it after this load: the same. (A producer id stays with its
+// transactional id across registrations, so the newest committed record's
+// producer names the old id's current transaction too.)
+// Registering the id instead (InitProducerID) bumps its epoch, so its
+// holder is fenced, and its coordinator ends the transaction on every
+// partition before it answers: committed if it was committing, aborted
+// otherwise. The load then reads again and finds the record decided.
+// Without Describe on the other id the coordinator names none, and the
+// record is handled as a hanging one (abortHanging), as before.
+func (s *Sink) fenceOthers(ctx context.Context, adm *kadm.Client, pids []int64) (bool, error) {
+	l, err := adm.ListTransactions(ctx, pids, nil)
+	if err != nil {
+		return false, nil
+	}
+	own := s.TransactionalID()
+	var ids []string
+	l.Each(func(t kadm.ListedTransaction) {
+		switch t.State {
+		case "Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence":
+			if t.TxnID != own && !slices.Contains(ids, t.TxnID) {
+				ids = append(ids, t.TxnID)
+			}
+		}
+	})
+	for _, id := range ids {
+		if s.log != nil {
+			s.log.Warn("exactly-once: another transactional id has a transaction open with this slot's checkpoint (an earlier version's, during an upgrade?): fencing it so that the transaction ends on every partition before the checkpoint is read",
+				"transactional_id", id, "own_transactional_id", own)
+		}
+		if err := s.fenceID(ctx, id); err != nil {
+			return false, err
+		}
+	}
+	return len(ids) > 0, nil
+}
+
+// fenceID registers the transactional id id with a producer of its own,
+// as a new instance of it would, and drops that producer.
+func (s *Sink) fenceID(ctx context.Context, id string) error {
+	timeout := time.Minute
+	if s.txn != nil && s.txn.Timeout > 0 {
+		timeout = s.txn.Timeout
+	}
+	cl, err := kgo.NewClient(append(slices.Clone(s.conn), kgo.TransactionalID(id), kgo.TransactionTimeout(timeout))...)
+	if err != nil {
+		return fmt.Errorf("kafka: fence transactional id %s: %w", id, err)
+	}
+	defer cl.Close()
+	if _, _, err := cl.ProducerID(ctx); err != nil {
+		return classify(fmt.Errorf("kafka: fence transactional id %s, whose transaction holds this slot's checkpoint (fix: allow Write on it, or end its transaction with kafka-transactions.sh abort): %w", id, err), true)
+	}
+	return nil
 }
 
 // prefixHeader carries Checkpoints.MessagePrefix on each checkpoint record.
