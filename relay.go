@@ -86,6 +86,9 @@ type relay struct {
 	// warnedSilence: the standby warned once that it cannot see the
 	// active's replies (role.go).
 	warnedSilence bool
+	// silence measures the slot holder's silence across this instance's
+	// looks at the slot, on the server's clock (role.go, slot.Silence).
+	silence slot.Silence
 	// lastLogged de-duplicates a session error repeated on every retry.
 	lastLogged   string
 	lastLoggedAt time.Time
@@ -275,7 +278,7 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 	}()
 
 	info, created, err := conn.Prepare(ctx, slot.Config{
-		Slot: r.cfg.Slot, Publication: r.cfg.Publication, TakeOver: r.lastPID, StaleAfter: r.cfg.ReplicationTimeout,
+		Slot: r.cfg.Slot, Publication: r.cfg.Publication, TakeOver: r.lastPID, StaleAfter: r.cfg.ReplicationTimeout, Silence: &r.silence,
 		Failover: r.cfg.SlotFailover.String(), Progress: r.progress, AcceptGap: r.cfg.AcceptGap, Unroutable: r.unroutable,
 		Previous: r.lastInfo,
 	})
