@@ -2,6 +2,8 @@ package outboxd
 
 import (
 	"fmt"
+	"log/slog"
+	"time"
 
 	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/wal"
@@ -21,25 +23,57 @@ import (
 // PostgreSQL 15/16 do not even persist confirmed_flush_lsn over a clean
 // restart. What the same WAL always shows is the checkpoint's own
 // transaction at exactly its position (the COMMIT ending at X, or, for a
-// split transaction, the BEGIN of the transaction committed at X); a
-// different WAL passes X without it. So a session that starts before X
-// streams from the slot's position, confirms nothing past its start until
-// the boundary is seen, and reports a gap if the stream passes X without it.
+// split transaction, the BEGIN of the transaction committed at X), with the
+// xid and commit time the checkpoint records; a different WAL passes X
+// without it. The position alone is not enough: a restored server that
+// runs the same shape of workload (same row sizes, other events) writes a
+// transaction with the same xid ending at the same LSN, and its events
+// would be skipped as already in Kafka; its commit time differs. So a
+// session that starts before X streams from the slot's position, confirms
+// nothing past its start until the boundary is seen, and reports a gap if
+// the stream passes X without it.
+//
+// A checkpoint written by an earlier version names no transaction
+// (sink.Checkpoint.Identified). Nothing can tell whether the WAL at its
+// position is still the one it was written from, so nothing is skipped on
+// its word: the session publishes everything from the slot's position
+// (unverified), the covered events between the two again. Duplicates for
+// read_committed consumers, once, bounded by how far the slot lagged the
+// checkpoint, and logged; never a skip (docs/exactly-once.md).
 type boundary struct {
 	slot  string
 	at    sink.Checkpoint
 	start wal.LSN
 	seen  bool
+	// other is the transaction that ended at the checkpoint without being
+	// its own, if one did: the restored server's look-alike.
+	other string
 }
 
 // newBoundary is the check for a session streaming from start with the
 // checkpoint done; nil when the session starts at or after it (nothing
-// replayed to compare).
+// replayed to compare), and for a checkpoint that names no transaction
+// (sessionCheckpoint).
 func newBoundary(slotName string, done sink.Checkpoint, start wal.LSN) *boundary {
-	if done.LSN == 0 || start >= done.LSN {
+	if done.LSN == 0 || start >= done.LSN || !done.Identified() {
 		return nil
 	}
 	return &boundary{slot: slotName, at: done, start: start}
+}
+
+// sessionCheckpoint is what a session streaming from start skips as
+// already in Kafka, and the boundary check that must pass before its
+// confirmations go past start. A checkpoint that the session replays WAL
+// before but that names no transaction (an earlier version's) is not
+// believed: the session skips nothing, and says so.
+func sessionCheckpoint(log *slog.Logger, slotName string, done sink.Checkpoint, start wal.LSN) (sink.Checkpoint, *boundary) {
+	if done.LSN != 0 && start < done.LSN && !done.Identified() {
+		log.Warn("exactly-once: the checkpoint was written by an earlier version and does not name its transaction, so nothing can show that the WAL before it is the one Kafka's events came from: "+
+			"publishing everything from the slot's position instead of skipping on the LSN alone; read_committed consumers may see the events between the two twice, once",
+			"from_lsn", start.String(), "checkpoint", done.String())
+		return sink.Checkpoint{}, nil
+	}
+	return done, newBoundary(slotName, done, start)
 }
 
 // boundaryGap is the stream passing the checkpoint without its transaction.
@@ -50,14 +84,17 @@ type boundaryGap struct {
 
 func (g *boundaryGap) Error() string {
 	b := g.b
-	what := "no transaction ends there"
+	what := "that transaction does not end there"
 	if b.at.Events > 0 {
-		what = "no transaction commits there"
+		what = "that transaction does not commit there"
 	}
-	return fmt.Sprintf("the exactly-once checkpoint in Kafka records slot %q published up to %s, but on this server %s: streaming from the slot's confirmed position %s, %s passed it. "+
+	if b.other != "" {
+		what += " (the transaction ending there is " + b.other + ", another one)"
+	}
+	return fmt.Sprintf("the exactly-once checkpoint in Kafka records slot %q published up to %s (%s), but on this server %s: streaming from the slot's confirmed position %s, %s passed it. "+
 		"The server's WAL there is not the history Kafka's events came from (a restore from a backup or snapshot of the same cluster, a point-in-time recovery, or a publication that no longer publishes the outbox table): "+
 		"Kafka holds events PostgreSQL no longer has, and the transactions committed since reuse their positions, which the checkpoint would skip as published",
-		b.slot, b.at, what, b.start, g.passed)
+		b.slot, b.at, b.at.Txn(), what, b.start, g.passed)
 }
 
 // pending reports whether confirmations are still held at the start.
@@ -73,29 +110,38 @@ func (b *boundary) capped(lsn wal.LSN) wal.LSN {
 	return lsn
 }
 
-// begin is told of each BEGIN (final: the commit LSN).
-func (b *boundary) begin(final wal.LSN) error {
+// begin is told of each BEGIN (final: the commit LSN; xid and commit time
+// identify the transaction).
+func (b *boundary) begin(final wal.LSN, xid uint32, at time.Time) error {
 	switch {
 	case !b.pending():
-	case final == b.at.LSN:
+	case final == b.at.LSN && b.at.Names(xid, at):
 		// A split's transaction; or, for Events 0, the transaction a
 		// checkpoint was committed before (eos.beforeProbe at its first
 		// event: the checkpoint is then that transaction's commit LSN).
 		b.seen = true
 	case final >= b.at.LSN:
-		return &boundaryGap{b, "a transaction committed at " + final.String()}
+		return &boundaryGap{b, fmt.Sprintf("a transaction committed at %s (xid %d at %s)", final, xid, at.UTC().Format(time.RFC3339Nano))}
 	}
 	return nil
 }
 
-// commit is told of each COMMIT (end: its end LSN).
-func (b *boundary) commit(end wal.LSN) error {
+// commit is told of each COMMIT (end: its end LSN; xid and commit time
+// identify the transaction).
+func (b *boundary) commit(end wal.LSN, xid uint32, at time.Time) error {
 	switch {
 	case !b.pending():
-	case b.at.Events == 0 && end == b.at.LSN:
+	case b.at.Events == 0 && end == b.at.LSN && b.at.Names(xid, at):
 		b.seen = true
+	case end == b.at.LSN:
+		// Another transaction ending at exactly the checkpoint decides
+		// nothing yet: for a checkpoint committed before a probe (a commit
+		// LSN), a concurrent transaction may end where the named one's
+		// COMMIT starts, and that one follows. On another WAL, the next
+		// BEGIN or keepalive passes the checkpoint (begin, idle).
+		b.other = fmt.Sprintf("xid %d committed at %s", xid, at.UTC().Format(time.RFC3339Nano))
 	case end > b.at.LSN:
-		return &boundaryGap{b, "a transaction ending at " + end.String()}
+		return &boundaryGap{b, fmt.Sprintf("a transaction ending at %s (xid %d at %s)", end, xid, at.UTC().Format(time.RFC3339Nano))}
 	}
 	return nil
 }

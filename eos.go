@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/slot"
 	"github.com/outboxd/outboxd/wal"
@@ -43,8 +44,22 @@ type eos struct {
 	started  time.Time
 	records  int
 	txns     []*slot.Txn // whole PostgreSQL transactions inside the open Kafka one
-	ends     []wal.LSN
+	ends     []sink.Checkpoint
 	inTxn    bool // the current PostgreSQL transaction has events in the open Kafka one
+	// tx is the streamer's current PostgreSQL transaction: each
+	// checkpoint names the transaction it ends at or stops in (xid, commit
+	// time) so that a session's boundary check can tell it from another
+	// transaction at the same position (boundary.go).
+	tx *router.Tx
+}
+
+// at is the checkpoint inside the current transaction, before its event n.
+func (e *eos) at(pos eventPos, n int) sink.Checkpoint {
+	c := sink.Checkpoint{LSN: pos.commit, Events: n}
+	if e.tx != nil && e.tx.CommitLSN == pos.commit {
+		c.Xid, c.CommitTime = e.tx.Xid, e.tx.CommitTime.UnixMicro()
+	}
+	return c
 }
 
 func (e *eos) pending() bool                   { return e.open }
@@ -65,7 +80,7 @@ func (e *eos) afterProduce(ctx context.Context, pos eventPos) error {
 	if !e.splitDue() {
 		return nil
 	}
-	if err := e.commit(ctx, e.wm, true, sink.Checkpoint{LSN: pos.commit, Events: pos.n + 1}); err != nil {
+	if err := e.commit(ctx, e.wm, true, e.at(pos, pos.n+1)); err != nil {
 		return err
 	}
 	e.inTxn = false
@@ -87,7 +102,7 @@ func (e *eos) tick(ctx context.Context, pos eventPos) error {
 		// Only whole transactions wait in the open Kafka one.
 		return e.commit(ctx, e.wm, false, sink.Checkpoint{})
 	}
-	if err := e.commit(ctx, e.wm, true, sink.Checkpoint{LSN: pos.commit, Events: pos.n}); err != nil {
+	if err := e.commit(ctx, e.wm, true, e.at(pos, pos.n)); err != nil {
 		return err
 	}
 	e.inTxn = false
@@ -98,7 +113,7 @@ func (e *eos) beforeProbe(ctx context.Context, pos eventPos) error {
 	if !e.open {
 		return nil
 	}
-	if err := e.commit(ctx, e.wm, true, sink.Checkpoint{LSN: pos.commit, Events: pos.n}); err != nil {
+	if err := e.commit(ctx, e.wm, true, e.at(pos, pos.n)); err != nil {
 		return err
 	}
 	e.inTxn = false
@@ -141,7 +156,11 @@ func (e *eos) begin() error {
 // open Kafka transaction and commits that if it is due.
 func (e *eos) pgCommit(ctx context.Context, wm *slot.Watermark, txn *slot.Txn, end wal.LSN) error {
 	e.txns = append(e.txns, txn)
-	e.ends = append(e.ends, end)
+	c := sink.Checkpoint{LSN: end}
+	if e.tx != nil {
+		c.Xid, c.CommitTime = e.tx.Xid, e.tx.CommitTime.UnixMicro()
+	}
+	e.ends = append(e.ends, c)
 	if time.Since(e.started) >= eosMaxAge || e.records >= eosMaxRecords {
 		return e.commit(ctx, wm, false, sink.Checkpoint{})
 	}
@@ -163,7 +182,7 @@ func (e *eos) commit(ctx context.Context, wm *slot.Watermark, split bool, at sin
 		return nil
 	}
 	if !split {
-		at = sink.Checkpoint{LSN: e.ends[len(e.ends)-1]}
+		at = e.ends[len(e.ends)-1]
 	}
 	cctx, cancel := context.WithTimeout(ctx, eosCommitTimeout)
 	defer cancel()
@@ -172,7 +191,7 @@ func (e *eos) commit(ctx context.Context, wm *slot.Watermark, split bool, at sin
 		return err
 	}
 	for i, t := range e.txns {
-		wm.Commit(t, e.ends[i])
+		wm.Commit(t, e.ends[i].LSN)
 	}
 	e.done = at
 	e.reset()

@@ -86,6 +86,9 @@ type relay struct {
 	// warnedSilence: the standby warned once that it cannot see the
 	// active's replies (role.go).
 	warnedSilence bool
+	// silence measures the slot holder's silence across this instance's
+	// looks at the slot, on the server's clock (role.go, slot.Silence).
+	silence slot.Silence
 	// lastLogged de-duplicates a session error repeated on every retry.
 	lastLogged   string
 	lastLoggedAt time.Time
@@ -275,7 +278,7 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 	}()
 
 	info, created, err := conn.Prepare(ctx, slot.Config{
-		Slot: r.cfg.Slot, Publication: r.cfg.Publication, TakeOver: r.lastPID, StaleAfter: r.cfg.ReplicationTimeout,
+		Slot: r.cfg.Slot, Publication: r.cfg.Publication, TakeOver: r.lastPID, StaleAfter: r.cfg.ReplicationTimeout, Silence: &r.silence,
 		Failover: r.cfg.SlotFailover.String(), Progress: r.progress, AcceptGap: r.cfg.AcceptGap, Unroutable: r.unroutable,
 		Previous: r.lastInfo,
 	})
@@ -341,8 +344,9 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 		r.freshProducer = false
 	}
 	var verify *boundary
+	skip := r.done // what the session skips as in Kafka already
 	if r.cfg.TxnSink != nil {
-		verify = newBoundary(r.cfg.Slot, r.done, start)
+		skip, verify = sessionCheckpoint(r.log, r.cfg.Slot, r.done, start)
 	}
 
 	wm = slot.NewWatermark(start)
@@ -353,7 +357,7 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 	s := newStreamer(r, stream, wm, start)
 	s.replay = r.replay
 	if r.cfg.TxnSink != nil {
-		s.commit = &eos{sink: r.cfg.TxnSink, wm: wm, done: r.done, splitAge: r.cfg.SplitAge}
+		s.commit = &eos{sink: r.cfg.TxnSink, wm: wm, done: skip, splitAge: r.cfg.SplitAge, tx: &s.tx}
 	}
 	if verify != nil {
 		s.verify = verify

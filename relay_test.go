@@ -258,7 +258,7 @@ func TestStreamerExactlyOnceShutdownAndRefusedCommit(t *testing.T) {
 	h.s.errc <- rej
 	e.open = true
 	e.txns = append(e.txns, h.s.wm.Begin(time.Now()))
-	e.ends = append(e.ends, 210)
+	e.ends = append(e.ends, sink.Checkpoint{LSN: 210})
 	var got *rejection
 	if err := h.s.txnErr(h.s.commit.quiet(context.Background())); !errors.As(err, &got) || got != rej {
 		t.Fatalf("refused commit: %v", err)

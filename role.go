@@ -65,7 +65,7 @@ func (r *relay) fenced(ctx context.Context, err error) error {
 		return err
 	}
 	if conn, derr := r.dialSQL(ctx, r.cfg.Postgres); derr == nil {
-		holder, herr := currentHolder(ctx, conn, r.cfg.Slot, r.cfg.ReplicationTimeout)
+		holder, herr := currentHolder(ctx, conn, r.cfg.Slot, r.cfg.ReplicationTimeout, &r.silence)
 		conn.Close(context.WithoutCancel(ctx))
 		if herr == nil && holder != nil && holder.PID != r.lastPID {
 			r.log.Warn("exactly-once: fenced by the outboxd that took the slot over; standing by",
@@ -104,7 +104,7 @@ func (r *relay) standBy(ctx context.Context, busy *slot.BusyError) bool {
 			return false
 		case <-t.C:
 		}
-		holder, err := currentHolder(ctx, conn, r.cfg.Slot, r.cfg.ReplicationTimeout)
+		holder, err := currentHolder(ctx, conn, r.cfg.Slot, r.cfg.ReplicationTimeout, &r.silence)
 		if holder != nil && holder.SilenceUnknown {
 			unknown++
 		} else {
@@ -150,25 +150,28 @@ func slotBusy(ctx context.Context, dsn, name string, staleAfter time.Duration) b
 		return false
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	busy, err := currentHolder(cctx, conn, name, staleAfter)
+	busy, err := currentHolder(cctx, conn, name, staleAfter, nil)
 	return err == nil && busy != nil
 }
 
 // currentHolder describes who holds the slot, or nil when it is free to
 // take: inactive, gone, or held by an outboxd walsender whose client has not
-// replied for staleAfter (Prepare terminates it).
-func currentHolder(ctx context.Context, conn sqlConn, name string, staleAfter time.Duration) (*slot.BusyError, error) {
+// replied for staleAfter (Prepare terminates it), as silence measures it
+// over successive looks on the server's clock (slot.Silence; nil: one look,
+// never silent).
+func currentHolder(ctx context.Context, conn sqlConn, name string, staleAfter time.Duration, silence *slot.Silence) (*slot.BusyError, error) {
 	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	s, found, err := conn.Slot(qctx, name)
 	if err != nil {
 		return nil, fmt.Errorf("watching slot %q: %w", name, err)
 	}
+	silence.Observe(&s)
 	if !found || !s.Active || s.Stale(staleAfter) {
 		return nil, nil
 	}
 	busy := s.Busy()
-	busy.SilenceUnknown = s.Holder.Application == "outboxd" && s.Holder.Silent < 0
+	busy.SilenceUnknown = s.Holder.Application == "outboxd" && s.Holder.Reply == ""
 	return busy, nil
 }
 

@@ -87,7 +87,7 @@ func TestExactlyOnceShutdownAbortsWithHeldTopics(t *testing.T) {
 	// next quiet tick.
 	e.open = true
 	e.txns = append(e.txns, h.s.wm.Begin(time.Now()))
-	e.ends = append(e.ends, 210)
+	e.ends = append(e.ends, sink.Checkpoint{LSN: 210})
 	start := time.Now()
 	h.s.finish(canceled, true)
 	if took := time.Since(start); took > 5*time.Second {
@@ -114,7 +114,7 @@ func TestExactlyOnceShutdownCommitsWithoutHolds(t *testing.T) {
 	h.s.commit = e
 	e.open = true
 	e.txns = append(e.txns, h.s.wm.Begin(time.Now()))
-	e.ends = append(e.ends, 210)
+	e.ends = append(e.ends, sink.Checkpoint{LSN: 210})
 	h.s.finish(canceled, true)
 	if cps := ts.checkpoints(); len(cps) != 1 || cps[0] != (sink.Checkpoint{LSN: 210}) {
 		t.Fatalf("checkpoints %v, want one at 210", cps)

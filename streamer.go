@@ -236,7 +236,7 @@ func (s *streamer) handle(ctx context.Context, msg *wal.Msg, now time.Time) erro
 	}
 	switch msg.Kind {
 	case wal.KindBegin:
-		if err := s.verify.begin(msg.Begin.FinalLSN); err != nil {
+		if err := s.verify.begin(msg.Begin.FinalLSN, msg.Begin.Xid, msg.Begin.CommitTime); err != nil {
 			return err
 		}
 		s.skipTxn = s.replay != nil && s.replay.upTo != 0 && s.replayBegin(&msg.Begin)
@@ -273,7 +273,7 @@ func (s *streamer) handle(ctx context.Context, msg *wal.Msg, now time.Time) erro
 		if s.txn == nil {
 			return errors.New("protocol: commit outside a transaction")
 		}
-		if err := s.verify.commit(msg.Commit.EndLSN); err != nil {
+		if err := s.verify.commit(msg.Commit.EndLSN, s.tx.Xid, s.tx.CommitTime); err != nil {
 			return err
 		}
 		txn := s.txn

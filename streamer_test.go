@@ -547,20 +547,25 @@ func TestStreamerExactlyOnceSkipsWhatKafkaHolds(t *testing.T) {
 func TestStreamerExactlyOnceSplitsALargeTransaction(t *testing.T) {
 	ts := &fakeTxnSink{}
 	h := newHarness(t, 100, func(c *Config) { c.MaxInflightEvents, c.MaxInflightBytes = 1<<20, 1<<30 })
-	h.s.commit = &eos{sink: ts, wm: h.s.wm, splitAge: time.Minute}
+	h.s.commit = &eos{sink: ts, wm: h.s.wm, splitAge: time.Minute, tx: &h.s.tx}
 	h.start()
 	ids := make([]string, eosMaxRecords*2+5)
 	for i := range ids {
 		ids[i] = uuid(i + 1)
 	}
-	h.stream.push(txn(200, 210, ids...)...)
+	msgs := txn(200, 210, ids...)
+	h.stream.push(msgs...)
 	h.sink.waitProduced(t, len(ids))
 	for i := range ids {
 		h.sink.ack(i, nil)
 	}
 	h.waitSent(210)
 	cps := ts.checkpoints()
-	want := []sink.Checkpoint{{LSN: 200, Events: eosMaxRecords}, {LSN: 200, Events: 2 * eosMaxRecords}, {LSN: 210}}
+	// Each checkpoint names the transaction (xid, commit time), whole or
+	// split, so that a restored server's transaction at the same position
+	// is not taken for it (boundary.go).
+	xid, at := msgs[0].Begin.Xid, msgs[0].Begin.CommitTime.UnixMicro()
+	want := []sink.Checkpoint{{LSN: 200, Events: eosMaxRecords, Xid: xid, CommitTime: at}, {LSN: 200, Events: 2 * eosMaxRecords, Xid: xid, CommitTime: at}, {LSN: 210, Xid: xid, CommitTime: at}}
 	if fmt.Sprint(cps) != fmt.Sprint(want) {
 		t.Fatalf("checkpoints %v, want %v", cps, want)
 	}

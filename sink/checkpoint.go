@@ -15,9 +15,42 @@ import (
 // Kafka. Events > 0: a long PostgreSQL transaction was split over several
 // Kafka transactions, and its first Events events (the transaction whose
 // commit LSN is LSN) are in Kafka too.
+//
+// Xid and CommitTime identify the transaction the checkpoint names: the one
+// ending at LSN (Events 0), or the one committed at LSN (Events > 0, and a
+// checkpoint committed before a refused event's probe, which names the
+// transaction it stops in). The position alone does not: a server restored
+// from a copy of the same cluster reuses xids, and the same workload writes
+// the same WAL sizes, so another transaction can end at the same LSN with
+// the same xid; only the commit time tells them apart (the at-least-once
+// replay ring keys on the same three, replay.go). The session's boundary
+// check requires all three (boundary.go).
 type Checkpoint struct {
 	LSN    wal.LSN
 	Events int
+	Xid    uint32
+	// CommitTime is the transaction's commit time in microseconds since
+	// the Unix epoch (PostgreSQL's own precision); 0 in a record of an
+	// earlier version, which named the position only (Identified).
+	CommitTime int64
+}
+
+// Identified reports whether the checkpoint names its transaction (records
+// of earlier versions do not).
+func (c Checkpoint) Identified() bool { return c.CommitTime != 0 }
+
+// Names reports whether the transaction with xid, committed at commitTime,
+// is the one the checkpoint names.
+func (c Checkpoint) Names(xid uint32, commitTime time.Time) bool {
+	return c.Identified() && c.Xid == xid && c.CommitTime == commitTime.UnixMicro()
+}
+
+// Txn describes the transaction the checkpoint names, for logs and errors.
+func (c Checkpoint) Txn() string {
+	if !c.Identified() {
+		return "no transaction named: a checkpoint of an earlier version"
+	}
+	return fmt.Sprintf("xid %d committed at %s", c.Xid, time.UnixMicro(c.CommitTime).UTC().Format(time.RFC3339Nano))
 }
 
 // Covers reports whether event n (0-based) of the transaction committed at
@@ -27,6 +60,8 @@ func (c Checkpoint) Covers(commit wal.LSN, n int) bool {
 }
 
 // String is the record value: "X/Y", or "X/Y+N" for a split transaction.
+// The transaction's identity travels in the record's headers (sink/kafka),
+// which earlier versions ignore.
 func (c Checkpoint) String() string {
 	if c.Events == 0 {
 		return c.LSN.String()

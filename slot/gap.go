@@ -72,6 +72,9 @@ type server struct {
 	// timeline is not in this server's history at all.
 	switched wal.LSN
 	diverged bool
+	// walEnd reads the server's WAL end again (IDENTIFY_SYSTEM), for a
+	// record reloaded after flushed was read (guard); nil: not re-read.
+	walEnd func(context.Context) (wal.LSN, error)
 }
 
 // readHistory fills srv.switched and srv.diverged for a record written on
@@ -117,7 +120,14 @@ func identify(ctx context.Context, conn *pgconn.PgConn) (server, error) {
 	if err != nil {
 		return server{}, fmt.Errorf("IDENTIFY_SYSTEM: %w", err)
 	}
-	return server{systemID: r.SystemID, timeline: r.Timeline, flushed: r.XLogPos}, nil
+	walEnd := func(ctx context.Context) (wal.LSN, error) {
+		r, err := pglogrepl.IdentifySystem(ctx, conn)
+		if err != nil {
+			return 0, fmt.Errorf("IDENTIFY_SYSTEM: %w", err)
+		}
+		return wal.LSN(r.XLogPos), nil
+	}
+	return server{systemID: r.SystemID, timeline: r.Timeline, flushed: r.XLogPos, walEnd: walEnd}, nil
 }
 
 // gapFix is the SetupError fix for every gap.
@@ -192,6 +202,20 @@ func guard(ctx context.Context, conn *pgconn.PgConn, cfg Config, found bool, srv
 				srv.systemID, srv.timeline, known.SystemID, known.Timeline, err)
 		}
 		known, _ = cfg.Progress.Known()
+		// The record read now may be newer than the WAL end read before
+		// it: another instance took the slot, published on and wrote its
+		// record in between (a walsender kill with two instances), and a
+		// stale WAL end before the record's position would be a false
+		// "phantom events" gap. Read after the record, the WAL end of a
+		// server that has the WAL the record names is past it; one that
+		// lost it is not.
+		if srv.walEnd != nil {
+			end, err := srv.walEnd(ctx)
+			if err != nil {
+				return err
+			}
+			srv.flushed = max(srv.flushed, end)
+		}
 	}
 	if err := readHistory(ctx, conn, &srv, known); err != nil {
 		return err

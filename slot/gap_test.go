@@ -135,3 +135,52 @@ func TestGuardReloadsBeforeCreating(t *testing.T) {
 		t.Fatalf("fresh install: %v (%d reloads)", err, p.reloads)
 	}
 }
+
+// A walsender kill with two instances (issue 31 item 9): the standby takes
+// the slot and publishes on, writing its progress record before it
+// confirms; the former active, reconnecting, reads the slot (ahead of its
+// own record: it reloads the record) and the server's WAL end. When it read
+// the WAL end before the new active wrote the record it then reloads, the
+// record named positions past that stale WAL end, and the former active
+// exited with a false "phantom events" gap (TestFaultsHA, seed
+// 1796200230756684415). The WAL end it compares must be read after the
+// record: here the server's WAL end is 0/5000 when read before the reload,
+// and 0/6100 after it, as on the real server.
+func TestGuardComparesTheWALEndReadAfterTheRecord(t *testing.T) {
+	own := Progress{LSN: 0x4000, Published: 0x4000, SystemID: "7", Timeline: 1, WriteAhead: true}
+	newActive := Progress{LSN: 0x6000, Published: 0x6000, SystemID: "7", Timeline: 1, WriteAhead: true}
+	for _, tc := range []struct {
+		name    string
+		after   uint64 // the WAL end once the record was reloaded
+		wantGap string
+	}{
+		{"the new active's record, WAL past it", 0x6100, ""},
+		{"a record past the WAL end read after it: a real gap", 0x5000, "the server's WAL ends at 0/5000, before LSN 0/6000"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &fakeProgress{ok: true, rec: own, next: newActive}
+			reads := 0
+			srv := server{systemID: "7", timeline: 1, flushed: 0x5000, slot: 0x4100} // read before the reload
+			srv.walEnd = func(context.Context) (wal.LSN, error) {
+				reads++
+				if p.reloads == 0 {
+					return 0x5000, nil
+				}
+				return wal.LSN(tc.after), nil
+			}
+			err := guard(context.Background(), nil, Config{Slot: "s", Progress: p}, true, srv)
+			if p.reloads != 1 {
+				t.Fatalf("%d reloads, want 1 (the slot is ahead of the instance's own record)", p.reloads)
+			}
+			var se *SetupError
+			switch {
+			case tc.wantGap == "" && err != nil:
+				t.Fatalf("false gap: %v", err)
+			case tc.wantGap != "" && (!errors.As(err, &se) || !strings.Contains(se.Problem, tc.wantGap)):
+				t.Fatalf("got %v, want the gap %q", err, tc.wantGap)
+			case reads != 1:
+				t.Fatalf("the WAL end was read %d times after the reload, want 1", reads)
+			}
+		})
+	}
+}

@@ -46,6 +46,9 @@ type Slot struct {
 	// on a promoted one). Both false before 17. Temporary slots are never
 	// synced for good.
 	Failover, Synced, Temporary bool
+	// ServerTime is the server's now() when the row was read: what a
+	// Silence measures the holder's silence with.
+	ServerTime time.Time
 }
 
 // Holder is the process streaming from a slot, as far as pg_stat_activity
@@ -54,9 +57,14 @@ type Holder struct {
 	Application string // application_name
 	Client      string // client address; "" for a Unix socket (or not visible)
 	Since       string // backend_start as PostgreSQL prints it; "" if not visible
-	// Silent is how long the walsender's client has not replied (since it
-	// connected if it never did); -1 if unknown, which includes a querying
-	// role that may not see pg_stat_replication's details (slotSQL).
+	// Reply is the walsender's reply mark: reply_time as PostgreSQL prints
+	// it, or backend_start before the client's first reply; "" if the
+	// querying role may not see pg_stat_replication's details (slotSQL).
+	// Each reply changes it; its value is the client's clock and is never
+	// compared with the server's (Silence).
+	Reply string
+	// Silent is how long the walsender's client has not replied, as a
+	// Silence measured it on the server's clock; -1 if unknown.
 	Silent time.Duration
 }
 
@@ -76,6 +84,7 @@ func (h Holder) String() string {
 // Stale reports whether the holder is an outboxd walsender whose client has
 // not replied for longer than after (outboxd replies every few seconds): a
 // process that vanished without closing its connection. after <= 0: never.
+// Silent comes from a Silence (Observe); unknown is never stale.
 func (s Slot) Stale(after time.Duration) bool {
 	return s.Active && after > 0 && s.Holder.Application == "outboxd" && s.Holder.Silent > after
 }
@@ -93,15 +102,17 @@ func (s Slot) Busy() *BusyError {
 // columns (state, reply_time) PostgreSQL shows only to superusers and
 // members of pg_read_all_stats, while backend_start (from pg_stat_activity)
 // stays visible to the walsender's own role. Without the state column the
-// silence is unknown (NULL, Silent -1), never "since the session began": a
+// reply mark is unknown (NULL, Reply ""), never "since the session began": a
 // healthy active under the least-privilege role must not look stale to its
 // standby. A walsender whose client vanished is then ended by the server's
-// wal_sender_timeout instead.
+// wal_sender_timeout instead. The mark is the client's clock: only its
+// changes count, timed by the server's now() (Silence).
 const slotSQL = `SELECT s.slot_name, s.slot_type, s.plugin, s.database, s.active, s.active_pid,
 	a.application_name, host(a.client_addr), a.backend_start,
-	CASE WHEN r.state IS NOT NULL THEN extract(epoch FROM now() - coalesce(r.reply_time, r.backend_start)) END,
+	CASE WHEN r.state IS NOT NULL THEN coalesce(r.reply_time, r.backend_start)::text END,
 	s.confirmed_flush_lsn, s.restart_lsn, c.lsn - s.confirmed_flush_lsn, c.lsn - s.restart_lsn,
-	s.wal_status, s.safe_wal_size, (to_jsonb(s)->>'failover')::bool, (to_jsonb(s)->>'synced')::bool, s.temporary
+	s.wal_status, s.safe_wal_size, (to_jsonb(s)->>'failover')::bool, (to_jsonb(s)->>'synced')::bool, s.temporary,
+	extract(epoch FROM now())
 FROM pg_replication_slots s
 CROSS JOIN (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END AS lsn) c
 LEFT JOIN pg_stat_activity a ON a.pid = s.active_pid
@@ -142,8 +153,8 @@ func list(ctx context.Context, q Querier, sql string) ([]Slot, error) {
 
 // parseRow reads one text row of slotSQL; NULL is a nil column.
 func parseRow(r [][]byte) (s Slot, err error) {
-	if len(r) != 19 {
-		return Slot{}, fmt.Errorf("want 19 columns, got %d", len(r))
+	if len(r) != 20 {
+		return Slot{}, fmt.Errorf("want 20 columns, got %d", len(r))
 	}
 	str := func(i int) string { return string(r[i]) }
 	num := func(i int) *int64 {
@@ -173,9 +184,10 @@ func parseRow(r [][]byte) (s Slot, err error) {
 	if pid := num(5); pid != nil {
 		s.ActivePID = int(*pid)
 	}
-	if r[9] != nil {
-		if secs, perr := strconv.ParseFloat(str(9), 64); perr == nil {
-			s.Holder.Silent = time.Duration(secs * float64(time.Second))
+	s.Holder.Reply = str(9)
+	if r[19] != nil {
+		if secs, perr := strconv.ParseFloat(str(19), 64); perr == nil {
+			s.ServerTime = time.UnixMicro(int64(secs * 1e6))
 		}
 	}
 	s.ConfirmedFlush, s.RestartLSN = lsn(10), lsn(11)

@@ -111,6 +111,10 @@ type Config struct {
 	// client has not replied for this long is dead (outboxd replies every
 	// few seconds), e.g. left by a killed process; it is terminated. 0 never.
 	StaleAfter time.Duration
+	// Silence measures that silence across the caller's looks at the
+	// slot (a standby's polls, then this one): nil, a single look, never
+	// finds a holder silent.
+	Silence *Silence
 	// Previous is the server the caller's previous session streamed from
 	// (system identifier and timeline; zero: none): if this server is a
 	// later timeline of it, Info.PreviousEnd says where that timeline
@@ -192,6 +196,7 @@ func Prepare(ctx context.Context, conn *pgconn.PgConn, cfg Config) (info Info, c
 			return Info{}, false, err
 		}
 	}
+	cfg.Silence.Observe(&info.Slot)
 	if info.Active && (cfg.TakeOver != 0 && info.ActivePID == cfg.TakeOver || info.Stale(cfg.StaleAfter)) {
 		if info.Slot, err = takeOver(ctx, conn, info.Slot); err != nil {
 			return Info{}, false, err

@@ -2,6 +2,7 @@ package kafka
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -194,5 +195,128 @@ func TestSplitCheckpointUnderAnotherMessagePrefix(t *testing.T) {
 			}
 			return
 		}
+	}
+}
+
+// A checkpoint record carries the identity of the transaction it names
+// (xid, commit time) in its headers, and the load returns it, so that a
+// session can tell the checkpoint's transaction from another one at the
+// same position (issue 31 item 1). A record of an earlier version (no such
+// headers) loads unnamed, which the relay does not skip on (boundary.go);
+// malformed headers stop the load rather than being taken for either.
+func TestCheckpointNamesItsTransaction(t *testing.T) {
+	c := newCluster(t)
+	ctx := context.Background()
+	s := newSink(t, c, Config{Transactional: &Transactional{ID: "outboxd.a", Timeout: time.Minute}})
+	if err := s.InitTransactions(ctx, Checkpoints{Topic: "cp", Key: "slot-a"}); err != nil {
+		t.Fatal(err)
+	}
+	named := sink.Checkpoint{LSN: 0x200, Events: 2, Xid: 745, CommitTime: 1796200230756684}
+	commitCheckpoint(t, s, named)
+	if got, err := s.LoadCheckpoint(ctx); err != nil || got != named || !got.Identified() {
+		t.Fatalf("LoadCheckpoint = %+v, %v; want %+v", got, err, named)
+	}
+	// An earlier version's record: the value alone, with the prefix header.
+	legacy := func(headers ...kgo.RecordHeader) {
+		t.Helper()
+		if err := s.Begin(); err != nil {
+			t.Fatal(err)
+		}
+		rec := &kgo.Record{Topic: "cp", Key: []byte("slot-a"), Value: []byte("0/300"), Headers: append([]kgo.RecordHeader{{Key: prefixHeader}}, headers...)}
+		if err := s.cl().ProduceSync(ctx, rec).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.cl().EndTransaction(ctx, kgo.TryCommit); err != nil {
+			t.Fatal(err)
+		}
+	}
+	legacy()
+	if got, err := s.LoadCheckpoint(ctx); err != nil || got != (sink.Checkpoint{LSN: 0x300}) || got.Identified() {
+		t.Fatalf("LoadCheckpoint of an earlier version's record = %+v, %v; want 0/300, unnamed", got, err)
+	}
+	legacy(kgo.RecordHeader{Key: xidHeader, Value: []byte("745")})
+	if got, err := s.LoadCheckpoint(ctx); err == nil {
+		t.Fatalf("LoadCheckpoint with an xid and no commit time = %+v; want an error", got)
+	}
+}
+
+// A rolling upgrade to the transactional id that names the system
+// identifier (issue 31 item 3): the earlier version, under outboxd.<slot>,
+// wrote the checkpoints so far and has its last Kafka transaction open (its
+// event written, its commit still to come) when the new version, under its
+// new id, reads the checkpoint. On main the load took a checkpoint record
+// of that transaction for its own id's hanging one and aborted it on the
+// checkpoint partition only, and did nothing about a transaction that had
+// not written its checkpoint record yet; either way the old commit then
+// went through, and its event became visible with the checkpoint behind
+// it: published again by the new version. The load must fence the old id:
+// its transaction ends everywhere (aborted here, as it was not committing
+// yet), and its commit is refused.
+func TestLoadCheckpointFencesAnUpgradedFromTransactionalID(t *testing.T) {
+	for _, written := range []bool{true, false} {
+		name := map[bool]string{true: "checkpoint record written", false: "checkpoint record not written yet"}[written]
+		t.Run(name, func(t *testing.T) {
+			c := newCluster(t)
+			ctx := context.Background()
+			cp := Checkpoints{Topic: "cp", Key: "7212345678901234567/slot-a"}
+			// The new version registers its id (and makes the topic) as
+			// the old one's last transaction is open.
+			s := newSink(t, c, Config{Transactional: &Transactional{ID: "outboxd.7212345678901234567.slot-a", Timeout: time.Minute}})
+			if err := s.InitTransactions(ctx, cp); err != nil {
+				t.Fatal(err)
+			}
+			old, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.TransactionalID("outboxd.slot-a"), kgo.TransactionTimeout(time.Minute))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer old.Close()
+			if _, err := kadm.NewClient(old).CreateTopic(ctx, 1, 1, nil, "e"); err != nil {
+				t.Fatal(err)
+			}
+			oldTxn := func(recs ...*kgo.Record) {
+				t.Helper()
+				if err := old.BeginTransaction(); err != nil {
+					t.Fatal(err)
+				}
+				if err := old.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			checkpoint := func(v string) *kgo.Record { return &kgo.Record{Topic: "cp", Key: []byte(cp.Key), Value: []byte(v)} }
+			oldTxn(&kgo.Record{Topic: "e", Value: []byte("published")}, checkpoint("0/100"))
+			if err := old.EndTransaction(ctx, kgo.TryCommit); err != nil {
+				t.Fatal(err)
+			}
+			inFlight := []*kgo.Record{{Topic: "e", Value: []byte("in flight")}}
+			if written {
+				inFlight = append(inFlight, checkpoint("0/200"))
+			}
+			oldTxn(inFlight...)
+
+			lctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			defer cancel()
+			got, err := s.LoadCheckpoint(lctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !written {
+				_ = old.ProduceSync(ctx, checkpoint("0/200")).FirstErr()
+			}
+			commitErr := old.EndTransaction(ctx, kgo.TryCommit)
+			after, err := s.LoadCheckpoint(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			visible := slices.Contains(readCommitted(t, c, "e"), "in flight")
+			// Consistent: the old transaction's event is visible exactly
+			// when the checkpoint the new version streams from covers it.
+			if visible != (got.LSN == 0x200) || got != after {
+				t.Fatalf("the old id's event visible %v; the checkpoint loaded during the upgrade %v, afterwards %v (the old commit: %v): published twice or lost",
+					visible, got, after, commitErr)
+			}
+			if commitErr == nil {
+				t.Fatal("the old id's commit went through after the new version read the checkpoint: it was not fenced")
+			}
+		})
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -195,6 +197,11 @@ func (s *Sink) Commit(ctx context.Context, at sink.Checkpoint) error {
 func (s *Sink) commit(ctx context.Context, at sink.Checkpoint) error {
 	rec := &kgo.Record{Topic: s.cp.Topic, Key: []byte(s.cp.Key), Value: []byte(at.String()),
 		Headers: []kgo.RecordHeader{{Key: prefixHeader, Value: []byte(s.cp.MessagePrefix)}}}
+	if at.Identified() {
+		rec.Headers = append(rec.Headers,
+			kgo.RecordHeader{Key: xidHeader, Value: strconv.AppendUint(nil, uint64(at.Xid), 10)},
+			kgo.RecordHeader{Key: commitTimeHeader, Value: strconv.AppendInt(nil, at.CommitTime, 10)})
+	}
 	if err := s.produceWithin(ctx, rec); err != nil {
 		return err
 	}
@@ -241,11 +248,15 @@ func (s *Sink) abort(ctx context.Context) error {
 // with read_committed isolation and returns the last checkpoint committed for
 // its key (zero if none).
 func (s *Sink) LoadCheckpoint(ctx context.Context) (sink.Checkpoint, error) {
-	text, err := s.loadCheckpoint(ctx, s.cp)
-	if err != nil || text == "" {
+	rec, err := s.loadCheckpoint(ctx, s.cp)
+	if err != nil || rec == nil || len(rec.Value) == 0 {
 		return sink.Checkpoint{}, denied(err)
 	}
+	text := string(rec.Value)
 	c, err := sink.ParseCheckpoint(text)
+	if err == nil {
+		c.Xid, c.CommitTime, err = checkpointTxn(rec)
+	}
 	if err != nil {
 		return sink.Checkpoint{}, fmt.Errorf("kafka: checkpoint %q in %s: %w", text, s.cp.Topic, err)
 	}
@@ -262,7 +273,16 @@ func (s *Sink) LoadCheckpoint(ctx context.Context) (sink.Checkpoint, error) {
 	return c, nil
 }
 
-func (s *Sink) loadCheckpoint(ctx context.Context, cp Checkpoints) (string, error) {
+func (s *Sink) loadCheckpoint(ctx context.Context, cp Checkpoints) (*kgo.Record, error) {
+	return s.readCheckpoint(ctx, cp, 0)
+}
+
+// maxFences bounds how often one load fences another transactional id and
+// reads again (fenceOthers): each fencing ends that id's transaction, so a
+// second round finds it over unless yet another instance keeps writing.
+const maxFences = 2
+
+func (s *Sink) readCheckpoint(ctx context.Context, cp Checkpoints, fences int) (*kgo.Record, error) {
 	adm := kadm.NewClient(s.cl())
 	var ends kadm.ListedOffsets
 	err := untilKafkaAnswers(ctx, func() error {
@@ -274,7 +294,7 @@ func (s *Sink) loadCheckpoint(ctx context.Context, cp Checkpoints) (string, erro
 		return err
 	}, "kafka: checkpoint end offsets")
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	want := map[int32]int64{}
 	ends.Each(func(o kadm.ListedOffset) {
@@ -283,7 +303,7 @@ func (s *Sink) loadCheckpoint(ctx context.Context, cp Checkpoints) (string, erro
 		}
 	})
 	if len(want) == 0 {
-		return "", nil
+		return nil, nil
 	}
 	// Every checkpoint of this slot lies below those end offsets: its own
 	// transactions are over (InitTransactions and Reset abort an open one,
@@ -309,25 +329,24 @@ func (s *Sink) loadCheckpoint(ctx context.Context, cp Checkpoints) (string, erro
 	}, s.conn...)
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	defer cl.Close()
 	type open struct {
-		value  string
-		prefix []byte // the prefix header, nil if none
+		rec    *kgo.Record
 		part   int32
 		offset int64
 	}
-	last, pending, settled := "", map[int64]open{}, 0 // pending: producer id → this key's value in its open transaction
+	var last *kgo.Record
+	pending, settled := map[int64]open{}, 0 // pending: producer id → this key's record in its open transaction
 	waitLogged := false
 	defer s.noteLoadWait(nil)
-	var lastPrefix []byte
 	for len(want) > 0 {
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
 		fetches := cl.PollFetches(pctx)
 		cancel()
 		if err := ctx.Err(); err != nil {
-			return "", fmt.Errorf("kafka: read checkpoint %s to offset %v: %w", cp.Topic, want, err)
+			return nil, fmt.Errorf("kafka: read checkpoint %s to offset %v: %w", cp.Topic, want, err)
 		}
 		if fetches.NumRecords() == 0 {
 			// Compaction may have removed the tail's marker (a day after the
@@ -354,35 +373,148 @@ func (s *Sink) loadCheckpoint(ctx context.Context, cp Checkpoints) (string, erro
 			case r.Attrs.IsControl():
 				if o, ok := pending[r.ProducerID]; ok && o.part == r.Partition {
 					if isCommitMarker(r.Key) {
-						last, lastPrefix = o.value, o.prefix
+						last = o.rec
 					}
 					delete(pending, r.ProducerID)
 				}
 			case string(r.Key) != cp.Key:
 			case r.Attrs.IsTransactional():
-				pending[r.ProducerID] = open{value: string(r.Value), prefix: header(r, prefixHeader), part: r.Partition, offset: r.Offset}
+				pending[r.ProducerID] = open{rec: r, part: r.Partition, offset: r.Offset}
 			default:
-				last, lastPrefix = string(r.Value), nil // an operator's record (a tombstone, say)
+				last = r // an operator's record (a tombstone, say)
 			}
 			if end, ok := want[r.Partition]; ok && r.Offset >= end-1 {
 				delete(want, r.Partition)
 			}
 		})
 	}
+	if fences < maxFences && (len(pending) > 0 || last != nil && last.ProducerID >= 0) {
+		// The producers that wrote this key lately: of the newest record
+		// believed, and of those with no marker yet.
+		pids := make([]int64, 0, len(pending)+1)
+		for pid := range pending {
+			pids = append(pids, pid)
+		}
+		if last != nil && last.ProducerID >= 0 {
+			pids = append(pids, last.ProducerID)
+		}
+		if fenced, err := s.fenceOthers(ctx, adm, pids); err != nil || fenced {
+			if err != nil {
+				return nil, err
+			}
+			return s.readCheckpoint(ctx, cp, fences+1)
+		}
+	}
 	for pid, o := range pending {
 		s.abortHanging(ctx, adm, cp.Topic, pid, o.part, o.offset)
 	}
-	if last != "" && cp.Check != nil {
-		if err := cp.Check(ctx, last); err != nil {
-			return "", err
+	if last == nil || len(last.Value) == 0 {
+		return nil, nil
+	}
+	if cp.Check != nil {
+		if err := cp.Check(ctx, string(last.Value)); err != nil {
+			return nil, err
 		}
 	}
-	s.lastPrefix, s.lastPrefixKnown = string(lastPrefix), lastPrefix != nil
+	prefix := header(last, prefixHeader)
+	s.lastPrefix, s.lastPrefixKnown = string(prefix), prefix != nil
 	return last, nil
+}
+
+// fenceOthers fences every other transactional id that, as its coordinator
+// says (ListTransactions), holds one of the producers pids in an open
+// transaction: the producers that wrote this slot's key lately (the newest
+// committed record's, and those with a record and no marker after it).
+// Only this database's outboxd writes the key (it names the system
+// identifier), so such an id is this slot's too under another name: an
+// earlier version's outboxd.<slot> during a rolling upgrade, or another
+// --transactional-id-prefix, whose last commit may still be in flight.
+// Taking its record for this id's own hanging transaction and aborting it
+// on the checkpoint partition alone would let that commit go on to make
+// its events visible with the checkpoint behind them: published twice. And
+// a transaction that has not written its checkpoint record yet would add
+// it after this load: the same. (A producer id stays with its
+// transactional id across registrations, so the newest committed record's
+// producer names the old id's current transaction too.)
+// Registering the id instead (InitProducerID) bumps its epoch, so its
+// holder is fenced, and its coordinator ends the transaction on every
+// partition before it answers: committed if it was committing, aborted
+// otherwise. The load then reads again and finds the record decided.
+// Without Describe on the other id the coordinator names none, and the
+// record is handled as a hanging one (abortHanging), as before.
+func (s *Sink) fenceOthers(ctx context.Context, adm *kadm.Client, pids []int64) (bool, error) {
+	l, err := adm.ListTransactions(ctx, pids, nil)
+	if err != nil {
+		return false, nil
+	}
+	own := s.TransactionalID()
+	var ids []string
+	l.Each(func(t kadm.ListedTransaction) {
+		switch t.State {
+		case "Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence":
+			if t.TxnID != own && !slices.Contains(ids, t.TxnID) {
+				ids = append(ids, t.TxnID)
+			}
+		}
+	})
+	for _, id := range ids {
+		if s.log != nil {
+			s.log.Warn("exactly-once: another transactional id has a transaction open with this slot's checkpoint (an earlier version's, during an upgrade?): fencing it so that the transaction ends on every partition before the checkpoint is read",
+				"transactional_id", id, "own_transactional_id", own)
+		}
+		if err := s.fenceID(ctx, id); err != nil {
+			return false, err
+		}
+	}
+	return len(ids) > 0, nil
+}
+
+// fenceID registers the transactional id id with a producer of its own,
+// as a new instance of it would, and drops that producer.
+func (s *Sink) fenceID(ctx context.Context, id string) error {
+	timeout := time.Minute
+	if s.txn != nil && s.txn.Timeout > 0 {
+		timeout = s.txn.Timeout
+	}
+	cl, err := kgo.NewClient(append(slices.Clone(s.conn), kgo.TransactionalID(id), kgo.TransactionTimeout(timeout))...)
+	if err != nil {
+		return fmt.Errorf("kafka: fence transactional id %s: %w", id, err)
+	}
+	defer cl.Close()
+	if _, _, err := cl.ProducerID(ctx); err != nil {
+		return classify(fmt.Errorf("kafka: fence transactional id %s, whose transaction holds this slot's checkpoint (fix: allow Write on it, or end its transaction with kafka-transactions.sh abort): %w", id, err), true)
+	}
+	return nil
 }
 
 // prefixHeader carries Checkpoints.MessagePrefix on each checkpoint record.
 const prefixHeader = "outboxd.message_prefix"
+
+// xidHeader and commitTimeHeader carry the identity of the transaction a
+// checkpoint names (sink.Checkpoint: its xid, its commit time in
+// microseconds since the Unix epoch, both decimal). Records of earlier
+// versions have neither, and earlier versions ignore them.
+const (
+	xidHeader        = "outboxd.xid"
+	commitTimeHeader = "outboxd.commit_time"
+)
+
+// checkpointTxn reads the transaction identity of a checkpoint record:
+// zeros if it has none (sink.Checkpoint.Identified).
+func checkpointTxn(r *kgo.Record) (xid uint32, commitTime int64, err error) {
+	x, t := header(r, xidHeader), header(r, commitTimeHeader)
+	if x == nil && t == nil {
+		return 0, 0, nil
+	}
+	x64, err := strconv.ParseUint(string(x), 10, 32)
+	if err == nil {
+		commitTime, err = strconv.ParseInt(string(t), 10, 64)
+	}
+	if err != nil || commitTime == 0 {
+		return 0, 0, fmt.Errorf("bad transaction headers %s=%q %s=%q", xidHeader, x, commitTimeHeader, t)
+	}
+	return uint32(x64), commitTime, nil
+}
 
 // header is the value of r's header key, nil if it has none.
 func header(r *kgo.Record, key string) []byte {

@@ -441,7 +441,15 @@ type kadmAlter = kadm.AlterConfig
 // connection closes with the test, or earlier via the returned func.
 func (f *fixture) holdSlot() (pid int, release func()) {
 	f.t.Helper()
-	holder, err := pgconn.Connect(f.ctx, f.dsn+"&replication=database&application_name=intruder")
+	pid, _, release = f.holdSlotAs("intruder")
+	return pid, release
+}
+
+// holdSlotAs is holdSlot with application_name app; it also returns the
+// replication connection (the caller may send status updates on it).
+func (f *fixture) holdSlotAs(app string) (pid int, holder *pgconn.PgConn, release func()) {
+	f.t.Helper()
+	holder, err := pgconn.Connect(f.ctx, f.dsn+"&replication=database&application_name="+app)
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -451,7 +459,7 @@ func (f *fixture) holdSlot() (pid int, release func()) {
 		PluginArgs: []string{"proto_version '1'", "publication_names 'outboxd'"}}); err != nil {
 		f.t.Fatal(err)
 	}
-	return f.slotState().ActivePID, release
+	return f.slotState().ActivePID, holder, release
 }
 
 // dropSlot drops the fixture's slot once no walsender holds it (bounded).

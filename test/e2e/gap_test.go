@@ -512,3 +512,98 @@ func TestGapRestoreExactlyOnce(t *testing.T) {
 		t.Errorf("no \"gap accepted\" warning:\n%s", tailString(p3.Log(), 4000))
 	}
 }
+
+// Exactly-once, restored from a cold copy, and the restored server runs the
+// same shape of workload (issue 31 item 1): one event, a cold copy, A1-A5
+// in one transaction published; then the copy is restored and F1-F5 are
+// committed in one transaction with the same row sizes. The restored
+// server reuses A's xid, and nothing else writes WAL (no heartbeat), so F
+// ends at the LSN the checkpoint records. A new outboxd must not take F
+// for A: F1-F5 reach read_committed consumers, or a gap is reported and
+// the slot stays before them. On main the boundary check accepted F by its
+// LSN alone: F1-F5 were skipped as "already in Kafka" and the slot was
+// confirmed past them, silently.
+func TestGapRestoreSameShapeExactlyOnce(t *testing.T) {
+	primary := harness.PostgresForTest(t)
+	if primary.External() {
+		t.Skip("needs a harness-started server it may stop and restore (" + harness.EnvPostgres + " is set)")
+	}
+	f := newFixture(t, withPostgres(primary))
+	f.asSetupRole()
+	eos := []string{"--exactly-once", "--checkpoint-topic", "cp." + f.agg, "--heartbeat-interval", "0"}
+	p, r := f.spawn(eos...)
+	if err := r.waitStreaming(f.ctx); err != nil {
+		t.Fatalf("outboxd did not stream: %v\n%s", err, tailString(p.Log(), 4000))
+	}
+	f.waitConfirmed(f.commit(event{1, "a", "E", `{}`}), 20*time.Second)
+	backup := f.coldCopy(primary)
+	poll(t, 60*time.Second, "outboxd streaming again", func() bool { return f.slotState().Active && r.role(t) == "active" })
+	batch := func(first int, key string) []event {
+		var evs []event
+		for n := first; n < first+5; n++ {
+			evs = append(evs, event{n, key, strings.ToUpper(key), `{"pad": "` + strings.Repeat(key, 2000) + `"}`})
+		}
+		return evs
+	}
+	xidOf := func(n int) (xid uint32) {
+		t.Helper()
+		if err := f.conn.QueryRow(f.ctx, `SELECT xmin::text::bigint FROM outbox WHERE id = $1`, eventID(n)).Scan(&xid); err != nil {
+			t.Fatal(err)
+		}
+		return xid
+	}
+	published := f.commit(batch(2, "a")...)
+	aXid := xidOf(2)
+	f.waitConfirmed(published, 20*time.Second)
+	if n := len(f.readCommitted(6)); n != 6 {
+		t.Fatalf("%d committed records before the restore, want 6", n)
+	}
+	if err := p.Stop(20 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := primary.Stop(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := primary.RestoreColdCopy(f.ctx, backup); err != nil {
+		t.Fatal(err)
+	}
+	f.startAgain(primary)
+	end := f.commit(batch(12, "f")...)
+	if fXid := xidOf(12); end != published || fXid != aXid {
+		t.Fatalf("the restored server's transaction does not look like the published one (xid %d ending at %s; A's: xid %d ending at %s): the test shows nothing",
+			fXid, harness.FormatLSN(end), aXid, harness.FormatLSN(published))
+	}
+	t.Logf("F1-F5: xid %d ending at %s, as A1-A5", aXid, harness.FormatLSN(end))
+
+	p2, _ := f.spawn(eos...)
+	var gapped bool
+	poll(t, 60*time.Second, "F1-F5 confirmed, or a gap reported", func() bool {
+		if p2.Exited() {
+			gapped = true
+			return true
+		}
+		return f.slotState().ConfirmedFlushLSN >= end
+	})
+	if gapped {
+		code, _ := p2.Wait(f.ctx)
+		if code != 1 || !strings.Contains(p2.Log(), "outboxd run: gap: the exactly-once checkpoint in Kafka records slot ") {
+			t.Fatalf("outboxd exit %d, want 1 with a gap:\n%s", code, tailString(p2.Log(), 4000))
+		}
+		if s := f.slotState(); s.ConfirmedFlushLSN >= end {
+			t.Fatalf("gap reported, but the slot was confirmed to %s, past F1-F5", harness.FormatLSN(s.ConfirmedFlushLSN))
+		}
+		for _, line := range strings.Split(p2.Log(), "\n") {
+			if strings.HasPrefix(line, "outboxd run: gap:") {
+				t.Log(line)
+			}
+		}
+		return
+	}
+	first, _ := byID(t, f.readCommitted(11))
+	for n := 12; n < 17; n++ {
+		if _, ok := first[eventID(n)]; !ok {
+			t.Errorf("event F%d, committed on the restored server, was confirmed but never reached read_committed consumers", n-11)
+		}
+	}
+}

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
+
 	"github.com/outboxd/outboxd/test/harness"
 )
 
@@ -212,4 +214,55 @@ func (f *fixture) activeStays(a *relay, d time.Duration) {
 		f.t.Fatalf("active reports role %q after %s", r, d)
 	}
 	f.t.Logf("walsender PID %d held the slot for %s with a standby watching", pid, d)
+}
+
+// An active whose host clock runs behind the database's by more than
+// --replication-timeout is not silent (issue 31 item 5): its replies carry
+// its own clock in reply_time, and on main the standby took now() -
+// reply_time for its silence, terminated the healthy active at once and
+// took the slot (two such hosts took it from each other). The "active" here
+// is a replication client named outboxd that replies every 200 ms with its
+// clock an hour behind; a standby that can see reply_time (the superuser)
+// must leave it alone for three times --replication-timeout, and take over
+// once it stops replying.
+func TestHASkewedClockIsNotSilent(t *testing.T) {
+	f := newFixture(t)
+	f.exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, f.slot)
+	pid, holder, release := f.holdSlotAs("outboxd")
+	start := pglogrepl.LSN(f.slotState().ConfirmedFlushLSN)
+	stop := make(chan struct{})
+	replied := make(chan struct{})
+	go func() {
+		defer close(replied)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+			if err := pglogrepl.SendStandbyStatusUpdate(f.ctx, holder, pglogrepl.StandbyStatusUpdate{
+				WALWritePosition: start, ClientTime: time.Now().Add(-time.Hour)}); err != nil {
+				return
+			}
+		}
+	}()
+	p, r := f.spawn("--replication-timeout", haTimeout.String())
+	r.waitRole(t, "standby", 20*time.Second)
+	deadline := time.Now().Add(3 * haTimeout)
+	for time.Now().Before(deadline) {
+		if s := f.slotState(); s.ActivePID != pid {
+			t.Fatalf("the replying holder (walsender %d, clock an hour behind) was taken for silent: the slot is held by %d\n%s", pid, s.ActivePID, tailString(p.Log(), 3000))
+		}
+		if p.Exited() {
+			t.Fatalf("outboxd exited:\n%s", tailString(p.Log(), 3000))
+		}
+		time.Sleep(100 * time.Millisecond) // sampling the slot's holder
+	}
+	close(stop)
+	<-replied
+	took := r.waitRole(t, "active", 3*haTimeout+10*time.Second)
+	t.Logf("took over %s after the holder stopped replying (--replication-timeout %s)", took.Round(100*time.Millisecond), haTimeout)
+	release()
+	end := f.commit(event{1, "a", "E", `{}`})
+	f.waitConfirmed(end, 20*time.Second)
 }
