@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/outboxd/outboxd/internal/sysid"
 	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/sink/kafka"
@@ -50,6 +52,8 @@ type openedBroker struct {
 	Sink     sink.Sink
 	Progress sink.ProgressStore // nil: no gap check
 	Close    func()
+	// Collectors are the broker's own series, added to /metrics.
+	Collectors []prometheus.Collector
 }
 
 // brokerKinds maps a URL scheme to a new broker's options.

@@ -94,5 +94,5 @@ func (n *natsOptions) open(_ context.Context, b brokerRun) (*openedBroker, error
 		},
 		name: "bucket " + n.ProgressBucket + ", key <system id>/" + b.Opts.Slot,
 	}
-	return &openedBroker{Sink: sk, Progress: progress, Close: sk.Close}, nil
+	return &openedBroker{Sink: sk, Progress: progress, Close: sk.Close, Collectors: sk.Collectors()}, nil
 }

@@ -357,6 +357,9 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 	}
 	held.relay.Store(relay)
 	tr.register(relay)
+	if other != nil {
+		relay.MustRegister(other.Collectors...)
+	}
 	handler.set(relay.Handler(o.Pprof))
 	log.Info("outboxd starting", "version", version, "slot", o.Slot, "publication", o.Publication, "kafka", o.KafkaBrokers.String(), "broker", redactBrokerURL(o.Broker))
 	if err := relay.Run(ctx); err != nil {
