@@ -45,6 +45,9 @@ type brokerRun struct {
 	// Held reports a destination whose events the sink holds (nil err:
 	// no longer), for /readyz and /status.
 	Held func(dest string, err error)
+	// Durability reports a destination that can lose events it
+	// acknowledged, naming the setting (durability.go).
+	Durability func(dest, warning string)
 }
 
 // openedBroker is a built sink, its progress store and its release.
@@ -115,7 +118,7 @@ func (o *runOptions) validateBroker() error {
 }
 
 // openBroker builds the sink --broker names; nil without --broker (Kafka).
-func openBroker(ctx context.Context, o *runOptions, log *slog.Logger, held func(string, error)) (*openedBroker, error) {
+func openBroker(ctx context.Context, o *runOptions, log *slog.Logger, held func(string, error), durable *durabilityWarnings) (*openedBroker, error) {
 	b, err := o.brokerKind()
 	if err != nil || b == nil {
 		return nil, err
@@ -134,7 +137,7 @@ func openBroker(ctx context.Context, o *runOptions, log *slog.Logger, held func(
 		}
 		return k, err
 	}
-	return b.open(ctx, brokerRun{URL: o.Broker, Opts: o, Log: log, ProgressKey: progressKey, Held: held})
+	return b.open(ctx, brokerRun{URL: o.Broker, Opts: o, Log: log, ProgressKey: progressKey, Held: held, Durability: durable.add})
 }
 
 // lazyProgress is a progress store whose key is known only once PostgreSQL

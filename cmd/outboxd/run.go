@@ -270,7 +270,9 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 	// The sink reports topics it must hold before the relay exists (it is
 	// built with the sink): forward once it does.
 	var held heldTopics
-	other, err := openBroker(ctx, &o, log, held.set) // nil: Kafka
+	// Destinations that can lose acknowledged events: logged, on /status.
+	durable := &durabilityWarnings{log: log}
+	other, err := openBroker(ctx, &o, log, held.set, durable) // nil: Kafka
 	if err != nil {
 		return err
 	}
@@ -308,7 +310,7 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 		if err != nil {
 			return fmt.Errorf("--http-addr: %w", err)
 		}
-		srv := newHTTPServer(&handler)
+		srv := newHTTPServer(durable.handler(&handler))
 		log.Info("http listening", "addr", ln.Addr().String())
 		served := make(chan struct{})
 		go func() { // owned here: Close below ends it, and we wait for it

@@ -67,6 +67,9 @@ type Config struct {
 	// the session restarts and replays it.
 	AckTimeout time.Duration
 	Logger     *slog.Logger // may be nil
+	// Durability, if set, hears each stream that can lose messages it
+	// acknowledged (durability.go), when the sink first looks it up.
+	Durability func(dest, warning string)
 }
 
 // Sink is a JetStream publisher.
