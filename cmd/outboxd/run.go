@@ -98,9 +98,9 @@ func (t *topicOptions) validate() error {
 	return nil
 }
 
-func (t *topicOptions) sinkConfig(onHold func(topic string, err error)) kafka.TopicConfig {
+func (t *topicOptions) sinkConfig(onHold func(topic string, err error), durability func(dest, warning string)) kafka.TopicConfig {
 	return kafka.TopicConfig{Create: t.Create, Partitions: int32(t.Partitions), ReplicationFactor: int16(t.ReplicationFactor),
-		Configs: t.Configs, OnHold: onHold}
+		Configs: t.Configs, OnHold: onHold, Durability: durability}
 }
 
 func (o *runOptions) register(s *optionSet) {
@@ -289,7 +289,7 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 		MaxBuffered:     o.MaxInflightEvents + 1000,
 		Logger:          log,
 		Transactional:   transactional(o),
-		Topics:          o.Topics.sinkConfig(held.set),
+		Topics:          o.Topics.sinkConfig(held.set, durable.add),
 	})
 	if err != nil {
 		return err
