@@ -322,20 +322,24 @@ func (s *Sink) take(m *nats.Msg) *publish {
 
 // acked is nats.go's PubAck callback (one goroutine, in PubAck order).
 func (s *Sink) acked(_ jetstream.JetStream, m *nats.Msg, pa *jetstream.PubAck) {
-	if p := s.take(m); p != nil {
-		a := sink.NoAck
-		if pa != nil {
-			a.Sequence = pa.Sequence
-			if pa.Duplicate {
-				s.duplicateAck(m, pa)
-			} else {
-				s.mu.Lock()
-				s.stored[pa.Stream] = true
-				s.mu.Unlock()
-			}
-		}
-		p.finish(a, nil)
+	s.mu.Lock()
+	p := s.pending[m]
+	delete(s.pending, m)
+	if p != nil && pa != nil && !pa.Duplicate {
+		s.stored[pa.Stream] = true
 	}
+	s.mu.Unlock()
+	if p == nil {
+		return
+	}
+	a := sink.NoAck
+	if pa != nil {
+		a.Sequence = pa.Sequence
+		if pa.Duplicate {
+			s.duplicateAck(m, pa)
+		}
+	}
+	p.finish(a, nil)
 }
 
 // failed is nats.go's callback for a publish that failed: an error in the
