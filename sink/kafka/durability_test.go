@@ -1,7 +1,6 @@
 package kafka
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"slices"
@@ -13,6 +12,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxd/outboxd/test/harness"
 )
 
 // TopicRisks: unclean leader election always; min.insync.replicas below 2
@@ -67,7 +68,7 @@ func TestTopicDurabilityChecked(t *testing.T) {
 	var (
 		mu    sync.Mutex
 		found []string
-		logs  lockedBuffer
+		logs  harness.SyncBuffer
 	)
 	s, err := New(Config{Brokers: c.ListenAddrs(), Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Topics: TopicConfig{Create: true, ReplicationFactor: 3, Configs: map[string]string{"min.insync.replicas": "1"},
@@ -98,21 +99,4 @@ func TestTopicDurabilityChecked(t *testing.T) {
 	}) {
 		t.Fatalf("the safe topic's check did not read rf 3, min.insync.replicas 2:\n%s", logs.String())
 	}
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }

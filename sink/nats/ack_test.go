@@ -1,7 +1,6 @@
 package nats_test
 
 import (
-	"bytes"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -66,7 +65,7 @@ func TestProduceAckIsTheStreamSequence(t *testing.T) {
 func TestDuplicateIDCounted(t *testing.T) {
 	srv := harness.NATSForTest(t)
 	ctx := ctxFor(t)
-	var logs syncBuffer
+	var logs harness.SyncBuffer
 	s := newSink(t, srv, natssink.Config{CreateStreams: true, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	const topic = "outbox.event.Dup"
 	var recs []*router.Record
@@ -114,22 +113,4 @@ func waitDuplicates(t *testing.T, s *natssink.Sink, resends, reused int64) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-}
-
-// syncBuffer is a bytes.Buffer for a logger's concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }

@@ -89,15 +89,7 @@ func TestRabbitMQDurabilityWarning(t *testing.T) {
 	})
 	t.Run("quorum", func(t *testing.T) {
 		b := newRabbitBroker(t, node) // its classic queue stays unbound
-		conn, err := amqp.Dial(node.URL())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		ch, err := conn.Channel()
-		if err != nil {
-			t.Fatal(err)
-		}
+		ch := rabbitChannel(t, node)
 		q := b.exchange + ".quorum"
 		if _, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
 			t.Fatal(err)
