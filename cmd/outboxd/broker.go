@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/outboxd/outboxd/internal/sysid"
 	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/sink/kafka"
@@ -43,6 +45,9 @@ type brokerRun struct {
 	// Held reports a destination whose events the sink holds (nil err:
 	// no longer), for /readyz and /status.
 	Held func(dest string, err error)
+	// Durability reports a destination that can lose events it
+	// acknowledged, naming the setting (durability.go).
+	Durability func(dest, warning string)
 }
 
 // openedBroker is a built sink, its progress store and its release.
@@ -50,6 +55,8 @@ type openedBroker struct {
 	Sink     sink.Sink
 	Progress sink.ProgressStore // nil: no gap check
 	Close    func()
+	// Collectors are the broker's own series, added to /metrics.
+	Collectors []prometheus.Collector
 }
 
 // brokerKinds maps a URL scheme to a new broker's options.
@@ -111,7 +118,7 @@ func (o *runOptions) validateBroker() error {
 }
 
 // openBroker builds the sink --broker names; nil without --broker (Kafka).
-func openBroker(ctx context.Context, o *runOptions, log *slog.Logger, held func(string, error)) (*openedBroker, error) {
+func openBroker(ctx context.Context, o *runOptions, log *slog.Logger, held func(string, error), durable *durabilityWarnings) (*openedBroker, error) {
 	b, err := o.brokerKind()
 	if err != nil || b == nil {
 		return nil, err
@@ -130,7 +137,7 @@ func openBroker(ctx context.Context, o *runOptions, log *slog.Logger, held func(
 		}
 		return k, err
 	}
-	return b.open(ctx, brokerRun{URL: o.Broker, Opts: o, Log: log, ProgressKey: progressKey, Held: held})
+	return b.open(ctx, brokerRun{URL: o.Broker, Opts: o, Log: log, ProgressKey: progressKey, Held: held, Durability: durable.add})
 }
 
 // lazyProgress is a progress store whose key is known only once PostgreSQL

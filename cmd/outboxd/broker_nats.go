@@ -82,11 +82,15 @@ func (n *natsOptions) open(_ context.Context, b brokerRun) (*openedBroker, error
 	sk, err := natssink.New(natssink.Config{
 		URL: b.URL, Options: opts, KeyToken: n.KeyToken,
 		CreateStreams: n.CreateStreams, StreamReplicas: n.StreamReplicas, DuplicateWindow: n.DuplicateWindow,
-		MaxPending: b.Opts.MaxInflightEvents + 1000, AckTimeout: n.AckTimeout, Logger: b.Log,
+		MaxPending: b.Opts.MaxInflightEvents + 1000, AckTimeout: n.AckTimeout, Logger: b.Log, Durability: b.Durability,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("--broker %s: %w", redactBrokerURL(b.URL), err)
 	}
+	if why := natssink.CreatedStreamsRisk(n.StreamReplicas); n.CreateStreams && why != "" {
+		b.Durability("streams outboxd creates", why)
+	}
+	b.Log.Info("nats: " + natssink.SyncIntervalNote)
 	progress := lazyProgress{
 		key: b.ProgressKey,
 		make: func(key string) sink.ProgressStore {
@@ -94,5 +98,5 @@ func (n *natsOptions) open(_ context.Context, b brokerRun) (*openedBroker, error
 		},
 		name: "bucket " + n.ProgressBucket + ", key <system id>/" + b.Opts.Slot,
 	}
-	return &openedBroker{Sink: sk, Progress: progress, Close: sk.Close}, nil
+	return &openedBroker{Sink: sk, Progress: progress, Close: sk.Close, Collectors: sk.Collectors()}, nil
 }

@@ -7,9 +7,11 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net/http"
 	"os"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/sink/rabbitmq"
@@ -30,6 +32,7 @@ type rabbitOptions struct {
 	KeyRouting      bool
 	MaxMessageSize  byteSize
 	ProgressQueue   string
+	ManagementURL   string
 	TLSCA           string
 	TLSCert         string
 	TLSKey          string
@@ -57,6 +60,7 @@ func (r *rabbitOptions) register(s *optionSet) {
 	r.MaxMessageSize = rabbitmq.DefaultMaxMessageBytes
 	fs.Var(&r.MaxMessageSize, "rabbitmq-max-message-size", "the server's max_message_size (RabbitMQ 3.x: 128MiB, 4.x: 16MiB): a larger event is invalid (--on-invalid) before it is sent; --max-message-bytes bounds events too")
 	fs.StringVar(&r.ProgressQueue, "rabbitmq-progress-queue", "outboxd.progress", "prefix of the durable queue holding the progress record (<prefix>.<system id>/<slot>, one message): it outlives the slot, so a lost slot is reported as a gap")
+	fs.StringVar(&r.ManagementURL, "rabbitmq-management-url", "", "management plugin's HTTP API, to check at startup that the queues bound to the exchange are quorum queues (a classic queue can lose confirmed events); empty: http://<--broker host>:15672 with --broker's user; off: no check")
 	fs.StringVar(&r.TLSCA, "rabbitmq-tls-ca", "", "CA file to verify the server of an amqps:// URL with (default: the system's)")
 	fs.StringVar(&r.TLSCert, "rabbitmq-tls-cert", "", "client certificate for amqps://, with --rabbitmq-tls-key")
 	fs.StringVar(&r.TLSKey, "rabbitmq-tls-key", "", "client key for amqps://")
@@ -109,7 +113,7 @@ func (r *rabbitOptions) tlsConfig() (*tls.Config, error) {
 	return cfg, nil
 }
 
-func (r *rabbitOptions) open(_ context.Context, b brokerRun) (*openedBroker, error) {
+func (r *rabbitOptions) open(ctx context.Context, b brokerRun) (*openedBroker, error) {
 	tlsCfg, err := r.tlsConfig()
 	if err != nil {
 		return nil, err
@@ -127,6 +131,9 @@ func (r *rabbitOptions) open(_ context.Context, b brokerRun) (*openedBroker, err
 	sk, err := rabbitmq.New(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("--broker %s: %w", redactBrokerURL(b.URL), err)
+	}
+	if r.ManagementURL != "off" {
+		r.checkQueues(ctx, b, tlsCfg)
 	}
 	// lazyProgress asks for the store on every use: one store (one
 	// connection) serves them all.
@@ -155,6 +162,28 @@ func (r *rabbitOptions) open(_ context.Context, b brokerRun) (*openedBroker, err
 		mu.Unlock()
 	}
 	return &openedBroker{Sink: sk, Progress: progress, Close: closeAll}, nil
+}
+
+// checkQueues asks the management API, in the background, for the queues
+// bound to the exchange, and reports those that can lose what they
+// confirmed (sink/rabbitmq/durability.go). Without the API (the plugin off,
+// another port) it says so at Info: AMQP cannot tell.
+func (r *rabbitOptions) checkQueues(ctx context.Context, b brokerRun, tlsCfg *tls.Config) {
+	m, err := rabbitmq.NewManagement(r.ManagementURL, b.URL)
+	if err != nil {
+		return // --broker does not parse: rabbitmq.New says so
+	}
+	m.Client = &http.Client{Transport: &http.Transport{TLSClientConfig: tlsCfg, Proxy: http.ProxyFromEnvironment}}
+	go func() { // owned by open: ends within its timeout
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		n, err := m.Check(ctx, r.Exchange, b.Durability)
+		if err != nil {
+			b.Log.Info("rabbitmq: could not check the queues bound to the exchange (quorum or classic) through the management API; set --rabbitmq-management-url, or off", "exchange", r.Exchange, "url", m.URL, "err", err)
+			return
+		}
+		b.Log.Info("rabbitmq: checked the queues bound to the exchange", "exchange", r.Exchange, "queues", n)
+	}()
 }
 
 // amqpsAlias is amqps://: the same broker and flags as amqp://.

@@ -98,9 +98,9 @@ func (t *topicOptions) validate() error {
 	return nil
 }
 
-func (t *topicOptions) sinkConfig(onHold func(topic string, err error)) kafka.TopicConfig {
+func (t *topicOptions) sinkConfig(onHold func(topic string, err error), durability func(dest, warning string)) kafka.TopicConfig {
 	return kafka.TopicConfig{Create: t.Create, Partitions: int32(t.Partitions), ReplicationFactor: int16(t.ReplicationFactor),
-		Configs: t.Configs, OnHold: onHold}
+		Configs: t.Configs, OnHold: onHold, Durability: durability}
 }
 
 func (o *runOptions) register(s *optionSet) {
@@ -270,7 +270,9 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 	// The sink reports topics it must hold before the relay exists (it is
 	// built with the sink): forward once it does.
 	var held heldTopics
-	other, err := openBroker(ctx, &o, log, held.set) // nil: Kafka
+	// Destinations that can lose acknowledged events: logged, on /status.
+	durable := &durabilityWarnings{log: log}
+	other, err := openBroker(ctx, &o, log, held.set, durable) // nil: Kafka
 	if err != nil {
 		return err
 	}
@@ -287,7 +289,7 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 		MaxBuffered:     o.MaxInflightEvents + 1000,
 		Logger:          log,
 		Transactional:   transactional(o),
-		Topics:          o.Topics.sinkConfig(held.set),
+		Topics:          o.Topics.sinkConfig(held.set, durable.add),
 	})
 	if err != nil {
 		return err
@@ -308,7 +310,7 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 		if err != nil {
 			return fmt.Errorf("--http-addr: %w", err)
 		}
-		srv := newHTTPServer(&handler)
+		srv := newHTTPServer(durable.handler(&handler))
 		log.Info("http listening", "addr", ln.Addr().String())
 		served := make(chan struct{})
 		go func() { // owned here: Close below ends it, and we wait for it
@@ -357,6 +359,9 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 	}
 	held.relay.Store(relay)
 	tr.register(relay)
+	if other != nil {
+		relay.MustRegister(other.Collectors...)
+	}
 	handler.set(relay.Handler(o.Pprof))
 	log.Info("outboxd starting", "version", version, "slot", o.Slot, "publication", o.Publication, "kafka", o.KafkaBrokers.String(), "broker", redactBrokerURL(o.Broker))
 	if err := relay.Run(ctx); err != nil {

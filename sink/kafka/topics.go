@@ -38,6 +38,10 @@ type TopicConfig struct {
 	// OnHold hears that a topic cannot be used (err != nil, a *TopicHoldError)
 	// and, later, that it can (err == nil). It must not block.
 	OnHold func(topic string, err error)
+	// Durability, if set, hears each topic that can lose records it
+	// acknowledged (durability.go), checked once when the topic is first
+	// found usable.
+	Durability func(dest, warning string)
 }
 
 // TopicHoldError says why records for a topic are held and how to fix it.
@@ -142,6 +146,9 @@ func (t *topics) ensure(topic string) {
 			t.ready.Store(topic, struct{}{})
 			t.drained.Broadcast()
 			t.mu.Unlock()
+			if t.cfg.Durability != nil {
+				t.checkDurability(topic) // on ensure's goroutine: the records are on their way
+			}
 			if held {
 				t.log.Info("kafka topic is there now; its held events are sent", "topic", topic)
 				if t.cfg.OnHold != nil {

@@ -2,8 +2,11 @@ package nats_test
 
 import (
 	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
@@ -51,5 +54,63 @@ func TestProduceAckIsTheStreamSequence(t *testing.T) {
 		if want := (sink.Ack{Partition: -1, Offset: -1, Sequence: seq[id]}); errs[i] != nil || acks[i] != want || want.Sequence == 0 {
 			t.Errorf("record %d (%s): ack %+v, %v; want %+v", i, id, acks[i], errs[i], want)
 		}
+	}
+}
+
+// TestDuplicateIDCounted: a PubAck marked duplicate stores nothing. Once the
+// stream has stored this sink's messages, a resend of the same message is
+// counted as a resend, and a different event with a stored id as
+// duplicate_id, logged at warn with the id; in a new sink (a restart), the
+// duplicates before the stream's first new message are its replay.
+func TestDuplicateIDCounted(t *testing.T) {
+	srv := harness.NATSForTest(t)
+	ctx := ctxFor(t)
+	var logs harness.SyncBuffer
+	s := newSink(t, srv, natssink.Config{CreateStreams: true, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	const topic = "outbox.event.Dup"
+	var recs []*router.Record
+	for i := range 10 {
+		recs = append(recs, record(topic, "k", fmt.Sprintf("id-%d", i), fmt.Appendf(nil, "%d", i)))
+	}
+	recs = append(recs,
+		record(topic, "k", "id-3", []byte("3")),             // outboxd's own resend
+		record(topic, "k", "id-5", []byte("another event")), // a reused id
+	)
+	for i, err := range publishAll(ctx, s, recs) {
+		if err != nil {
+			t.Fatalf("record %d: %v", i, err)
+		}
+	}
+	waitDuplicates(t, s, 1, 1)
+	if out := logs.String(); !strings.Contains(out, "level=WARN") || !strings.Contains(out, "id=id-5") || strings.Contains(out, "id=id-3") {
+		t.Fatalf("want one warning naming id-5, got:\n%s", out)
+	}
+
+	// A restart: the replay resends id-8 and id-9, then publishes id-10.
+	restarted := newSink(t, srv, natssink.Config{CreateStreams: true})
+	replay := []*router.Record{recs[8], recs[9], record(topic, "k", "id-10", []byte("10"))}
+	for i, err := range publishAll(ctx, restarted, replay) {
+		if err != nil {
+			t.Fatalf("replayed record %d: %v", i, err)
+		}
+	}
+	waitDuplicates(t, restarted, 2, 0)
+	if msgs, err := harness.ReadStream(ctx, srv.URL(), natssink.StreamName(topic), 11); err != nil || len(msgs) != 11 {
+		t.Fatalf("stream holds %d messages, %v; want 11", len(msgs), err)
+	}
+}
+
+func waitDuplicates(t *testing.T, s *natssink.Sink, resends, reused int64) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		r, d := s.Duplicates()
+		if r == resends && d == reused {
+			return
+		}
+		if r > resends || d > reused || time.Now().After(deadline) {
+			t.Fatalf("duplicates: %d resends, %d reused ids; want %d, %d", r, d, resends, reused)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -29,6 +29,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -66,6 +67,9 @@ type Config struct {
 	// the session restarts and replays it.
 	AckTimeout time.Duration
 	Logger     *slog.Logger // may be nil
+	// Durability, if set, hears each stream that can lose messages it
+	// acknowledged (durability.go), when the sink first looks it up.
+	Durability func(dest, warning string)
 }
 
 // Sink is a JetStream publisher.
@@ -88,6 +92,15 @@ type Sink struct {
 	fenced      bool
 	fencedCalls int
 	closed      bool
+	// stored: the streams that have stored a message of this sink's (a
+	// PubAck not marked duplicate) since it started or the fence lifted;
+	// until then a duplicate is a resend (duplicates.go).
+	stored map[string]bool
+
+	resends, reused atomic.Int64   // duplicate PubAcks (duplicates.go)
+	checks          sync.WaitGroup // duplicates being compared with the stored message
+	ctx             context.Context
+	cancel          context.CancelFunc
 
 	streams streamCache
 }
@@ -129,7 +142,8 @@ func New(cfg Config) (*Sink, error) {
 	if cfg.AckTimeout == 0 {
 		cfg.AckTimeout = 30 * time.Second
 	}
-	s := &Sink{cfg: cfg, log: cfg.Logger, pending: map[*nats.Msg]*publish{}, last: map[string]string{}}
+	s := &Sink{cfg: cfg, log: cfg.Logger, pending: map[*nats.Msg]*publish{}, last: map[string]string{}, stored: map[string]bool{}}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -156,6 +170,7 @@ func New(cfg Config) (*Sink, error) {
 	}
 	nc, err := nats.Connect(cfg.URL, append(opts, cfg.Options...)...)
 	if err != nil {
+		s.cancel()
 		return nil, fmt.Errorf("nats: connect %s: %w", redactURL(cfg.URL), err)
 	}
 	js, err := jetstream.New(nc,
@@ -166,6 +181,7 @@ func New(cfg Config) (*Sink, error) {
 	)
 	if err != nil {
 		nc.Close()
+		s.cancel()
 		return nil, fmt.Errorf("nats: %w", err)
 	}
 	s.nc, s.js = nc, js
@@ -280,6 +296,7 @@ func (s *Sink) admit() error {
 	if s.fencedCalls > 0 && len(s.pending) == 0 {
 		s.fenced, s.fencedCalls = false, 0
 		clear(s.last)
+		clear(s.stored) // the relay replays from the slot: resends come first
 		return nil
 	}
 	s.fencedCalls++
@@ -305,13 +322,24 @@ func (s *Sink) take(m *nats.Msg) *publish {
 
 // acked is nats.go's PubAck callback (one goroutine, in PubAck order).
 func (s *Sink) acked(_ jetstream.JetStream, m *nats.Msg, pa *jetstream.PubAck) {
-	if p := s.take(m); p != nil {
-		a := sink.NoAck
-		if pa != nil {
-			a.Sequence = pa.Sequence
-		}
-		p.finish(a, nil)
+	s.mu.Lock()
+	p := s.pending[m]
+	delete(s.pending, m)
+	if p != nil && pa != nil && !pa.Duplicate {
+		s.stored[pa.Stream] = true
 	}
+	s.mu.Unlock()
+	if p == nil {
+		return
+	}
+	a := sink.NoAck
+	if pa != nil {
+		a.Sequence = pa.Sequence
+		if pa.Duplicate {
+			s.duplicateAck(m, pa)
+		}
+	}
+	p.finish(a, nil)
 }
 
 // failed is nats.go's callback for a publish that failed: an error in the
@@ -361,6 +389,8 @@ func (s *Sink) Close() {
 	left := s.pending
 	s.pending = map[*nats.Msg]*publish{}
 	s.mu.Unlock()
+	s.cancel()
+	s.checks.Wait()
 	for _, p := range left {
 		p.finish(sink.NoAck, &sink.Error{Kind: sink.Transient, Err: errors.New("nats: sink closed before the PubAck")})
 	}

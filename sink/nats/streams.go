@@ -64,6 +64,7 @@ func (c *streamCache) get(ctx context.Context, topic, subject string) (stream, e
 	if err != nil {
 		return stream{}, fmt.Errorf("nats: stream %s: %w", name, err)
 	}
+	c.s.durability(info.CachedInfo().Config)
 	st = stream{name: name, maxMsgSize: info.CachedInfo().Config.MaxMsgSize}
 	c.mu.Lock()
 	if c.m == nil {

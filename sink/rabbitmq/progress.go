@@ -20,7 +20,7 @@ import (
 //
 // Why a queue and not a stream: the record is read once at startup and
 // written every few seconds; a queue is read with one basic.get (then
-// requeued, so it stays), needs no plugin, no offset tracking and no
+// requeued, so it stays; readers take turns, see LoadProgress), needs no plugin, no offset tracking and no
 // retention policy, and RabbitMQ keeps it on disk like any durable queue.
 // A stream would keep every record ever written until its retention
 // removed them, and reading its last message takes a consumer and a scan.
@@ -124,20 +124,80 @@ func (p *ProgressStore) EnsureProgressTopic(ctx context.Context) error {
 // LoadProgress returns the queue's one message (nil: none yet). It takes
 // the message without acknowledging it and gives it back (basic.nack with
 // requeue), so it stays for the next reader.
+//
+// While one reader holds the message, the queue looks empty to another
+// one's basic.get, and "empty" would load as "nothing published yet": a
+// standby that reloads then creates a new slot past undelivered events. So
+// readers take turns: each holds the store's read lock (see lock) from its
+// basic.get until the message is back in the queue.
 func (p *ProgressStore) LoadProgress(ctx context.Context) ([]byte, error) {
 	var out []byte
 	err := p.do(ctx, func(ch *amqp.Channel) error {
-		d, ok, err := ch.Get(p.Queue, false)
-		if err != nil || !ok {
+		unlock, err := p.lock(ctx)
+		if err != nil {
 			return err
 		}
-		out = append([]byte{}, d.Body...)
-		return d.Nack(false, true)
+		d, ok, err := ch.Get(p.Queue, false)
+		if err == nil && ok {
+			out = append([]byte{}, d.Body...)
+			if err = d.Nack(false, true); err == nil {
+				// basic.nack has no answer: a synchronous call to the
+				// queue on the same channel returns only once the queue
+				// has processed it, so the message is back before the
+				// lock is released.
+				_, err = ch.QueueDeclarePassive(p.Queue, true, false, false, false, nil)
+			}
+		}
+		if uerr := unlock(); err == nil {
+			err = uerr
+		}
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("rabbitmq: read progress queue %s: %w", p.Queue, err)
 	}
 	return out, nil
+}
+
+// lockSuffix names the read lock's queue: <progress queue>.read-lock.
+const lockSuffix = ".read-lock"
+
+// lock takes the store's read lock: an exclusive queue of that name, which
+// only one connection at a time can declare (another gets 405
+// RESOURCE_LOCKED, and retries until ctx ends), and which the server
+// deletes with the connection, so a reader that dies holding the lock
+// releases it. unlock deletes it. Called from do, on its connection.
+func (p *ProgressStore) lock(ctx context.Context) (unlock func() error, err error) {
+	name := p.Queue + lockSuffix
+	wait := 5 * time.Millisecond
+	for {
+		ch, err := p.conn.Channel()
+		if err != nil {
+			return nil, fmt.Errorf("read lock %s: %w", name, err)
+		}
+		_, err = ch.QueueDeclare(name, false, false, true, false, nil)
+		if err == nil {
+			return func() error {
+				_, err := ch.QueueDelete(name, false, false, false)
+				if err == nil {
+					err = ch.Close()
+				}
+				return err
+			}, nil
+		}
+		var ae *amqp.Error
+		if !errors.As(err, &ae) || ae.Code != amqp.ResourceLocked {
+			_ = ch.Close()
+			return nil, fmt.Errorf("read lock %s: %w", name, err)
+		}
+		// The server closed the channel: another reader holds the lock.
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("read lock %s: another reader holds it: %w", name, ctx.Err())
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 200*time.Millisecond)
+	}
 }
 
 // WriteProgress publishes value to the queue (through the default

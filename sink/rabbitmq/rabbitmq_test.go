@@ -579,3 +579,43 @@ func TestWriteDenied(t *testing.T) {
 		}
 	}
 }
+
+// TestProgressConcurrentReaders: two instances (their own connections) read
+// the same record at once, again and again; neither may ever see "none"
+// while the record exists. With basic.get + requeue alone, the reader that
+// comes second while the first holds the message unacknowledged finds the
+// queue empty.
+func TestProgressConcurrentReaders(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	readers := make([]*ProgressStore, 3)
+	for i := range readers {
+		readers[i] = NewProgressStore(Config{URL: node.URL()}, "outboxd.progress", "concurrent")
+		defer readers[i].Close()
+	}
+	if err := readers[0].EnsureProgressTopic(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := readers[0].WriteProgress(ctx, []byte("record")); err != nil {
+		t.Fatal(err)
+	}
+	const rounds = 200
+	var wrong atomic.Int64
+	for round := range rounds {
+		var wg sync.WaitGroup
+		for _, r := range readers {
+			wg.Go(func() {
+				v, err := r.LoadProgress(ctx)
+				if err != nil || string(v) != "record" {
+					if wrong.Add(1) == 1 {
+						t.Errorf("round %d: load %q, %v; want the record", round, v, err)
+					}
+				}
+			})
+		}
+		wg.Wait()
+	}
+	if n := wrong.Load(); n > 0 {
+		t.Fatalf("%d of %d loads did not return the record", n, rounds*len(readers))
+	}
+}

@@ -83,6 +83,8 @@ type fixture struct {
 	// via, if set, replaces the broker's flags() in startRelay: outboxd
 	// reaches the broker through a proxy (netfaults_test.go).
 	via []string
+	// last is the outboxd startRelay started last.
+	last *relay
 }
 
 var nonWord = regexp.MustCompile(`[^a-z0-9]+`)
@@ -245,6 +247,7 @@ func (f *fixture) startRelay(extra ...string) *relay {
 		}
 	})
 	r := &relay{Proc: p, http: addr}
+	f.last = r
 	if err := harness.WaitStreaming(f.ctx, p, addr); err != nil {
 		f.t.Fatalf("outboxd did not start streaming: %v\n%s", err, tail(p.Log(), 4000))
 	}

@@ -79,6 +79,7 @@ func TestNATSClusterRouting(t *testing.T) {
 	b.topic = f.topic()
 	testRouting(t, f)
 	checkReplicas(t, f, b)
+	f.checkDurabilityWarnings() // R3 streams: none
 }
 
 // SIGKILL of the stream's leader node under load: the stream elects a new

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,7 +26,7 @@ const RabbitMQServer = "/usr/lib/rabbitmq/bin/rabbitmq-server"
 // RabbitMQ is a private single RabbitMQ node: its own node name, data and
 // log directory, Erlang cookie and epmd (on a private port, listening on
 // loopback: 127.0.0.1, and ::1, which epmd always adds), every listener on
-// 127.0.0.1, no plugins (management off). A reaper SIGKILLs it and removes its directory
+// 127.0.0.1, no plugins (management off unless conf sets management.tcp.*). A reaper SIGKILLs it and removes its directory
 // if the test process dies without closing it.
 type RabbitMQ struct {
 	dir                      string
@@ -62,10 +63,15 @@ func StartRabbitMQ(ctx context.Context, conf ...string) (*RabbitMQ, error) {
 		return nil, err
 	}
 	r.name = fmt.Sprintf("outboxd-test-%d@localhost", r.port)
+	// No plugins, whatever /etc/rabbitmq/enabled_plugins says; the
+	// management plugin when conf sets its listener (management.tcp.*).
+	plugins := "[].\n"
+	if slices.ContainsFunc(conf, func(l string) bool { return strings.HasPrefix(l, "management.") }) {
+		plugins = "[rabbitmq_management].\n"
+	}
 	files := map[string]string{
-		"rabbitmq.conf": fmt.Sprintf("listeners.tcp.1 = 127.0.0.1:%d\nloopback_users = none\n", r.port) + strings.Join(append(conf, ""), "\n"),
-		// No plugins, whatever /etc/rabbitmq/enabled_plugins says.
-		"enabled_plugins": "[].\n",
+		"rabbitmq.conf":   fmt.Sprintf("listeners.tcp.1 = 127.0.0.1:%d\nloopback_users = none\n", r.port) + strings.Join(append(conf, ""), "\n"),
+		"enabled_plugins": plugins,
 		// Instead of /etc/rabbitmq/rabbitmq-env.conf.
 		"rabbitmq-env.conf": "",
 	}
