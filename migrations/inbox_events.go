@@ -37,7 +37,7 @@ const InboxEventsFile = "inbox_events.sql"
 // retention of applied rows (outboxd inbox runs it).
 //
 // Why inbox_claim is correct under concurrent workers: an event is returned
-// only if no event of its aggregate with a smaller seq is unapplied
+// only if its seq is the smallest of its aggregate's unapplied events
 // (parked ones included) in the statement's snapshot, and it is locked FOR
 // UPDATE (SKIP LOCKED: a head another worker holds is passed over, not waited
 // for). While worker A holds the head, the event behind it is not claimable:
@@ -46,7 +46,10 @@ const InboxEventsFile = "inbox_events.sql"
 // worker whose snapshot predates A's commit but locks the head after it
 // re-checks the locked row's newest version (READ COMMITTED's re-check) and
 // drops it, now applied. So at most one event per aggregate is in flight, and
-// each is applied only after its predecessor committed.
+// each is applied only after its predecessor committed. The head check is a
+// correlated min() rather than NOT EXISTS: it stays one index probe per
+// candidate without statistics, where the anti-join planned for NOT EXISTS on
+// a fresh table scanned every unapplied row per candidate.
 //
 // The statements are idempotent (IF NOT EXISTS, CREATE OR REPLACE) and run in
 // one Exec.
@@ -96,10 +99,9 @@ RETURNS SETOF %[1]s.inbox_events LANGUAGE sql VOLATILE AS $$
     SELECT e.* FROM %[1]s.inbox_events e
     WHERE e.consumer = p_consumer AND e.applied_at IS NULL AND e.parked_at IS NULL
       AND (e.retry_at IS NULL OR e.retry_at <= now())
-      AND NOT EXISTS (
-          SELECT 1 FROM %[1]s.inbox_events b
-          WHERE b.consumer = e.consumer AND b.aggregate = e.aggregate
-            AND b.seq < e.seq AND b.applied_at IS NULL)
+      AND e.seq = (
+          SELECT min(b.seq) FROM %[1]s.inbox_events b
+          WHERE b.consumer = e.consumer AND b.aggregate = e.aggregate AND b.applied_at IS NULL)
     ORDER BY e.seq
     LIMIT p_limit
     FOR UPDATE OF e SKIP LOCKED

@@ -34,10 +34,9 @@ RETURNS SETOF "public".inbox_events LANGUAGE sql VOLATILE AS $$
     SELECT e.* FROM "public".inbox_events e
     WHERE e.consumer = p_consumer AND e.applied_at IS NULL AND e.parked_at IS NULL
       AND (e.retry_at IS NULL OR e.retry_at <= now())
-      AND NOT EXISTS (
-          SELECT 1 FROM "public".inbox_events b
-          WHERE b.consumer = e.consumer AND b.aggregate = e.aggregate
-            AND b.seq < e.seq AND b.applied_at IS NULL)
+      AND e.seq = (
+          SELECT min(b.seq) FROM "public".inbox_events b
+          WHERE b.consumer = e.consumer AND b.aggregate = e.aggregate AND b.applied_at IS NULL)
     ORDER BY e.seq
     LIMIT p_limit
     FOR UPDATE OF e SKIP LOCKED

@@ -160,7 +160,7 @@ func inboxCommand(ctx context.Context, e env, args []string) (err error) {
 		_, err = io.WriteString(e.stdout, sql)
 		return err
 	}
-	log := newLogger(e.stderr, o.LogFormat, o.LogLevel).With("consumer", o.Name)
+	log := newLogger(e.stderr, o.LogFormat, o.LogLevel)
 	return runInbox(ctx, o, log)
 }
 

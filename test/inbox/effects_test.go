@@ -202,7 +202,7 @@ func (w *world) drainAndCheck() {
 		prev[e.account] = e.seq
 	}
 	var inbox int
-	if err := w.billing.QueryRow(w.ctx, `SELECT count(*) FROM inbox WHERE consumer = 'billing'`).Scan(&inbox); err != nil {
+	if err := w.billing.QueryRow(w.ctx, w.inboxRows).Scan(&inbox); err != nil {
 		t.Fatal(err)
 	}
 	if inbox != len(committed) {

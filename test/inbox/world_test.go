@@ -29,6 +29,8 @@ type world struct {
 	orders                *pgxpool.Pool
 	billing               *pgxpool.Pool
 	logs                  string
+	// inboxRows counts the dedupe records, one per committed event at the end.
+	inboxRows string
 
 	relay     *harness.Proc
 	consumers map[string]*harness.Proc
@@ -50,7 +52,8 @@ func newWorld(t *testing.T, within time.Duration) *world {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), within)
 	t.Cleanup(cancel)
-	w := &world{t: t, ctx: ctx, logs: t.TempDir(), consumers: map[string]*harness.Proc{}}
+	w := &world{t: t, ctx: ctx, logs: t.TempDir(), consumers: map[string]*harness.Proc{},
+		inboxRows: `SELECT count(*) FROM inbox WHERE consumer = 'billing'`}
 	var wg sync.WaitGroup
 	wg.Go(func() { w.ordersPG = harness.PostgresForTest(t) })
 	wg.Go(func() { w.billingPG = harness.PostgresForTest(t) })

@@ -1,0 +1,141 @@
+package inbox_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/outboxd/outboxd/test/harness"
+)
+
+// pythonWithPsycopg is the Python that runs examples/python: OUTBOXD_TEST_PYTHON
+// (.ci/run points it at a venv) or python3; the test skips, saying how to
+// get one, if it lacks psycopg 3.
+func pythonWithPsycopg(t *testing.T) string {
+	t.Helper()
+	py := os.Getenv("OUTBOXD_TEST_PYTHON")
+	if py == "" {
+		py = "python3"
+	}
+	if out, err := exec.Command(py, "-c", "import psycopg").CombinedOutput(); err != nil {
+		t.Skipf("the Python example needs python3 with psycopg 3 (%s: %v %s); fix: python3 -m venv ~/.venv-outboxd && ~/.venv-outboxd/bin/pip install -r examples/python/requirements.txt, then OUTBOXD_TEST_PYTHON=~/.venv-outboxd/bin/python",
+			py, err, strings.TrimSpace(string(out)))
+	}
+	return py
+}
+
+// startDeliverer runs outboxd inbox named name (its application_name in the
+// billing database) with --batch batch, and waits until it consumes.
+func (w *world) startDeliverer(name string, batch int) {
+	w.t.Helper()
+	args := []string{"inbox", "--broker", "kafka://" + strings.Join(w.kafka.Brokers(), ","),
+		"--group", "billing", "--topics", "outbox.event.Order",
+		"--postgres", w.billingDSN + "&application_name=" + name, "--create-tables",
+		"--batch", fmt.Sprint(batch), "--kafka-session-timeout", "6s", "--shutdown-timeout", "10s"}
+	w.startConsumerProc(name, outboxdBin, args, "inbox: consuming")
+}
+
+// startWorker runs the Python example (examples/python/worker.py) named name.
+func (w *world) startWorker(py, name string, batch int) {
+	w.t.Helper()
+	root, err := harness.ModuleRoot()
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	args := []string{filepath.Join(root, "examples", "python", "worker.py"), "--postgres", w.billingDSN,
+		"--application-name", name, "--create-tables", "--batch", fmt.Sprint(batch), "--effect-delay", "0.002"}
+	w.startConsumerProc(name, py, args, "applying events")
+}
+
+func (w *world) startConsumerProc(name, bin string, args []string, ready string) {
+	w.t.Helper()
+	p, err := harness.StartProc(w.ctx, name, bin, args, nil, w.logs)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	w.consumers[name] = p
+	w.t.Cleanup(func() {
+		_ = p.Kill()
+		if w.t.Failed() {
+			w.t.Logf("%s log tail (%s):\n%s", name, p.LogPath(), tail(p.Log(), 3000))
+		}
+	})
+	ctx, cancel := context.WithTimeout(w.ctx, 60*time.Second)
+	defer cancel()
+	if err := p.WaitLog(ctx, ready); err != nil {
+		w.t.Fatalf("%s did not start: %v\n%s", name, err, tail(p.Log(), 3000))
+	}
+}
+
+// TestTableEffectsExactlyOnce is the effect test in table-delivery mode:
+// outboxd → Kafka → outboxd inbox (a separate process) → inbox_events → two
+// Python workers (examples/python, the shipped SQL) → ledger. outboxd inbox
+// is SIGKILLed mid-transaction and restarted, a second one joins and the first
+// is SIGKILLed again, a worker is SIGKILLed mid-transaction, outboxd is
+// SIGKILLed (a resend). Every committed order is charged exactly once, in
+// per-account order; inbox_events holds one applied row per committed order
+// and package inbox's claim table nothing.
+func TestTableEffectsExactlyOnce(t *testing.T) {
+	py := pythonWithPsycopg(t)
+	w := newWorld(t, 4*time.Minute)
+	w.inboxRows = `SELECT count(*) FROM inbox_events WHERE consumer = 'billing' AND applied_at IS NOT NULL`
+	w.startRelay()
+	w.startDeliverer("d1", 1)
+	w.startWorker(py, "p1", 1)
+	w.startWorker(py, "p2", 4)
+
+	pctx, stopProducing := context.WithCancel(w.ctx)
+	var producing sync.WaitGroup
+	producing.Go(func() { w.produce(pctx, 7) })
+	defer func() { stopProducing(); producing.Wait() }()
+
+	step := func(what string) { t.Logf("%s (effects so far %d)", what, w.applied()) }
+	w.progress(30, "start")
+
+	step("SIGKILL outboxd inbox d1 mid-transaction, restart it with --batch 100")
+	w.killMidTransaction("d1")
+	w.startDeliverer("d1", 100)
+	w.progress(30, "d1 after its kill")
+
+	step("start d2: a rebalance hands it partitions d1 had")
+	w.startDeliverer("d2", 1)
+	w.progress(30, "d1+d2")
+
+	step("SIGKILL d1 mid-transaction while d2 runs: its partitions move to d2 after the session timeout")
+	w.killMidTransaction("d1")
+	w.progress(30, "d2 alone")
+
+	step("SIGKILL Python worker p1 mid-transaction: p2 goes on alone, then p1 returns")
+	w.killMidTransaction("p1")
+	w.progress(30, "p2 alone")
+	w.startWorker(py, "p1", 1)
+	w.progress(30, "p1 back")
+
+	step("SIGKILL outboxd, restart it (it resends what it had not confirmed)")
+	if err := w.relay.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.relay.Wait(w.ctx); err != nil {
+		t.Fatal(err)
+	}
+	w.startRelay()
+	w.progress(30, "after the outboxd restart")
+
+	stopProducing()
+	producing.Wait()
+	w.drainAndCheck()
+	var claims, unapplied int
+	if err := w.billing.QueryRow(w.ctx, `SELECT (SELECT count(*) FROM inbox), (SELECT count(*) FROM inbox_events WHERE applied_at IS NULL)`).Scan(&claims, &unapplied); err != nil {
+		t.Fatal(err)
+	}
+	if claims != 0 || unapplied != 0 {
+		t.Errorf("%d claim rows left in inbox (want 0: the event row is the only record), %d events unapplied", claims, unapplied)
+	}
+}
