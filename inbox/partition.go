@@ -69,8 +69,10 @@ type partition struct {
 	// pause/resume stop and restart fetching of the partition while the
 	// worker has a backlog past highWater (nil in unit tests).
 	pause, resume func()
-	m             *partitionMetrics
-	log           *slog.Logger
+	// offsets: drop pushed events below next (a repeated Kafka fetch).
+	offsets bool
+	m       *partitionMetrics
+	log     *slog.Logger
 
 	quit chan struct{} // closed by stop: finish the batch, then return
 	done chan struct{} // closed when run returns
@@ -104,7 +106,7 @@ func (p *partition) push(evs []*Event, hwm int64) {
 		return
 	}
 	for _, ev := range evs {
-		if ev.Offset < p.next {
+		if p.offsets && ev.Offset < p.next {
 			continue // already queued: a fetch repeated after a pause
 		}
 		p.pending = append(p.pending, ev)
@@ -266,7 +268,7 @@ func (p *partition) applyOne(ctx context.Context, ev *Event) error {
 			}
 			if attempts >= p.s.maxAttempts {
 				switch {
-				case p.s.onPoison == Park:
+				case p.s.onPoison != Hold:
 					perr := p.parkEvent(ctx, ev, attempts, he.err)
 					if perr == nil {
 						p.mark(ev)

@@ -174,6 +174,7 @@ func newHarness(t *testing.T, s settings, handler func(db *fakeDB, ev *Event) er
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	h.p = newPartition("orders", 0, &s, h.db, mark, m.partition("test", "orders", 0), log)
+	h.p.offsets = true
 	return h
 }
 
