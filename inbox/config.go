@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxd/outboxd/pgquote"
 )
@@ -45,6 +46,9 @@ type Event struct {
 	Timestamp time.Time
 
 	src any // the broker's handle for the ack: *kgo.Record, jetstream.Msg, amqp.Delivery
+	// counted: countStarts has an attempts row for it, to delete when it is
+	// applied or parked.
+	counted bool
 }
 
 // Header returns the value of the first header named key, or nil.
@@ -184,6 +188,11 @@ type Config struct {
 	// size: how many unacknowledged events the broker hands over at once
 	// (default max(4·BatchSize, 256)).
 	Prefetch int
+	// TracerProvider, if set, gets a span per handler call (kind CONSUMER,
+	// "process <topic>"), the child of the span the event's traceparent
+	// header names: outboxd's send span (docs/tracing.md). Nil: no spans,
+	// and no cost.
+	TracerProvider trace.TracerProvider
 	// Registerer, if set, gets the outboxd_inbox_* metrics.
 	Registerer prometheus.Registerer
 	// Logger defaults to slog.Default().
@@ -272,9 +281,9 @@ func (c *Config) setDefaults() error {
 }
 
 // tables returns the quoted, schema-qualified inbox tables.
-func (c *Config) tables() (inbox, parked string) {
+func (c *Config) tables() (inbox, parked, attempts string) {
 	s := pgquote.Ident(c.Schema)
-	return s + ".inbox", s + ".inbox_parked"
+	return s + ".inbox", s + ".inbox_parked", s + ".inbox_attempts"
 }
 
 // brokerKind is the broker a Config names.

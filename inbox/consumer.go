@@ -63,15 +63,15 @@ func New(cfg Config) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
-	inboxT, parkedT := cfg.tables()
-	pg := newPGStore(cfg.DB, cfg.Name, inboxT, parkedT)
+	inboxT, parkedT, attemptsT := cfg.tables()
+	pg := newPGStore(cfg.DB, cfg.Name, inboxT, parkedT, attemptsT)
 	return newConsumer(cfg, m, pg, pg), nil
 }
 
 // newConsumer is New after the checks; the unit tests pass a fake store and
 // no pgStore.
 func newConsumer(cfg Config, m *metrics, db store, pg *pgStore) *Consumer {
-	inboxT, _ := cfg.tables()
+	inboxT, _, _ := cfg.tables()
 	c := &Consumer{
 		cfg: cfg, m: m, inbox: inboxT, db: db, pg: pg,
 		log:   cfg.Logger.With("consumer", cfg.Name),
@@ -80,6 +80,7 @@ func newConsumer(cfg Config, m *metrics, db store, pg *pgStore) *Consumer {
 	c.s = &settings{
 		name: cfg.Name, handler: cfg.Handler, batch: cfg.BatchSize, maxAttempts: cfg.MaxAttempts,
 		minBackoff: cfg.MinBackoff, maxBackoff: cfg.MaxBackoff, onPoison: cfg.OnPoison,
+		tracer: newTracing(cfg.TracerProvider, cfg.kind, cfg.Name),
 	}
 	return c
 }
@@ -98,6 +99,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 	switch c.cfg.kind {
 	case kafkaBroker:
 		src = &kafkaSource{c: c}
+	case natsBroker:
+		src = &natsSource{c: c}
+	case rabbitBroker:
+		src = &rabbitSource{c: c}
 	default:
 		return fmt.Errorf("inbox: broker %s is not supported yet", c.cfg.kind)
 	}
@@ -189,8 +194,8 @@ func (c *Consumer) stopAllLanes() {
 
 // checkTables fails early, with the fix, when the inbox tables are missing.
 func (c *Consumer) checkTables(ctx context.Context) error {
-	_, parked := c.cfg.tables()
-	for _, t := range []string{c.inbox, parked} {
+	_, parked, attempts := c.cfg.tables()
+	for _, t := range []string{c.inbox, parked, attempts} {
 		var ok bool
 		if err := c.cfg.DB.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, t).Scan(&ok); err != nil {
 			return fmt.Errorf("inbox: checking table %s: %w", t, err)
