@@ -115,6 +115,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 		defer func() { stopRetention(); wg.Wait() }()
 		wg.Go(func() { c.retain(rctx) })
 	}
+	if c.pg != nil {
+		rctx, stopReplay := context.WithCancel(ctx)
+		defer func() { stopReplay(); wg.Wait() }()
+		wg.Go(func() { c.replayReleased(rctx) })
+	}
 	c.log.Info("inbox: consuming", "broker", c.cfg.kind.String(), "group", c.cfg.Group, "topics", c.cfg.Topics, "batch", c.cfg.BatchSize, "on_poison", c.cfg.OnPoison.String())
 	err := src.run(ctx)
 	c.log.Info("inbox: stopped")
