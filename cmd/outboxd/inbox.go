@@ -54,6 +54,7 @@ type inboxOptions struct {
 	RetentionInterval   time.Duration
 	ShutdownTimeout     time.Duration
 	KafkaSessionTimeout time.Duration
+	AckWait             time.Duration
 	CreateTables        bool
 	PrintSQL            bool
 	LogFormat, LogLevel string
@@ -61,8 +62,8 @@ type inboxOptions struct {
 
 func (o *inboxOptions) register(s *optionSet) {
 	fs := s.fs
-	fs.StringVar(&o.Broker, "broker", "", "the broker, as a URL: kafka://host:port[,host:port]")
-	fs.StringVar(&o.Group, "group", "", "Kafka consumer group (NATS durable name, RabbitMQ consumer tag prefix); instances with the same group share the work")
+	fs.StringVar(&o.Broker, "broker", "", "the broker, as a URL: kafka://host:port[,host:port], nats://host:4222 (tls:// for TLS), amqp://user:pass@host:5672/vhost (amqps://); a password here shows in ps")
+	fs.StringVar(&o.Group, "group", "", "Kafka consumer group or NATS durable name (instances with the same group share the work), RabbitMQ consumer tag prefix (optional there)")
 	fs.Var(&o.Topics, "topics", "comma-separated topics outboxd writes (outbox.event.<aggregatetype>); NATS subjects, RabbitMQ queues")
 	fs.StringVar(&o.Name, "name", "", "the consumer column of inbox_events: whose effects these events are (default: --group)")
 	fs.StringVar(&o.Postgres, "postgres", "", "the consumer's PostgreSQL database, where inbox_events lives; a password here shows in ps: prefer --postgres-file, PGPASSFILE or PGPASSWORD")
@@ -74,6 +75,7 @@ func (o *inboxOptions) register(s *optionSet) {
 	fs.DurationVar(&o.RetentionInterval, "retention-interval", time.Minute, "how often applied events older than --retention are deleted")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long to wait for the current batches to commit and be acknowledged")
 	fs.DurationVar(&o.KafkaSessionTimeout, "kafka-session-timeout", 0, "Kafka group session timeout: how long a killed instance keeps its partitions (0: franz-go's 45s)")
+	fs.DurationVar(&o.AckWait, "nats-ack-wait", 0, "NATS durable consumer's AckWait: how long a killed instance's unacknowledged events wait for redelivery (0: package inbox's 30s)")
 	fs.BoolVar(&o.CreateTables, "create-tables", false, "create inbox_events, its functions and the claim tables if missing (idempotent), then consume")
 	fs.BoolVar(&o.PrintSQL, "print-sql", false, "print the SQL --create-tables runs and exit; connects to nothing")
 	s.choice(&o.LogFormat, "log-format", "text", "log format", "text", "json")
@@ -88,14 +90,19 @@ func (o *inboxOptions) validate() error {
 	if o.Postgres == "" {
 		errs = append(errs, errors.New("--postgres (OUTBOXD_POSTGRES) or --postgres-file is required, or libpq's PGHOST/PGDATABASE/PGUSER/PGSERVICE variables: the consumer's database"))
 	}
-	if _, err := inboxBroker(o.Broker); err != nil {
+	scheme, err := inboxBroker(o.Broker)
+	if err != nil {
 		errs = append(errs, err)
 	}
-	if o.Group == "" {
-		errs = append(errs, errors.New("--group (OUTBOXD_GROUP) is required: the consumer group that shares the topics' events; fix: --group billing"))
+	amqp := scheme == "amqp" || scheme == "amqps"
+	switch {
+	case o.Group == "" && !amqp:
+		errs = append(errs, errors.New("--group (OUTBOXD_GROUP) is required: the Kafka consumer group or NATS durable that shares the events; fix: --group billing"))
+	case o.Group == "" && o.Name == "":
+		errs = append(errs, errors.New("--name (OUTBOXD_NAME) or --group is required: the consumer column of inbox_events; fix: --name billing"))
 	}
 	if len(o.Topics) == 0 {
-		errs = append(errs, errors.New("--topics (OUTBOXD_TOPICS) is required: the topics outboxd writes to; fix: --topics outbox.event.Order"))
+		errs = append(errs, errors.New("--topics (OUTBOXD_TOPICS) is required: Kafka topics or NATS subjects outboxd writes to, or RabbitMQ queues bound to its exchange; fix: --topics outbox.event.Order"))
 	}
 	if o.Batch < 1 {
 		errs = append(errs, errors.New("--batch must be at least 1"))
@@ -109,24 +116,21 @@ func (o *inboxOptions) validate() error {
 	return errors.Join(errs...)
 }
 
-// inboxBroker turns --broker into the Kafka bootstrap addresses.
-func inboxBroker(raw string) ([]string, error) {
+// inboxBroker checks --broker's scheme; package inbox parses the rest.
+func inboxBroker(raw string) (scheme string, err error) {
+	const fix = "fix: --broker kafka://host:port[,host:port], nats://host:4222 or amqp://user:pass@host:5672/vhost"
 	if raw == "" {
-		return nil, errors.New("--broker (OUTBOXD_BROKER) is required; fix: --broker kafka://127.0.0.1:9092")
+		return "", errors.New("--broker (OUTBOXD_BROKER) is required; " + fix)
 	}
-	scheme, hosts, ok := strings.Cut(raw, "://")
+	scheme, _, ok := strings.Cut(raw, "://")
 	if !ok || scheme == "" {
-		return nil, fmt.Errorf("--broker %q is not a URL; fix: --broker kafka://host:port[,host:port]", raw)
+		return "", fmt.Errorf("--broker %q is not a URL; %s", raw, fix)
 	}
-	if scheme != "kafka" {
-		return nil, fmt.Errorf("--broker scheme %q: outboxd inbox consumes from kafka:// in this build; fix: --broker kafka://host:port[,host:port]", scheme)
+	switch scheme {
+	case "kafka", "nats", "tls", "amqp", "amqps":
+		return scheme, nil
 	}
-	var brokers listValue
-	_ = brokers.Set(strings.TrimSuffix(hosts, "/"))
-	if len(brokers) == 0 {
-		return nil, errors.New("--broker kafka:// names no host; fix: --broker kafka://host:port[,host:port]")
-	}
-	return brokers, nil
+	return "", fmt.Errorf("--broker scheme %q: outboxd inbox consumes from kafka://, nats:// (tls://) or amqp:// (amqps://); %s", scheme, fix)
 }
 
 func inboxCommand(ctx context.Context, e env, args []string) (err error) {
@@ -179,7 +183,6 @@ func inboxSQL(schema string) (string, error) {
 }
 
 func runInbox(ctx context.Context, o inboxOptions, log *slog.Logger) error {
-	brokers, _ := inboxBroker(o.Broker) // validated
 	pool, err := pgxpool.New(ctx, o.Postgres)
 	if err != nil {
 		return fmt.Errorf("--postgres: %w", err)
@@ -213,12 +216,13 @@ func runInbox(ctx context.Context, o inboxOptions, log *slog.Logger) error {
 		kopts = append(kopts, kgo.SessionTimeout(o.KafkaSessionTimeout), kgo.HeartbeatInterval(o.KafkaSessionTimeout/6))
 	}
 	c, err := inbox.New(inbox.Config{
-		Brokers: brokers, Group: o.Group, Topics: o.Topics, Name: o.Name,
+		Broker: o.Broker, Group: o.Group, Topics: o.Topics, Name: o.Name, AckWait: o.AckWait,
 		DB: pool, Schema: o.Schema, Handler: d.handle, BatchSize: o.Batch,
 		// The handler fails only if the database refuses a valid row (the
-		// table altered, a disk full): hold the partition and retry rather
-		// than park the event, which would let its aggregate's later events
-		// into the table ahead of it.
+		// table altered, a disk full): a cause common to every key, which
+		// retrying overcomes once it is fixed, with no one to release
+		// parked keys. Hold retries, in order, and says so in
+		// outboxd_inbox_held_partitions.
 		OnPoison: inbox.Hold,
 		// Claim rows never outlive their transaction (handle deletes them):
 		// nothing for package inbox's retention to do.

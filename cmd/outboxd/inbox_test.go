@@ -33,12 +33,20 @@ func TestInboxPrintSQL(t *testing.T) {
 }
 
 func TestInboxBroker(t *testing.T) {
-	b, err := inboxBroker("kafka://h1:9092, h2:9093")
-	if err != nil || strings.Join(b, " ") != "h1:9092 h2:9093" {
-		t.Errorf("%v, %v", b, err)
+	for raw, want := range map[string]string{"kafka://h1:9092,h2:9093": "kafka", "nats://h:4222": "nats", "amqps://u:p@h/v": "amqps"} {
+		if got, err := inboxBroker(raw); err != nil || got != want {
+			t.Errorf("inboxBroker(%q) = %q, %v; want %q", raw, got, err, want)
+		}
 	}
-	if _, err := inboxBroker("kafka://"); err == nil {
-		t.Error("kafka:// without a host accepted")
+	for _, raw := range []string{"h1:9092", "redis://h"} {
+		if _, err := inboxBroker(raw); err == nil || !strings.Contains(err.Error(), "fix: --broker kafka://") {
+			t.Errorf("inboxBroker(%q): %v", raw, err)
+		}
+	}
+	// RabbitMQ needs no group, but a name.
+	code, _, errOut := runCmd(t, map[string]string{"OUTBOXD_BROKER": "amqp://h/", "OUTBOXD_TOPICS": "q", "OUTBOXD_POSTGRES": "postgres://127.0.0.1:1/db"}, "inbox")
+	if code != 1 || !strings.Contains(errOut, "--name (OUTBOXD_NAME) or --group is required") || strings.Contains(errOut, "--group (OUTBOXD_GROUP)") {
+		t.Errorf("exit %d:\n%s", code, errOut)
 	}
 }
 

@@ -1,0 +1,158 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// rabbitKeyHeader is where outboxd's RabbitMQ sink puts the record key
+// (sink/rabbitmq.KeyHeader).
+const rabbitKeyHeader = "outboxd.key"
+
+// rabbitSource consumes RabbitMQ queues with manual acks, sent only after
+// the database commit, and basic.qos prefetch.
+//
+// Order. A queue delivers to one consumer in queue order, and a message
+// that goes back (its channel closed before the ack) is requeued at its
+// original position. Two consumers of one queue would split it between them
+// and reorder each aggregate, so each queue is consumed with an exclusive
+// basic.consume: one consumer at a time, whatever the queue's type (classic
+// or quorum, with or without x-single-active-consumer); another process of
+// the same service stands by and retries until the first one's channel
+// closes, then gets the unacknowledged messages first, in order. A lane lives
+// as long as its channel: when the channel closes, the lane finishes its
+// current batch and drops the rest of its queue, which RabbitMQ redelivers.
+type rabbitSource struct {
+	c *Consumer
+}
+
+func (r *rabbitSource) run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	for i, q := range r.c.cfg.Topics {
+		wg.Go(func() { r.consume(ctx, q, int32(i)) })
+	}
+	wg.Wait()
+	r.c.stopAllLanes()
+	return nil
+}
+
+func (r *rabbitSource) consume(ctx context.Context, queue string, _ int32) {
+	for ctx.Err() == nil {
+		err := r.own(ctx, queue)
+		if err != nil && ctx.Err() == nil {
+			r.c.log.Warn("inbox: consuming the queue stopped; starting over", "queue", queue, "error", err)
+			_ = sleepCtx(ctx, time.Second)
+		}
+	}
+}
+
+// own connects, consumes queue exclusively until ctx ends or the channel
+// closes, and closes the connection.
+func (r *rabbitSource) own(ctx context.Context, queue string) error {
+	c := r.c
+	conn, err := amqp.DialConfig(c.cfg.Broker, amqp.Config{TLSClientConfig: c.cfg.AMQPTLS, Heartbeat: 10 * time.Second,
+		Properties: amqp.Table{"connection_name": "outboxd-inbox " + c.cfg.Name}})
+	if err != nil {
+		return fmt.Errorf("connecting to RabbitMQ: %w", err)
+	}
+	defer conn.Close()
+	var deliveries <-chan amqp.Delivery
+	for waited := false; ; {
+		ch, err := conn.Channel()
+		if err != nil {
+			return fmt.Errorf("opening a channel: %w", err)
+		}
+		if err := ch.Qos(c.cfg.Prefetch, 0, false); err != nil {
+			return fmt.Errorf("basic.qos prefetch %d: %w", c.cfg.Prefetch, err)
+		}
+		deliveries, err = ch.Consume(queue, consumerTag(c.cfg.Group, queue), false, true, false, false, nil)
+		if err == nil {
+			break
+		}
+		var ae *amqp.Error
+		if !errors.As(err, &ae) || ae.Code != amqp.AccessRefused {
+			return fmt.Errorf("consuming queue %s: %w (fix: declare the queue and bind it to outboxd's exchange)", queue, err)
+		}
+		// Another consumer has the queue: stand by.
+		if !waited {
+			c.log.Info("inbox: another consumer has the queue (exclusive); standing by until it stops", "queue", queue)
+			waited = true
+		}
+		if err := sleepCtx(ctx, 500*time.Millisecond); err != nil {
+			return nil
+		}
+	}
+	k := tp{queue, 0}
+	lane := c.openLane(queue, 0, func(ev *Event) {
+		if err := ev.src.(amqp.Delivery).Ack(false); err != nil {
+			c.log.Warn("inbox: RabbitMQ ack failed after the commit; the event comes again as a duplicate", "queue", queue, "error", err)
+		}
+	}, laneOpts{})
+	defer c.stopLanes([]tp{k})
+	c.log.Info("inbox: consuming the queue (exclusive consumer)", "queue", queue, "prefetch", c.cfg.Prefetch)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case d, ok := <-deliveries:
+			if !ok {
+				return errors.New("the channel closed (connection lost or the queue deleted); its unacknowledged messages are requeued")
+			}
+			evs := []*Event{rabbitEvent(queue, d)}
+			// Hand over everything already delivered in one push.
+			for more := true; more && len(evs) < c.cfg.Prefetch; {
+				select {
+				case d, ok := <-deliveries:
+					if !ok {
+						more = false
+						break
+					}
+					evs = append(evs, rabbitEvent(queue, d))
+				default:
+					more = false
+				}
+			}
+			lane.push(evs, 0)
+		}
+	}
+}
+
+func consumerTag(group, queue string) string {
+	if group == "" {
+		return ""
+	}
+	return fmt.Sprintf("%s/%s", group, queue)
+}
+
+func rabbitEvent(queue string, d amqp.Delivery) *Event {
+	ev := &Event{Value: d.Body, Topic: queue, Offset: int64(d.DeliveryTag), Timestamp: d.Timestamp, src: d}
+	for k, v := range d.Headers {
+		var b []byte
+		switch v := v.(type) {
+		case string:
+			b = []byte(v)
+		case []byte:
+			b = v
+		default:
+			b = fmt.Append(nil, v)
+		}
+		ev.Headers = append(ev.Headers, kgo.RecordHeader{Key: k, Value: b})
+		if k == rabbitKeyHeader {
+			ev.Key = b
+		}
+	}
+	fillIDs(ev)
+	if ev.ID == "" {
+		ev.ID = d.MessageId
+	}
+	if ev.Type == "" {
+		ev.Type = d.Type
+	}
+	return ev
+}
