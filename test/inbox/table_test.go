@@ -3,6 +3,8 @@ package inbox_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -33,7 +35,7 @@ func pythonWithPsycopg(t *testing.T) string {
 
 // startDeliverer runs outboxd inbox named name (its application_name in the
 // billing database) with --batch batch, and waits until it consumes.
-func (w *world) startDeliverer(name string, batch int) {
+func (w *world) startDeliverer(name string, batch int, extra ...string) {
 	w.t.Helper()
 	args := []string{"inbox", "--group", "billing", "--postgres", w.billingDSN + "&application_name=" + name,
 		"--create-tables", "--batch", fmt.Sprint(batch), "--shutdown-timeout", "10s"}
@@ -47,6 +49,7 @@ func (w *world) startDeliverer(name string, batch int) {
 	default:
 		args = append(args, "--broker", w.rabbit.URL(), "--topics", billingQueue)
 	}
+	args = append(args, extra...)
 	w.startConsumerProc(name, outboxdBin, args, "inbox: consuming")
 }
 
@@ -152,5 +155,31 @@ func testTableEffectsExactlyOnce(t *testing.T, py, broker string) {
 	}
 	if claims != 0 || unapplied != 0 {
 		t.Errorf("%d claim rows left in inbox (want 0: the event row is the only record), %d events unapplied", claims, unapplied)
+	}
+
+	// Retention: an outboxd inbox with a 1s --retention deletes every
+	// applied row, and counts each once.
+	addr := freeAddr(t)
+	w.startDeliverer("d3", 1, "--retention", "1s", "--retention-interval", "100ms", "--http-addr", addr)
+	left := -1
+	for deadline := time.Now().Add(30 * time.Second); left != 0 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if err := w.billing.QueryRow(w.ctx, `SELECT count(*) FROM inbox_events`).Scan(&left); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if left != 0 {
+		t.Fatalf("%d rows left in inbox_events 30s after a 1s retention", left)
+	}
+	w.mu.Lock()
+	want := fmt.Sprintf(`outboxd_inbox_table_expired_total{consumer="billing"} %d`, len(w.committed))
+	w.mu.Unlock()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || !strings.Contains(string(body), want+"\n") {
+		t.Errorf("/metrics lacks %q (%v):\n%s", want, err, body)
 	}
 }
