@@ -1,11 +1,8 @@
 package inbox_test
 
 import (
-	"context"
 	"fmt"
 	"slices"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -30,10 +27,8 @@ func testEffectsExactlyOnce(t *testing.T, broker string) {
 	w.startRelay()
 	w.startConsumer("c1", 1)
 
-	pctx, stopProducing := context.WithCancel(w.ctx)
-	var producing sync.WaitGroup
-	producing.Go(func() { w.produce(pctx, 7) })
-	defer func() { stopProducing(); producing.Wait() }()
+	stopProducing := w.startProducing(7)
+	defer stopProducing()
 
 	end := time.Now().Add(*soak)
 	for round := 1; ; round++ {
@@ -43,7 +38,6 @@ func testEffectsExactlyOnce(t *testing.T, broker string) {
 		}
 	}
 	stopProducing()
-	producing.Wait()
 	w.drainAndCheck()
 }
 
@@ -92,13 +86,7 @@ func (w *world) faultRound(round int) {
 	w.progress(30, "after the orders restart")
 
 	step("SIGKILL outboxd, restart it")
-	if err := w.relay.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := w.relay.Wait(w.ctx); err != nil {
-		t.Fatal(err)
-	}
-	w.startRelay()
+	w.killRelay()
 	w.progress(30, "after the outboxd restart")
 }
 

@@ -9,8 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -67,17 +65,7 @@ func (w *world) startWorker(py, name string, batch int) {
 
 func (w *world) startConsumerProc(name, bin string, args []string, ready string) {
 	w.t.Helper()
-	p, err := harness.StartProc(w.ctx, name, bin, args, nil, w.logs)
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	w.consumers[name] = p
-	w.t.Cleanup(func() {
-		_ = p.Kill()
-		if w.t.Failed() {
-			w.t.Logf("%s log tail (%s):\n%s", name, p.LogPath(), tail(p.Log(), 3000))
-		}
-	})
+	p := w.spawn(name, bin, args)
 	ctx, cancel := context.WithTimeout(w.ctx, 60*time.Second)
 	defer cancel()
 	if err := p.WaitLog(ctx, ready); err != nil {
@@ -109,10 +97,8 @@ func testTableEffectsExactlyOnce(t *testing.T, py, broker string) {
 	w.startWorker(py, "p1", 1)
 	w.startWorker(py, "p2", 4)
 
-	pctx, stopProducing := context.WithCancel(w.ctx)
-	var producing sync.WaitGroup
-	producing.Go(func() { w.produce(pctx, 7) })
-	defer func() { stopProducing(); producing.Wait() }()
+	stopProducing := w.startProducing(7)
+	defer stopProducing()
 
 	step := func(what string) { t.Logf("%s (effects so far %d)", what, w.applied()) }
 	w.progress(30, "start")
@@ -137,17 +123,10 @@ func testTableEffectsExactlyOnce(t *testing.T, py, broker string) {
 	w.progress(30, "p1 back")
 
 	step("SIGKILL outboxd, restart it (it resends what it had not confirmed)")
-	if err := w.relay.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := w.relay.Wait(w.ctx); err != nil {
-		t.Fatal(err)
-	}
-	w.startRelay()
+	w.killRelay()
 	w.progress(30, "after the outboxd restart")
 
 	stopProducing()
-	producing.Wait()
 	w.drainAndCheck()
 	var claims, unapplied int
 	if err := w.billing.QueryRow(w.ctx, `SELECT (SELECT count(*) FROM inbox), (SELECT count(*) FROM inbox_events WHERE applied_at IS NULL)`).Scan(&claims, &unapplied); err != nil {

@@ -171,7 +171,14 @@ func (w *world) startConsumer(name string, batch int) {
 	default:
 		args = append(args, "-broker", w.rabbit.URL(), "-topic", billingQueue)
 	}
-	p, err := harness.StartProc(w.ctx, name, billingBin, args, nil, w.logs)
+	w.spawn(name, billingBin, args)
+}
+
+// spawn starts a consumer process named name, killed when the test ends
+// (its log tail shown if the test failed).
+func (w *world) spawn(name, bin string, args []string) *harness.Proc {
+	w.t.Helper()
+	p, err := harness.StartProc(w.ctx, name, bin, args, nil, w.logs)
 	if err != nil {
 		w.t.Fatal(err)
 	}
@@ -182,6 +189,28 @@ func (w *world) startConsumer(name string, batch int) {
 			w.t.Logf("%s log tail (%s):\n%s", name, p.LogPath(), tail(p.Log(), 3000))
 		}
 	})
+	return p
+}
+
+// startProducing places orders over accounts accounts in the background
+// (produce) until the returned stop is called, which waits for it.
+func (w *world) startProducing(accounts int) (stop func()) {
+	ctx, cancel := context.WithCancel(w.ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { w.produce(ctx, accounts) })
+	return func() { cancel(); wg.Wait() }
+}
+
+// killRelay SIGKILLs outboxd and starts it again.
+func (w *world) killRelay() {
+	w.t.Helper()
+	if err := w.relay.Signal(syscall.SIGKILL); err != nil {
+		w.t.Fatal(err)
+	}
+	if _, err := w.relay.Wait(w.ctx); err != nil {
+		w.t.Fatal(err)
+	}
+	w.startRelay()
 }
 
 // restartBroker stops the broker gracefully and starts it again.
