@@ -22,8 +22,9 @@ another, in the order they arrived, whichever worker takes them.
 If the effect raises, it is rolled back to the savepoint and inbox_failed
 counts the attempt: the event is retried after a backoff and parked after
 --max-attempts; its aggregate's later events wait behind it, other aggregates
-go on. After a fix, ``SELECT inbox_release('billing', '<aggregate>')`` lets
-them through, in order. Database errors (a lost connection, a restart) are not
+go on. A charge to a frozen account (a row in frozen_accounts) is such a
+failure. After a fix (unfreezing the account),
+``SELECT inbox_release('billing', '<aggregate>')`` lets them through, in order. Database errors (a lost connection, a restart) are not
 attempts: the worker reconnects and claims again.
 
 Usage::
@@ -53,6 +54,7 @@ INBOX_SQL = os.path.join(HERE, "..", "..", "migrations", "inbox_events.sql")
 
 BILLING_SCHEMA = """
 CREATE TABLE IF NOT EXISTS balances (account text PRIMARY KEY, cents bigint NOT NULL);
+CREATE TABLE IF NOT EXISTS frozen_accounts (account text PRIMARY KEY);  -- charges refused
 CREATE TABLE IF NOT EXISTS ledger (
     entry    bigserial PRIMARY KEY,  -- the order effects were applied in
     event_id text   NOT NULL,
@@ -66,13 +68,23 @@ CREATE TABLE IF NOT EXISTS ledger (
 log = logging.getLogger("billing")
 
 
+class AccountFrozen(Exception):
+    pass
+
+
 def apply_effect(conn, event_id, payload):
     """The effect: a ledger entry and the balance, in the claiming transaction.
+
+    A frozen account refuses the charge: the event fails, is retried, then
+    parked, and the account's later orders wait behind it until the account
+    is unfrozen and released (the other accounts go on).
 
     The ledger has deliberately no unique constraint on event_id: the inbox
     row alone keeps effects exactly once, and the tests count doubles.
     """
     order = json.loads(payload)
+    if conn.execute("SELECT 1 FROM frozen_accounts WHERE account = %s", (order["account"],)).fetchone():
+        raise AccountFrozen(f"account {order['account']} is frozen")
     conn.execute(
         "INSERT INTO ledger (event_id, order_id, account, seq, cents) VALUES (%s, %s, %s, %s, %s)",
         (event_id, order["order_id"], order["account"], order["seq"], order["cents"]),

@@ -31,6 +31,14 @@ func pythonWithPsycopg(t *testing.T) string {
 	return py
 }
 
+// newTableWorld is a world whose dedupe records are the applied rows of
+// inbox_events.
+func newTableWorld(t *testing.T, within time.Duration, broker string) *world {
+	w := newWorld(t, within, broker)
+	w.inboxRows = `SELECT count(*) FROM inbox_events WHERE consumer = 'billing' AND applied_at IS NOT NULL`
+	return w
+}
+
 // startDeliverer runs outboxd inbox named name (its application_name in the
 // billing database) with --batch batch, and waits until it consumes.
 func (w *world) startDeliverer(name string, batch int, extra ...string) {
@@ -52,7 +60,7 @@ func (w *world) startDeliverer(name string, batch int, extra ...string) {
 }
 
 // startWorker runs the Python example (examples/python/worker.py) named name.
-func (w *world) startWorker(py, name string, batch int) {
+func (w *world) startWorker(py, name string, batch int, extra ...string) {
 	w.t.Helper()
 	root, err := harness.ModuleRoot()
 	if err != nil {
@@ -60,6 +68,7 @@ func (w *world) startWorker(py, name string, batch int) {
 	}
 	args := []string{filepath.Join(root, "examples", "python", "worker.py"), "--postgres", w.billingDSN,
 		"--application-name", name, "--create-tables", "--batch", fmt.Sprint(batch), "--effect-delay", "0.002"}
+	args = append(args, extra...)
 	w.startConsumerProc(name, py, args, "applying events")
 }
 
@@ -90,8 +99,7 @@ func TestTableEffectsExactlyOnce(t *testing.T) {
 }
 
 func testTableEffectsExactlyOnce(t *testing.T, py, broker string) {
-	w := newWorld(t, 4*time.Minute, broker)
-	w.inboxRows = `SELECT count(*) FROM inbox_events WHERE consumer = 'billing' AND applied_at IS NOT NULL`
+	w := newTableWorld(t, 4*time.Minute, broker)
 	w.startRelay()
 	w.startDeliverer("d1", 1)
 	w.startWorker(py, "p1", 1)
@@ -161,4 +169,56 @@ func testTableEffectsExactlyOnce(t *testing.T, py, broker string) {
 	if err != nil || !strings.Contains(string(body), want+"\n") {
 		t.Errorf("/metrics lacks %q (%v):\n%s", want, err, body)
 	}
+}
+
+// TestTablePoisonParksAggregate: the Python worker cannot charge a frozen
+// account, so that account's first order fails twice and is parked
+// (inbox_failed); its later orders wait while every other account's are
+// applied. Unfreezing it and inbox_release apply the waiting orders, in
+// order, each once.
+func TestTablePoisonParksAggregate(t *testing.T) {
+	py := pythonWithPsycopg(t)
+	w := newTableWorld(t, 3*time.Minute, "kafka")
+	w.startRelay()
+	w.startDeliverer("d1", 10)
+	w.startWorker(py, "p1", 2, "--max-attempts", "2", "--backoff", "0.05")
+	if _, err := w.billing.Exec(w.ctx, `INSERT INTO frozen_accounts VALUES ('acct-3')`); err != nil {
+		t.Fatal(err)
+	}
+	stopProducing := w.startProducing(7)
+	w.progress(200, "the other accounts")
+	stopProducing()
+
+	w.mu.Lock()
+	others, frozen := 0, 0
+	for _, o := range w.committed {
+		if o.account == "acct-3" {
+			frozen++
+		} else {
+			others++
+		}
+	}
+	w.mu.Unlock()
+	for deadline := time.Now().Add(60 * time.Second); w.applied() != others; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d effects, want the %d orders of the accounts not frozen", w.applied(), others)
+		}
+	}
+	var parked, waiting, attempts int
+	if err := w.billing.QueryRow(w.ctx, `SELECT count(*) FILTER (WHERE parked_at IS NOT NULL), count(*) FILTER (WHERE parked_at IS NULL AND applied_at IS NULL),
+		coalesce(max(attempts), 0) FROM inbox_events WHERE aggregate = 'acct-3'`).Scan(&parked, &waiting, &attempts); err != nil {
+		t.Fatal(err)
+	}
+	if parked != 1 || waiting != frozen-1 || attempts != 2 {
+		t.Fatalf("acct-3: %d parked (want 1), %d waiting (want %d), %d attempts (want 2)", parked, waiting, frozen-1, attempts)
+	}
+
+	if _, err := w.billing.Exec(w.ctx, `DELETE FROM frozen_accounts`); err != nil {
+		t.Fatal(err)
+	}
+	var released int
+	if err := w.billing.QueryRow(w.ctx, `SELECT inbox_release('billing', 'acct-3')`).Scan(&released); err != nil || released != 1 {
+		t.Fatalf("inbox_release = %d, %v; want 1", released, err)
+	}
+	w.drainAndCheck()
 }
