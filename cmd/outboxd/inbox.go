@@ -65,10 +65,10 @@ func (o *inboxOptions) register(s *optionSet) {
 	fs.StringVar(&o.Broker, "broker", "", "the broker, as a URL: kafka://host:port[,host:port], nats://host:4222 (tls:// for TLS), amqp://user:pass@host:5672/vhost (amqps://); a password here shows in ps")
 	fs.StringVar(&o.Group, "group", "", "Kafka consumer group or NATS durable name (instances with the same group share the work), RabbitMQ consumer tag prefix (optional there)")
 	fs.Var(&o.Topics, "topics", "comma-separated topics outboxd writes (outbox.event.<aggregatetype>); NATS subjects, RabbitMQ queues")
-	fs.StringVar(&o.Name, "name", "", "the consumer column of inbox_events: whose effects these events are (default: --group)")
+	fs.StringVar(&o.Name, "name", "", "the consumer column of inbox_events: whose effects these events are (default: --group); as for outboxd inbox list")
 	fs.StringVar(&o.Postgres, "postgres", "", "the consumer's PostgreSQL database, where inbox_events lives; a password here shows in ps: prefer --postgres-file, PGPASSFILE or PGPASSWORD")
 	registerPostgresFile(s, &o.Postgres)
-	fs.StringVar(&o.Schema, "schema", "public", "schema of inbox_events (and of package inbox's claim tables, inbox and inbox_parked)")
+	fs.StringVar(&o.Schema, "inbox-schema", "public", "schema of inbox_events and its functions, and of package inbox's claim tables (inbox, inbox_parked; as for outboxd inbox list)")
 	fs.StringVar(&o.HTTPAddr, "http-addr", "", "address for /metrics, /healthz and /readyz, which have no authentication (empty disables)")
 	fs.IntVar(&o.Batch, "batch", 100, "most events written in one database transaction (what one fetch returned for one partition; never waits to fill it)")
 	fs.DurationVar(&o.Retention, "retention", 7*24*time.Hour, "how long applied events are kept: the dedupe window, longer than the broker may redeliver an event (0 keeps them)")
@@ -285,7 +285,7 @@ func (d *deliverer) check(ctx context.Context, pool *pgxpool.Pool, schema string
 		return fmt.Errorf("checking table %s: %w", d.events, err)
 	}
 	if !ok {
-		return fmt.Errorf("table %s does not exist; fix: run outboxd inbox once with --create-tables, or apply outboxd inbox --print-sql --schema %s", d.events, schema)
+		return fmt.Errorf("table %s does not exist; fix: run outboxd inbox once with --create-tables, or apply outboxd inbox --print-sql --inbox-schema %s", d.events, schema)
 	}
 	return nil
 }

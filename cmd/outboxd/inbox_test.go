@@ -26,7 +26,7 @@ func TestInboxCommandValidation(t *testing.T) {
 }
 
 func TestInboxPrintSQL(t *testing.T) {
-	code, out, errOut := runCmd(t, nil, "inbox", "--print-sql", "--schema", "billing")
+	code, out, errOut := runCmd(t, nil, "inbox", "--print-sql", "--inbox-schema", "billing")
 	if code != 0 || !strings.Contains(out, `CREATE TABLE IF NOT EXISTS "billing".inbox (`) || !strings.Contains(out, `CREATE TABLE IF NOT EXISTS "billing".inbox_events (`) {
 		t.Errorf("exit %d\n%s%s", code, out, errOut)
 	}
