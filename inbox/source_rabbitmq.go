@@ -40,15 +40,15 @@ type rabbitSource struct {
 
 func (r *rabbitSource) run(ctx context.Context) error {
 	var wg sync.WaitGroup
-	for i, q := range r.c.cfg.Topics {
-		wg.Go(func() { r.consume(ctx, q, int32(i)) })
+	for _, q := range r.c.cfg.Topics {
+		wg.Go(func() { r.consume(ctx, q) })
 	}
 	wg.Wait()
 	r.c.stopAllLanes()
 	return nil
 }
 
-func (r *rabbitSource) consume(ctx context.Context, queue string, _ int32) {
+func (r *rabbitSource) consume(ctx context.Context, queue string) {
 	for ctx.Err() == nil {
 		err := r.own(ctx, queue)
 		if err != nil && ctx.Err() == nil {
