@@ -140,6 +140,13 @@ type Config struct {
 	// (default 1). A batch is what one poll already fetched for one
 	// partition: the consumer never waits to fill it.
 	BatchSize int
+	// KeyWorkers is how many keys a lane (a Kafka partition, a NATS
+	// stream, a RabbitMQ queue) applies at once (default 1): its events are
+	// hashed by key over KeyWorkers sequential workers, each with its own
+	// transactions, so one key's events keep their order while different
+	// keys overlap their database round trips. Acknowledgements are as with
+	// one worker. It needs KeyWorkers connections per lane in DB's pool.
+	KeyWorkers int
 	// MaxAttempts is how often a failing handler is tried before the event
 	// is poison (default 5).
 	MaxAttempts int
@@ -223,8 +230,11 @@ func (c *Config) setDefaults() error {
 	if c.Handler == nil {
 		errs = append(errs, errors.New("Handler is nil"))
 	}
-	if c.BatchSize < 0 || c.MaxAttempts < 0 {
-		errs = append(errs, errors.New("BatchSize and MaxAttempts must not be negative"))
+	if c.BatchSize < 0 || c.MaxAttempts < 0 || c.KeyWorkers < 0 {
+		errs = append(errs, errors.New("BatchSize, MaxAttempts and KeyWorkers must not be negative"))
+	}
+	if c.KeyWorkers > 1 && c.OnPoison == Hold {
+		errs = append(errs, errors.New("KeyWorkers above 1 with OnPoison Hold: a held event would stop only its worker's keys, not the lane as Hold promises; use ParkKey, or one worker"))
 	}
 	if c.OnPoison != ParkKey && c.OnPoison != Park && c.OnPoison != Hold {
 		errs = append(errs, fmt.Errorf("OnPoison %d: want inbox.ParkKey, inbox.Park or inbox.Hold", c.OnPoison))

@@ -21,7 +21,7 @@ type Consumer struct {
 	inbox string // quoted table name
 
 	mu    sync.Mutex
-	parts map[tp]*partition
+	parts map[tp]lane
 	// work is the parent of every lane's context: cancelled only when the
 	// shutdown timeout passes (finish, don't abandon, current batches).
 	work       context.Context
@@ -75,7 +75,7 @@ func newConsumer(cfg Config, m *metrics, db store, pg *pgStore) *Consumer {
 	c := &Consumer{
 		cfg: cfg, m: m, inbox: inboxT, db: db, pg: pg,
 		log:   cfg.Logger.With("consumer", cfg.Name),
-		parts: map[tp]*partition{},
+		parts: map[tp]lane{},
 	}
 	c.s = &settings{
 		name: cfg.Name, handler: cfg.Handler, batch: cfg.BatchSize, maxAttempts: cfg.MaxAttempts,
@@ -128,21 +128,34 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 // openLane starts the goroutine of a new lane whose applied events ack
 // acknowledges, or returns the running one.
-func (c *Consumer) openLane(topic string, part int32, ack func(*Event), o laneOpts) *partition {
+func (c *Consumer) openLane(topic string, part int32, ack func(*Event), o laneOpts) lane {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	k := tp{topic, part}
-	if p := c.parts[k]; p != nil {
+	if l := c.parts[k]; l != nil {
+		return l
+	}
+	if o.resume != nil {
+		o.resume() // in case an earlier owner in this process left it paused
+	}
+	pm := c.m.partition(c.cfg.Name, topic, part)
+	if c.cfg.KeyWorkers <= 1 {
+		p := newPartition(topic, part, c.s, c.db, ack, pm, c.log)
+		p.offsets, p.pause, p.resume = o.offsets, o.pause, o.resume
+		c.parts[k] = p
+		go p.run(c.work)
 		return p
 	}
-	p := newPartition(topic, part, c.s, c.db, ack, c.m.partition(c.cfg.Name, topic, part), c.log)
-	p.offsets, p.pause, p.resume = o.offsets, o.pause, o.resume
-	if p.resume != nil {
-		p.resume() // in case an earlier owner in this process left it paused
+	workers := make([]*partition, c.cfg.KeyWorkers)
+	for i := range workers {
+		workers[i] = newPartition(topic, part, c.s, c.db, nil, pm, c.log)
 	}
-	c.parts[k] = p
-	go p.run(c.work)
-	return p
+	l := newShardedLane(workers, ack, o, c.cfg.KeyWorkers*workers[0].highWater())
+	for _, w := range workers {
+		go w.run(c.work)
+	}
+	c.parts[k] = l
+	return l
 }
 
 // laneOpts are what a source tells a new lane about its events.
@@ -156,7 +169,7 @@ type laneOpts struct {
 }
 
 // lane returns the running lane k, or nil.
-func (c *Consumer) lane(k tp) *partition {
+func (c *Consumer) lane(k tp) lane {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.parts[k]
@@ -167,9 +180,9 @@ func (c *Consumer) lane(k tp) *partition {
 // any more.
 func (c *Consumer) stopLanes(keys []tp) {
 	c.mu.Lock()
-	parts := map[tp]*partition{}
+	parts := map[tp]lane{}
 	if keys == nil {
-		parts, c.parts = c.parts, map[tp]*partition{}
+		parts, c.parts = c.parts, map[tp]lane{}
 	}
 	for _, k := range keys {
 		if p := c.parts[k]; p != nil {

@@ -95,8 +95,7 @@ func (t *fakeTxn) claim(_ context.Context, ev *Event, checkKey bool) (bool, bool
 		return false, false, nil
 	}
 	t.claimed = append(t.claimed, ev.ID)
-	k := string(ev.Key)
-	return true, checkKey && len(t.db.keys[k])+len(t.keys[k]) > 0, nil
+	return true, checkKey && len(t.db.keys[string(ev.Key)])+len(t.keys[string(ev.Key)]) > 0, nil
 }
 
 func (t *fakeTxn) parkBehind(_ context.Context, ev *Event) (bool, error) {

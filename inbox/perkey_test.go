@@ -178,7 +178,7 @@ func TestSpanContinuesTraceparent(t *testing.T) {
 	}
 	attrs := map[string]string{}
 	for _, a := range s.Attributes() {
-		attrs[string(a.Key)] = a.Value.Emit()
+		attrs[string(a.Key)] = a.Value.String()
 	}
 	if attrs["messaging.system"] != "nats" || attrs["messaging.message.id"] != "ev-1" || attrs["messaging.consumer.group.name"] != "billing" {
 		t.Fatalf("attributes %v", attrs)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -35,10 +36,17 @@ const natsKeyHeader = "Outboxd-Key"
 // counted duplicate. A process keeps its messages from expiring while they
 // wait or run (in-progress acks every AckWait/3), so a live owner never sees
 // a redelivery ahead of its own queue.
+//
+// A fetch whose reply is lost (the connection dropped while it was on its
+// way) leaves messages delivered in the server's eyes and never seen here;
+// fetching on would apply what follows them first. So after a reconnect or a
+// failed fetch the stream is started over as at a takeover: the lane
+// finishes its batch, and the durable restarts at its ack floor.
 type natsSource struct {
-	c  *Consumer
-	nc *nats.Conn
-	js jetstream.JetStream
+	c           *Consumer
+	nc          *nats.Conn
+	js          jetstream.JetStream
+	reconnected atomic.Int64 // reconnections so far
 }
 
 func (n *natsSource) run(ctx context.Context) error {
@@ -48,7 +56,9 @@ func (n *natsSource) run(ctx context.Context) error {
 			if err != nil {
 				c.log.Warn("inbox: NATS connection lost; reconnecting", "error", err)
 			}
-		})}, c.cfg.NATSOpts...)
+		}),
+		nats.ReconnectHandler(func(*nats.Conn) { n.reconnected.Add(1) }),
+	}, c.cfg.NATSOpts...)
 	nc, err := nats.Connect(c.cfg.Broker, opts...)
 	if err != nil {
 		return fmt.Errorf("inbox: connecting to NATS %s: %w", c.cfg.Broker, err)
@@ -136,6 +146,7 @@ func (n *natsSource) own(ctx context.Context, stream string, subjects []string) 
 	defer c.stopLanes([]tp{k})
 	c.log.Info("inbox: consuming the stream (this process holds its lock)", "stream", stream, "durable", c.cfg.Group, "subjects", subjects)
 
+	gen := n.reconnected.Load()
 	keep := time.NewTicker(max(c.cfg.AckWait/3, 10*time.Millisecond))
 	defer keep.Stop()
 	for ctx.Err() == nil {
@@ -153,14 +164,15 @@ func (n *natsSource) own(ctx context.Context, stream string, subjects []string) 
 			_ = sleepCtx(ctx, 5*time.Millisecond)
 			continue
 		}
+		if n.reconnected.Load() != gen {
+			return errors.New("NATS reconnected: a fetch's reply may have been lost, restarting the stream at its ack floor")
+		}
 		batch, err := cons.Fetch(c.cfg.Prefetch-pend.len(), jetstream.FetchMaxWait(250*time.Millisecond))
 		if err != nil {
 			if ctx.Err() != nil {
 				break
 			}
-			c.log.Warn("inbox: NATS fetch failed; retrying", "stream", stream, "error", err)
-			_ = sleepCtx(ctx, 250*time.Millisecond)
-			continue
+			return fmt.Errorf("NATS fetch failed (restarting the stream at its ack floor): %w", err)
 		}
 		var evs []*Event
 		for m := range batch.Messages() {
@@ -172,11 +184,11 @@ func (n *natsSource) own(ctx context.Context, stream string, subjects []string) 
 			pend.add(uint64(ev.Offset), m)
 			evs = append(evs, ev)
 		}
-		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && ctx.Err() == nil {
-			c.log.Warn("inbox: NATS fetch ended with an error", "stream", stream, "error", err)
-		}
 		if len(evs) > 0 {
 			lane.push(evs, 0)
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, jetstream.ErrNoMessages) && ctx.Err() == nil {
+			return fmt.Errorf("NATS fetch ended with an error (restarting the stream at its ack floor): %w", err)
 		}
 	}
 	return nil

@@ -22,10 +22,16 @@ const rabbitKeyHeader = "outboxd.key"
 // that goes back (its channel closed before the ack) is requeued at its
 // original position. Two consumers of one queue would split it between them
 // and reorder each aggregate, so each queue is consumed with an exclusive
-// basic.consume: one consumer at a time, whatever the queue's type (classic
-// or quorum, with or without x-single-active-consumer); another process of
-// the same service stands by and retries until the first one's channel
-// closes, then gets the unacknowledged messages first, in order. A lane lives
+// basic.consume: one consumer at a time; another process of the same
+// service stands by and retries until the first one's channel closes, then
+// gets the unacknowledged messages first, in order. A classic queue does
+// both in its own process, one after the other. A quorum queue does not:
+// its exclusivity check can let a new consumer in before the dead one's
+// messages are returned, which then come after newer ones; a quorum queue
+// needs x-single-active-consumer, whose activation of the next consumer is
+// one step with the return (a classic queue with it refuses exclusive
+// consumers: the inbox then consumes non-exclusively and lets the queue
+// keep one active). A lane lives
 // as long as its channel: when the channel closes, the lane finishes its
 // current batch and drops the rest of its queue, which RabbitMQ redelivers.
 type rabbitSource struct {
@@ -34,15 +40,15 @@ type rabbitSource struct {
 
 func (r *rabbitSource) run(ctx context.Context) error {
 	var wg sync.WaitGroup
-	for i, q := range r.c.cfg.Topics {
-		wg.Go(func() { r.consume(ctx, q, int32(i)) })
+	for _, q := range r.c.cfg.Topics {
+		wg.Go(func() { r.consume(ctx, q) })
 	}
 	wg.Wait()
 	r.c.stopAllLanes()
 	return nil
 }
 
-func (r *rabbitSource) consume(ctx context.Context, queue string, _ int32) {
+func (r *rabbitSource) consume(ctx context.Context, queue string) {
 	for ctx.Err() == nil {
 		err := r.own(ctx, queue)
 		if err != nil && ctx.Err() == nil {
@@ -78,6 +84,15 @@ func (r *rabbitSource) own(ctx context.Context, queue string) error {
 		var ae *amqp.Error
 		if !errors.As(err, &ae) || ae.Code != amqp.AccessRefused {
 			return fmt.Errorf("consuming queue %s: %w (fix: declare the queue and bind it to outboxd's exchange)", queue, err)
+		}
+		// Refused: another consumer has the queue, or the queue is a
+		// single-active-consumer one (a classic one refuses exclusive
+		// consumers), which keeps one consumer active by itself.
+		if deliveries, err = r.consumeSAC(conn, queue); err != nil {
+			return err
+		}
+		if deliveries != nil {
+			break
 		}
 		// Another consumer has the queue: stand by.
 		if !waited {
@@ -121,6 +136,34 @@ func (r *rabbitSource) own(ctx context.Context, queue string) error {
 			lane.push(evs, 0)
 		}
 	}
+}
+
+// consumeSAC consumes queue non-exclusively if nobody consumes it, which
+// means that its exclusive consume was refused because it is a
+// single-active-consumer queue; nil deliveries: somebody consumes it.
+func (r *rabbitSource) consumeSAC(conn *amqp.Connection, queue string) (<-chan amqp.Delivery, error) {
+	c := r.c
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("opening a channel: %w", err)
+	}
+	q, err := ch.QueueDeclarePassive(queue, false, false, false, false, nil)
+	if err != nil {
+		return nil, fmt.Errorf("looking up queue %s: %w", queue, err)
+	}
+	if q.Consumers > 0 {
+		_ = ch.Close()
+		return nil, nil
+	}
+	if err := ch.Qos(c.cfg.Prefetch, 0, false); err != nil {
+		return nil, fmt.Errorf("basic.qos prefetch %d: %w", c.cfg.Prefetch, err)
+	}
+	d, err := ch.Consume(queue, consumerTag(c.cfg.Group, queue), false, false, false, false, nil)
+	if err != nil {
+		return nil, fmt.Errorf("consuming queue %s: %w", queue, err)
+	}
+	c.log.Info("inbox: the queue refuses exclusive consumers (x-single-active-consumer): consuming it as one of its consumers, it keeps one active", "queue", queue)
+	return d, nil
 }
 
 func consumerTag(group, queue string) string {

@@ -133,10 +133,17 @@ func (b *bench) waitCountFrom(growing bool, want int, within time.Duration, sql 
 	}
 }
 
-// run starts a consumer and returns its stop function (graceful; waits).
+// run starts a consumer on the bench's Kafka and returns its stop function
+// (graceful; waits).
 func (b *bench) run(cfg inbox.Config) (stop func()) {
 	b.t.Helper()
 	cfg.Brokers = b.kafka.Brokers()
+	return b.runOn(cfg)
+}
+
+// runOn starts a consumer on cfg's broker.
+func (b *bench) runOn(cfg inbox.Config) (stop func()) {
+	b.t.Helper()
 	cfg.DB = b.pool
 	cfg.Schema = "billing"
 	if cfg.Logger == nil {

@@ -25,7 +25,7 @@ type world struct {
 	t                     *testing.T
 	ctx                   context.Context
 	ordersPG, billingPG   *harness.Postgres
-	broker                string // kafka, nats, rabbitmq, rabbitmq-quorum
+	broker                string // kafka, nats, rabbitmq, rabbitmq-sac, rabbitmq-quorum
 	kafka                 *harness.Kafka
 	nats                  *harness.NATS
 	rabbit                *harness.RabbitMQ
@@ -71,11 +71,11 @@ func newWorld(t *testing.T, within time.Duration, broker string) *world {
 		w.kafka = harness.KafkaForTest(t)
 	case "nats":
 		w.nats = harness.NATSForTest(t)
-	case "rabbitmq", "rabbitmq-quorum":
+	case "rabbitmq", "rabbitmq-sac", "rabbitmq-quorum":
 		w.rabbit = harness.RabbitMQForTest(t)
-		w.declareQueue(broker == "rabbitmq-quorum")
+		w.declareQueue(broker != "rabbitmq", broker == "rabbitmq-quorum")
 	default:
-		t.Fatalf("broker %q: want kafka, nats, rabbitmq or rabbitmq-quorum", broker)
+		t.Fatalf("broker %q: want kafka, nats, rabbitmq, rabbitmq-sac or rabbitmq-quorum", broker)
 	}
 	var err error
 	if w.ordersDSN, err = w.ordersPG.NewDatabase(ctx, "orders"); err != nil {
@@ -237,8 +237,10 @@ func (w *world) restartBroker() {
 }
 
 // declareQueue declares outboxd's exchange and the billing queue bound to
-// the orders' topic (a quorum queue if quorum).
-func (w *world) declareQueue(quorum bool) {
+// the orders' topic: with x-single-active-consumer if sac (a consumer that
+// takes over gets the earlier one's unacknowledged messages first,
+// atomically with its activation), a quorum queue if quorum.
+func (w *world) declareQueue(sac, quorum bool) {
 	w.t.Helper()
 	conn, err := amqp.Dial(w.rabbit.URL())
 	if err != nil {
@@ -250,6 +252,9 @@ func (w *world) declareQueue(quorum bool) {
 		w.t.Fatal(err)
 	}
 	args := amqp.Table{}
+	if sac {
+		args["x-single-active-consumer"] = true
+	}
 	if quorum {
 		args["x-queue-type"] = "quorum"
 	}
@@ -321,6 +326,12 @@ func (w *world) produce(ctx context.Context, accounts int) {
 			continue
 		case err != nil:
 			if ctx.Err() != nil {
+				// Stopped mid-commit: the order may have committed.
+				if exists, _ := w.orderExists(w.ctx, id); exists && !rollback {
+					w.mu.Lock()
+					w.committed = append(w.committed, o)
+					w.mu.Unlock()
+				}
 				return
 			}
 			exists, ok := w.orderExists(ctx, id)
