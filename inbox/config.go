@@ -2,36 +2,53 @@ package inbox
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxd/outboxd/pgquote"
 )
 
-// Event is one record from outboxd, as the Handler sees it.
+// Event is one record from outboxd, as the Handler sees it, whatever the
+// broker.
 type Event struct {
 	// ID is the record's "id" header: the outbox row's id, the dedupe key.
 	ID string
 	// Type is the "type" header (empty if absent).
 	Type string
-	// Key is the record key: the aggregate id in Debezium's layout.
+	// Key is the record key: the aggregate id in Debezium's layout (on NATS
+	// the Outboxd-Key header, on RabbitMQ the outboxd.key header).
 	Key []byte
 	// Value is the payload.
-	Value     []byte
-	Headers   []kgo.RecordHeader
-	Topic     string
+	Value []byte
+	// Headers are the record's headers (NATS and AMQP headers converted;
+	// a NATS header with several values gives several entries).
+	Headers []kgo.RecordHeader
+	// Topic is the Kafka topic, the NATS subject or the RabbitMQ queue.
+	Topic string
+	// Partition and Offset are the position: Kafka's partition and offset;
+	// on NATS partition 0 and the stream sequence; on RabbitMQ partition 0
+	// and the delivery tag (which restarts with each channel).
 	Partition int32
 	Offset    int64
+	// Timestamp is the broker's (Kafka's record timestamp, JetStream's
+	// stored time, AMQP's timestamp property).
 	Timestamp time.Time
 
-	rec *kgo.Record // for MarkCommitRecords
+	src any // the broker's handle for the ack: *kgo.Record, jetstream.Msg, amqp.Delivery
+	// counted: countStarts has an attempts row for it, to delete when it is
+	// applied or parked.
+	counted bool
 }
 
 // Header returns the value of the first header named key, or nil.
@@ -54,15 +71,25 @@ func (e *Event) Header(key string) []byte {
 // would not undo) must run with BatchSize 1.
 type Handler func(ctx context.Context, tx pgx.Tx, ev *Event) error
 
-// Poison is what a partition does with an event whose handler failed
-// MaxAttempts times.
+// Poison is what a lane does with an event whose handler failed MaxAttempts
+// times or returned a Permanent error.
 type Poison int
 
 const (
+	// ParkKey (the default) parks the aggregate, not the partition: the
+	// poison event is recorded in inbox_parked with its inbox row (so no
+	// replay applies it), and every later event of the same key is parked
+	// behind it, in order, while the other keys keep flowing. Release (or
+	// outboxd inbox release) replays the key's events in order after a fix.
+	// An event without a key has no aggregate: it is parked alone, as with
+	// Park.
+	ParkKey Poison = iota
 	// Park records the event (the inbox_parked table, or DeadLetterTopic),
 	// writes its inbox row in the same transaction so that it is never
-	// retried by a replay, and continues with the next event.
-	Park Poison = iota
+	// retried by a replay, and continues with the next event, including
+	// the later events of the same key: their order relative to the parked
+	// one is lost.
+	Park
 	// Hold stops the partition at the event and keeps retrying it at
 	// MaxBackoff, as outboxd's --on-invalid fail does: nothing after it on
 	// that partition is applied until the handler succeeds (after a fix and,
@@ -71,18 +98,33 @@ const (
 )
 
 func (p Poison) String() string {
-	if p == Hold {
+	switch p {
+	case Hold:
 		return "hold"
+	case Park:
+		return "park"
 	}
-	return "park"
+	return "park-key"
 }
 
-// Config configures a Consumer. Brokers, Group, Topics, DB and Handler are
-// required.
+// Config configures a Consumer. Broker (or Brokers), Group (Kafka and NATS),
+// Topics, DB and Handler are required.
 type Config struct {
+	// Broker chooses the broker by URL, as outboxd's --broker does:
+	//
+	//	kafka://host:9092[,host2:9092]   Kafka (or leave it empty and set Brokers)
+	//	nats://host:4222, tls://host:4222 NATS JetStream (a comma-separated list for a cluster)
+	//	amqp://user:pass@host:5672/vhost, amqps://…  RabbitMQ
+	Broker string
+	// Brokers are Kafka's bootstrap addresses, the alternative to a
+	// kafka:// Broker.
 	Brokers []string
-	// Group is the Kafka consumer group.
-	Group  string
+	// Group is the Kafka consumer group, or the NATS durable consumer's
+	// name (one per stream); on RabbitMQ it prefixes the consumer tag and
+	// may be empty.
+	Group string
+	// Topics are Kafka topics, NATS subjects (each one's stream is found by
+	// subject; wildcards allowed) or RabbitMQ queue names.
 	Topics []string
 	// Name is the inbox's consumer column (the dedupe namespace); it
 	// defaults to Group. Two consumers with the same Name dedupe against
@@ -98,14 +140,24 @@ type Config struct {
 	// (default 1). A batch is what one poll already fetched for one
 	// partition: the consumer never waits to fill it.
 	BatchSize int
+	// KeyWorkers is how many keys a lane (a Kafka partition, a NATS
+	// stream, a RabbitMQ queue) applies at once (default 1): its events are
+	// hashed by key over KeyWorkers sequential workers, each with its own
+	// transactions, so one key's events keep their order while different
+	// keys overlap their database round trips. Acknowledgements are as with
+	// one worker. It needs KeyWorkers connections per lane in DB's pool.
+	KeyWorkers int
 	// MaxAttempts is how often a failing handler is tried before the event
 	// is poison (default 5).
 	MaxAttempts int
 	// MinBackoff and MaxBackoff bound the exponential wait between attempts
 	// (defaults 100ms and 30s).
 	MinBackoff, MaxBackoff time.Duration
-	// OnPoison: Park (default) or Hold.
+	// OnPoison: ParkKey (default), Park or Hold.
 	OnPoison Poison
+	// ReleaseInterval is how often the consumer looks for released parked
+	// aggregates to replay (default 1s).
+	ReleaseInterval time.Duration
 	// DeadLetterTopic, if set, is where Park sends a poison event (the
 	// original key, value and headers, plus inbox.error, inbox.attempts,
 	// inbox.source) instead of the inbox_parked table. The dead letter is
@@ -129,31 +181,66 @@ type Config struct {
 
 	// KafkaOpts are extra franz-go options (TLS, SASL, client id...).
 	KafkaOpts []kgo.Opt
+	// NATSOpts are extra nats.go options (credentials, TLS, a name).
+	NATSOpts []nats.Option
+	// AckWait is the NATS durable consumer's AckWait (default 30s): an
+	// event not acknowledged within it is redelivered. Long handlers do not
+	// need a longer one: the consumer sends in-progress acks every
+	// AckWait/3 while an event is unacknowledged.
+	AckWait time.Duration
+	// AMQPTLS is the TLS configuration of an amqps:// Broker (nil: the
+	// system roots).
+	AMQPTLS *tls.Config
+	// Prefetch is RabbitMQ's basic.qos prefetch count and the NATS fetch
+	// size: how many unacknowledged events the broker hands over at once
+	// (default max(4·BatchSize, 256)).
+	Prefetch int
+	// TracerProvider, if set, gets a span per handler call (kind CONSUMER,
+	// "process <topic>"), the child of the span the event's traceparent
+	// header names: outboxd's send span (docs/tracing.md). Nil: no spans,
+	// and no cost.
+	TracerProvider trace.TracerProvider
 	// Registerer, if set, gets the outboxd_inbox_* metrics.
 	Registerer prometheus.Registerer
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+
+	kind brokerKind // from Broker, by setDefaults
 }
 
 func (c *Config) setDefaults() error {
 	var errs []error
-	if len(c.Brokers) == 0 {
-		errs = append(errs, errors.New("inbox: Config.Brokers is empty: set the Kafka bootstrap addresses"))
+	kind, err := c.brokerKind()
+	if err != nil {
+		errs = append(errs, err)
 	}
-	if c.Group == "" {
-		errs = append(errs, errors.New("inbox: Config.Group is empty: set the Kafka consumer group"))
+	c.kind = kind
+	if kind != kafkaBroker && c.DeadLetterTopic != "" {
+		errs = append(errs, fmt.Errorf("DeadLetterTopic is a Kafka topic and the broker is %s: park in inbox_parked instead (leave DeadLetterTopic empty)", kind))
+	}
+	if kind == kafkaBroker && len(c.Brokers) == 0 {
+		errs = append(errs, errors.New("inbox: Config.Brokers is empty: set the Kafka bootstrap addresses (or Broker: kafka://host:9092, nats://…, amqp://…)"))
+	}
+	if c.Group == "" && kind != rabbitBroker {
+		errs = append(errs, errors.New("inbox: Config.Group is empty: set the Kafka consumer group or the NATS durable consumer's name"))
 	}
 	if len(c.Topics) == 0 {
-		errs = append(errs, errors.New("inbox: Config.Topics is empty: set the topics outboxd writes (outbox.event.<aggregatetype>)"))
+		errs = append(errs, errors.New("inbox: Config.Topics is empty: set the topics (Kafka), subjects (NATS) or queues (RabbitMQ) outboxd's events reach (outbox.event.<aggregatetype>)"))
 	}
 	if c.Handler == nil {
 		errs = append(errs, errors.New("Handler is nil"))
 	}
-	if c.BatchSize < 0 || c.MaxAttempts < 0 {
-		errs = append(errs, errors.New("BatchSize and MaxAttempts must not be negative"))
+	if c.BatchSize < 0 || c.MaxAttempts < 0 || c.KeyWorkers < 0 {
+		errs = append(errs, errors.New("BatchSize, MaxAttempts and KeyWorkers must not be negative"))
 	}
-	if c.OnPoison != Park && c.OnPoison != Hold {
-		errs = append(errs, fmt.Errorf("OnPoison %d: want inbox.Park or inbox.Hold", c.OnPoison))
+	if c.KeyWorkers > 1 && c.OnPoison == Hold {
+		errs = append(errs, errors.New("KeyWorkers above 1 with OnPoison Hold: a held event would stop only its worker's keys, not the lane as Hold promises; use ParkKey, or one worker"))
+	}
+	if c.OnPoison != ParkKey && c.OnPoison != Park && c.OnPoison != Hold {
+		errs = append(errs, fmt.Errorf("OnPoison %d: want inbox.ParkKey, inbox.Park or inbox.Hold", c.OnPoison))
+	}
+	if c.OnPoison == ParkKey && c.DeadLetterTopic != "" {
+		errs = append(errs, errors.New("DeadLetterTopic is set with OnPoison ParkKey: the later events of a parked key wait in inbox_parked, which a dead-letter topic cannot replay in order; set OnPoison: inbox.Park to use the topic"))
 	}
 	if c.OnPoison == Hold && c.DeadLetterTopic != "" {
 		errs = append(errs, errors.New("DeadLetterTopic is set with OnPoison Hold: a held event is never parked; drop one of them"))
@@ -163,6 +250,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.Name == "" {
 		c.Name = c.Group
+	}
+	if c.Name == "" {
+		return errors.New("inbox: Config.Name and Group are empty: set Name, the inbox's dedupe namespace (e.g. billing)")
 	}
 	if c.Schema == "" {
 		c.Schema = "public"
@@ -177,6 +267,8 @@ func (c *Config) setDefaults() error {
 	def(&c.Retention, 7*24*time.Hour)
 	def(&c.RetentionInterval, time.Minute)
 	def(&c.ShutdownTimeout, 30*time.Second)
+	def(&c.AckWait, 30*time.Second)
+	def(&c.ReleaseInterval, time.Second)
 	if c.MaxBackoff < c.MinBackoff {
 		c.MaxBackoff = c.MinBackoff
 	}
@@ -185,6 +277,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.MaxAttempts == 0 {
 		c.MaxAttempts = 5
+	}
+	if c.Prefetch <= 0 {
+		c.Prefetch = max(4*c.BatchSize, 256)
 	}
 	if c.RetentionBatch <= 0 {
 		c.RetentionBatch = 5000
@@ -196,7 +291,48 @@ func (c *Config) setDefaults() error {
 }
 
 // tables returns the quoted, schema-qualified inbox tables.
-func (c *Config) tables() (inbox, parked string) {
+func (c *Config) tables() (inbox, parked, attempts string) {
 	s := pgquote.Ident(c.Schema)
-	return s + ".inbox", s + ".inbox_parked"
+	return s + ".inbox", s + ".inbox_parked", s + ".inbox_attempts"
+}
+
+// brokerKind is the broker a Config names.
+type brokerKind int
+
+const (
+	kafkaBroker brokerKind = iota
+	natsBroker
+	rabbitBroker
+)
+
+func (k brokerKind) String() string {
+	return [...]string{"kafka", "nats", "rabbitmq"}[k]
+}
+
+// brokerKind parses Broker; a kafka:// URL fills Brokers.
+func (c *Config) brokerKind() (brokerKind, error) {
+	if c.Broker == "" {
+		return kafkaBroker, nil
+	}
+	scheme, rest, ok := strings.Cut(c.Broker, "://")
+	if !ok {
+		return kafkaBroker, fmt.Errorf("inbox: Broker %q is not a URL: want kafka://host:9092, nats://host:4222 or amqp://user:pass@host:5672/vhost", c.Broker)
+	}
+	switch strings.ToLower(scheme) {
+	case "kafka":
+		if len(c.Brokers) > 0 {
+			return kafkaBroker, errors.New("inbox: both Broker and Brokers are set: keep one")
+		}
+		for _, b := range strings.Split(rest, ",") {
+			if b = strings.TrimSpace(b); b != "" {
+				c.Brokers = append(c.Brokers, b)
+			}
+		}
+		return kafkaBroker, nil
+	case "nats", "tls":
+		return natsBroker, nil
+	case "amqp", "amqps":
+		return rabbitBroker, nil
+	}
+	return kafkaBroker, fmt.Errorf("inbox: Broker %q: unknown scheme %q: want kafka://, nats://, tls:// (NATS over TLS), amqp:// or amqps://", c.Broker, scheme)
 }

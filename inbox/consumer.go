@@ -5,11 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"sync"
 	"time"
-
-	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // Consumer reads outboxd's events and applies each one exactly once. Create
@@ -17,25 +14,40 @@ import (
 type Consumer struct {
 	cfg   Config
 	s     *settings
-	db    store    // what partitions apply through
+	db    store    // what lanes apply through
 	pg    *pgStore // the same, for the table check and retention; nil in unit tests
 	m     *metrics
 	log   *slog.Logger
 	inbox string // quoted table name
 
-	cl *kgo.Client
-
 	mu    sync.Mutex
-	parts map[tp]*partition
-	// work is the parent of every partition's context: cancelled only when
-	// the shutdown timeout passes (finish, don't abandon, current batches).
+	parts map[tp]lane
+	// work is the parent of every lane's context: cancelled only when the
+	// shutdown timeout passes (finish, don't abandon, current batches).
 	work       context.Context
 	cancelWork context.CancelFunc
 }
 
+// tp names a lane: a Kafka topic partition, a NATS stream (partition 0) or
+// a RabbitMQ queue (partition 0).
 type tp struct {
 	topic string
 	part  int32
+}
+
+// source is one broker's side of the Consumer, the seam that lets the apply,
+// dedupe and park logic (partition.go) be written once for every broker. A
+// source connects, opens a lane (openLane: an ordered stream of events that
+// one goroutine applies) per unit of order the broker has (a Kafka
+// partition, a JetStream stream's durable consumer, a RabbitMQ queue),
+// pushes what it fetches into it, and acknowledges an event only when the
+// lane calls its ack function, which it does after the event's database
+// transaction committed. While an event is unacknowledged the source keeps
+// it from being redelivered (NATS: in-progress acks). When ctx ends, run
+// stops its lanes (stopLanes: they finish their current batch), acknowledges
+// what they applied, closes the connection and returns.
+type source interface {
+	run(ctx context.Context) error
 }
 
 // New checks cfg and prepares a Consumer; it does not connect.
@@ -51,72 +63,49 @@ func New(cfg Config) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
-	inboxT, parkedT := cfg.tables()
-	pg := newPGStore(cfg.DB, cfg.Name, inboxT, parkedT)
+	inboxT, parkedT, attemptsT := cfg.tables()
+	pg := newPGStore(cfg.DB, cfg.Name, inboxT, parkedT, attemptsT)
 	return newConsumer(cfg, m, pg, pg), nil
 }
 
 // newConsumer is New after the checks; the unit tests pass a fake store and
 // no pgStore.
 func newConsumer(cfg Config, m *metrics, db store, pg *pgStore) *Consumer {
-	inboxT, _ := cfg.tables()
+	inboxT, _, _ := cfg.tables()
 	c := &Consumer{
 		cfg: cfg, m: m, inbox: inboxT, db: db, pg: pg,
 		log:   cfg.Logger.With("consumer", cfg.Name),
-		parts: map[tp]*partition{},
+		parts: map[tp]lane{},
 	}
 	c.s = &settings{
 		name: cfg.Name, handler: cfg.Handler, batch: cfg.BatchSize, maxAttempts: cfg.MaxAttempts,
 		minBackoff: cfg.MinBackoff, maxBackoff: cfg.MaxBackoff, onPoison: cfg.OnPoison,
-	}
-	if cfg.DeadLetterTopic != "" {
-		c.s.deadLetter = c.deadLetter
+		tracer: newTracing(cfg.TracerProvider, cfg.kind, cfg.Name),
 	}
 	return c
 }
 
-// Run consumes until ctx ends, then finishes every partition's current batch,
-// commits the offsets of what was applied, leaves the group and returns nil.
-// It returns an error if the inbox tables are missing or Kafka refuses the
-// client's options.
+// Run consumes until ctx ends, then finishes every lane's current batch,
+// acknowledges what was applied (Kafka: commits the offsets and leaves the
+// group) and returns nil. It returns an error if the inbox tables are
+// missing or the broker refuses the client's options.
 func (c *Consumer) Run(ctx context.Context) error {
 	if c.pg != nil {
 		if err := c.checkTables(ctx); err != nil {
 			return err
 		}
 	}
-	opts := append([]kgo.Opt{
-		kgo.SeedBrokers(c.cfg.Brokers...),
-		kgo.ConsumerGroup(c.cfg.Group),
-		kgo.ConsumeTopics(c.cfg.Topics...),
-		kgo.Balancers(kgo.CooperativeStickyBalancer()),
-		// A new group starts at the oldest event: an event outboxd
-		// published before the consumer first ran is still an effect due.
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		// outboxd --exactly-once writes in Kafka transactions; aborted
-		// ones must never reach a handler. For a plain producer it is the
-		// same as read_uncommitted.
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		// Offsets move only for marked records, and a record is marked
-		// only after its database transaction committed.
-		kgo.AutoCommitMarks(),
-		kgo.AutoCommitInterval(time.Second),
-		// A partition resumed after a backlog joins the next fetch to its
-		// broker only once the one in flight returns; with franz-go's 5s
-		// default, a fetch long-polling for idle partitions would hold it
-		// that long (measured: 100-event batches slower than single events
-		// on Apache Kafka). 250ms costs an idle consumer 4 fetches a second.
-		kgo.FetchMaxWait(250 * time.Millisecond),
-		kgo.OnPartitionsAssigned(c.assigned),
-		kgo.OnPartitionsRevoked(c.revoked),
-		kgo.OnPartitionsLost(c.lost),
-		kgo.WithLogger(kgoLogger{c.log}),
-	}, c.cfg.KafkaOpts...)
-	cl, err := kgo.NewClient(opts...)
-	if err != nil {
-		return fmt.Errorf("inbox: kafka client: %w", err)
+	var src source
+	switch c.cfg.kind {
+	case kafkaBroker:
+		src = &kafkaSource{c: c}
+	case natsBroker:
+		src = &natsSource{c: c}
+	case rabbitBroker:
+		src = &rabbitSource{c: c}
+	default:
+		return fmt.Errorf("inbox: broker %s is not supported yet", c.cfg.kind)
 	}
-	c.cl = cl
 	c.work, c.cancelWork = context.WithCancel(context.WithoutCancel(ctx))
 	defer c.cancelWork()
 
@@ -126,65 +115,105 @@ func (c *Consumer) Run(ctx context.Context) error {
 		defer func() { stopRetention(); wg.Wait() }()
 		wg.Go(func() { c.retain(rctx) })
 	}
-	c.log.Info("inbox: consuming", "group", c.cfg.Group, "topics", c.cfg.Topics, "batch", c.cfg.BatchSize, "on_poison", c.cfg.OnPoison.String())
-	for {
-		fetches := cl.PollFetches(ctx)
-		if ctx.Err() != nil || fetches.IsClientClosed() {
-			break
-		}
-		fetches.EachError(func(topic string, part int32, err error) {
-			if !errors.Is(err, context.Canceled) {
-				c.log.Warn("inbox: fetch error (franz-go retries)", "topic", topic, "partition", part, "error", err)
-			}
-		})
-		fetches.EachPartition(c.dispatch)
-		if fetches.NumRecords() == 0 && fetches.Err() != nil {
-			// An error franz-go returns at once (an authorisation failure,
-			// say) must not spin the loop.
-			select {
-			case <-ctx.Done():
-			case <-time.After(250 * time.Millisecond):
-			}
-		}
+	if c.pg != nil {
+		rctx, stopReplay := context.WithCancel(ctx)
+		defer func() { stopReplay(); wg.Wait() }()
+		wg.Go(func() { c.replayReleased(rctx) })
 	}
-	return c.shutdown()
-}
-
-// shutdown stops every partition after its current batch (cancelling them if
-// ShutdownTimeout passes), commits the marked offsets and leaves the group.
-func (c *Consumer) shutdown() error {
-	timer := time.AfterFunc(c.cfg.ShutdownTimeout, func() {
-		c.log.Warn("inbox: shutdown timeout; abandoning the current batches (they roll back and are replayed)", "timeout", c.cfg.ShutdownTimeout)
-		c.cancelWork()
-	})
-	defer timer.Stop()
-	c.mu.Lock()
-	parts := c.parts
-	c.parts = map[tp]*partition{}
-	c.mu.Unlock()
-	c.stopAll(parts)
-	cctx, cancel := context.WithTimeout(context.Background(), c.cfg.ShutdownTimeout)
-	defer cancel()
-	if err := c.cl.CommitMarkedOffsets(cctx); err != nil {
-		c.log.Warn("inbox: committing offsets at shutdown failed; the next start replays the uncommitted events as duplicates", "error", err)
-	}
-	c.cl.Close()
+	c.log.Info("inbox: consuming", "broker", c.cfg.kind.String(), "group", c.cfg.Group, "topics", c.cfg.Topics, "batch", c.cfg.BatchSize, "on_poison", c.cfg.OnPoison.String())
+	err := src.run(ctx)
 	c.log.Info("inbox: stopped")
-	return nil
+	return err
 }
 
-func (c *Consumer) stopAll(parts map[tp]*partition) {
+// openLane starts the goroutine of a new lane whose applied events ack
+// acknowledges, or returns the running one.
+func (c *Consumer) openLane(topic string, part int32, ack func(*Event), o laneOpts) lane {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	k := tp{topic, part}
+	if l := c.parts[k]; l != nil {
+		return l
+	}
+	if o.resume != nil {
+		o.resume() // in case an earlier owner in this process left it paused
+	}
+	pm := c.m.partition(c.cfg.Name, topic, part)
+	if c.cfg.KeyWorkers <= 1 {
+		p := newPartition(topic, part, c.s, c.db, ack, pm, c.log)
+		p.offsets, p.pause, p.resume = o.offsets, o.pause, o.resume
+		c.parts[k] = p
+		go p.run(c.work)
+		return p
+	}
+	workers := make([]*partition, c.cfg.KeyWorkers)
+	for i := range workers {
+		workers[i] = newPartition(topic, part, c.s, c.db, nil, pm, c.log)
+	}
+	l := newShardedLane(workers, ack, o, c.cfg.KeyWorkers*workers[0].highWater())
+	for _, w := range workers {
+		go w.run(c.work)
+	}
+	c.parts[k] = l
+	return l
+}
+
+// laneOpts are what a source tells a new lane about its events.
+type laneOpts struct {
+	// offsets: events carry increasing offsets, and a repeated fetch
+	// (Kafka, after a pause) may push some again; push drops those.
+	offsets bool
+	// pause and resume stop and restart the source's fetching for the lane
+	// while it has a backlog (nil: the source bounds it, as prefetch does).
+	pause, resume func()
+}
+
+// lane returns the running lane k, or nil.
+func (c *Consumer) lane(k tp) lane {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.parts[k]
+}
+
+// stopLanes stops the given lanes (every lane if keys is nil) after their
+// current batch; they are forgotten at once, so nothing is pushed to them
+// any more.
+func (c *Consumer) stopLanes(keys []tp) {
+	c.mu.Lock()
+	parts := map[tp]lane{}
+	if keys == nil {
+		parts, c.parts = c.parts, map[tp]lane{}
+	}
+	for _, k := range keys {
+		if p := c.parts[k]; p != nil {
+			parts[k] = p
+			delete(c.parts, k)
+		}
+	}
+	c.mu.Unlock()
 	var wg sync.WaitGroup
-	for _, p := range parts {
+	for k, p := range parts {
+		c.m.forget(c.cfg.Name, k.topic, k.part)
 		wg.Go(p.stop)
 	}
 	wg.Wait()
 }
 
+// stopAllLanes is the shutdown's stopLanes: it cancels the lanes' work if
+// ShutdownTimeout passes (the current batches roll back and are replayed).
+func (c *Consumer) stopAllLanes() {
+	timer := time.AfterFunc(c.cfg.ShutdownTimeout, func() {
+		c.log.Warn("inbox: shutdown timeout; abandoning the current batches (they roll back and are replayed)", "timeout", c.cfg.ShutdownTimeout)
+		c.cancelWork()
+	})
+	defer timer.Stop()
+	c.stopLanes(nil)
+}
+
 // checkTables fails early, with the fix, when the inbox tables are missing.
 func (c *Consumer) checkTables(ctx context.Context) error {
-	_, parked := c.cfg.tables()
-	for _, t := range []string{c.inbox, parked} {
+	_, parked, attempts := c.cfg.tables()
+	for _, t := range []string{c.inbox, parked, attempts} {
 		var ok bool
 		if err := c.cfg.DB.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, t).Scan(&ok); err != nil {
 			return fmt.Errorf("inbox: checking table %s: %w", t, err)
@@ -196,139 +225,10 @@ func (c *Consumer) checkTables(ctx context.Context) error {
 	return nil
 }
 
-// assigned starts a goroutine per new partition.
-func (c *Consumer) assigned(_ context.Context, cl *kgo.Client, assigned map[string][]int32) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for topic, parts := range assigned {
-		for _, part := range parts {
-			k := tp{topic, part}
-			if c.parts[k] != nil {
-				continue
-			}
-			p := newPartition(topic, part, c.s, c.db, func(ev *Event) { cl.MarkCommitRecords(ev.rec) }, c.m.partition(c.cfg.Name, topic, part), c.log)
-			p.pause = func() { cl.PauseFetchPartitions(map[string][]int32{topic: {part}}) }
-			p.resume = func() { cl.ResumeFetchPartitions(map[string][]int32{topic: {part}}) }
-			p.resume() // in case an earlier owner in this process left it paused
-			c.parts[k] = p
-			go p.run(c.work)
-		}
-	}
-	if len(assigned) > 0 {
-		c.log.Info("inbox: partitions assigned", "partitions", fmtParts(assigned))
-	}
-}
+// headerValue is the first value of header key in hdrs, or "".
+func headerValue(ev *Event, key string) string { return string(ev.Header(key)) }
 
-// revoked runs inside the rebalance: the partitions' goroutines finish their
-// current batch, their offsets are committed, and only then does the callback
-// return and the group hand the partitions to another member, which resumes
-// exactly after what this one applied.
-func (c *Consumer) revoked(ctx context.Context, cl *kgo.Client, revoked map[string][]int32) {
-	parts := c.take(revoked)
-	c.stopAll(parts)
-	if err := cl.CommitMarkedOffsets(ctx); err != nil {
-		c.log.Warn("inbox: committing offsets of revoked partitions failed; their next owner replays the uncommitted events as duplicates", "error", err)
-	}
-	if len(parts) > 0 {
-		c.log.Info("inbox: partitions revoked", "partitions", fmtParts(revoked))
-	}
-}
-
-// lost: the group moved on without us (a session timeout), another member
-// may be applying these partitions already. Stop without committing; the
-// inbox rows dedupe whatever both of us applied.
-func (c *Consumer) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
-	parts := c.take(lost)
-	c.stopAll(parts)
-	c.log.Warn("inbox: partitions lost (session timeout or fatal group error); their next owner replays the uncommitted events as duplicates", "partitions", fmtParts(lost))
-}
-
-func (c *Consumer) take(m map[string][]int32) map[tp]*partition {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	out := map[tp]*partition{}
-	for topic, parts := range m {
-		for _, part := range parts {
-			k := tp{topic, part}
-			if p := c.parts[k]; p != nil {
-				out[k] = p
-				delete(c.parts, k)
-				c.m.forget(c.cfg.Name, topic, part)
-			}
-		}
-	}
-	return out
-}
-
-// dispatch hands a fetched partition's records to its goroutine. Records of
-// a partition no longer ours are dropped: nothing was marked for them, so
-// their new owner fetches them from the committed offset.
-func (c *Consumer) dispatch(fp kgo.FetchTopicPartition) {
-	if len(fp.Records) == 0 {
-		return
-	}
-	c.mu.Lock()
-	p := c.parts[tp{fp.Topic, fp.Partition}]
-	c.mu.Unlock()
-	if p == nil {
-		return
-	}
-	evs := make([]*Event, len(fp.Records))
-	for i, r := range fp.Records {
-		evs[i] = eventOf(r)
-	}
-	p.push(evs, fp.HighWatermark)
-}
-
-func eventOf(r *kgo.Record) *Event {
-	ev := &Event{Key: r.Key, Value: r.Value, Headers: r.Headers, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Timestamp: r.Timestamp, rec: r}
-	for _, h := range r.Headers {
-		switch h.Key {
-		case "id":
-			if ev.ID == "" {
-				ev.ID = string(h.Value)
-			}
-		case "type":
-			if ev.Type == "" {
-				ev.Type = string(h.Value)
-			}
-		}
-	}
-	return ev
-}
-
-// deadLetter produces a poison event to DeadLetterTopic and waits for the ack.
-func (c *Consumer) deadLetter(ctx context.Context, ev *Event, attempts int, cause error) error {
-	hdrs := append([]kgo.RecordHeader(nil), ev.Headers...)
-	hdrs = append(hdrs,
-		kgo.RecordHeader{Key: "inbox.error", Value: []byte(cause.Error())},
-		kgo.RecordHeader{Key: "inbox.attempts", Value: []byte(strconv.Itoa(attempts))},
-		kgo.RecordHeader{Key: "inbox.source", Value: []byte(fmt.Sprintf("%s/%d/%d", ev.Topic, ev.Partition, ev.Offset))},
-		kgo.RecordHeader{Key: "inbox.consumer", Value: []byte(c.cfg.Name)},
-	)
-	rec := &kgo.Record{Topic: c.cfg.DeadLetterTopic, Key: ev.Key, Value: ev.Value, Headers: hdrs}
-	return c.cl.ProduceSync(ctx, rec).FirstErr()
-}
-
-func fmtParts(m map[string][]int32) string {
-	s := ""
-	for t, ps := range m {
-		if s != "" {
-			s += " "
-		}
-		s += fmt.Sprintf("%s%v", t, ps)
-	}
-	return s
-}
-
-// kgoLogger sends franz-go's warnings and errors to slog.
-type kgoLogger struct{ l *slog.Logger }
-
-func (k kgoLogger) Level() kgo.LogLevel { return kgo.LogLevelWarn }
-func (k kgoLogger) Log(level kgo.LogLevel, msg string, kv ...any) {
-	lv := slog.LevelWarn
-	if level == kgo.LogLevelError {
-		lv = slog.LevelError
-	}
-	k.l.Log(context.Background(), lv, "kafka: "+msg, kv...)
+// fillIDs sets ev.ID and ev.Type from the id and type headers.
+func fillIDs(ev *Event) {
+	ev.ID, ev.Type = headerValue(ev, "id"), headerValue(ev, "type")
 }

@@ -36,7 +36,16 @@ type memTxn struct {
 func (d *memDB) begin(context.Context) (txn, error) { return &memTxn{db: d}, nil }
 func (d *memDB) healthy(context.Context) error      { return nil }
 
-func (t *memTxn) claim(_ context.Context, ev *Event) (bool, error) {
+func (d *memDB) countStarts(_ context.Context, evs []*Event) ([]int, error) {
+	return make([]int, len(evs)), nil
+}
+func (t *memTxn) parkBehind(context.Context, *Event) (bool, error) { return false, nil }
+func (t *memTxn) clearStarts(context.Context, []*Event) error      { return nil }
+func (t *memTxn) claim(ctx context.Context, ev *Event, _ bool) (bool, bool, error) {
+	fresh, err := t.claim1(ctx, ev)
+	return fresh, false, err
+}
+func (t *memTxn) claim1(_ context.Context, ev *Event) (bool, error) {
 	t.db.mu.Lock()
 	defer t.db.mu.Unlock()
 	if t.db.inbox[ev.ID] {
@@ -46,9 +55,9 @@ func (t *memTxn) claim(_ context.Context, ev *Event) (bool, error) {
 	t.claimed = append(t.claimed, ev.ID)
 	return true, nil
 }
-func (t *memTxn) park(context.Context, *Event, int, error) error { return nil }
-func (t *memTxn) tx() pgx.Tx                                     { return nil }
-func (t *memTxn) rollback(context.Context) error                 { return nil }
+func (t *memTxn) park(context.Context, *Event, int, error, bool) error { return nil }
+func (t *memTxn) tx() pgx.Tx                                           { return nil }
+func (t *memTxn) rollback(context.Context) error                       { return nil }
 func (t *memTxn) commit(context.Context) error {
 	t.db.mu.Lock()
 	defer t.db.mu.Unlock()

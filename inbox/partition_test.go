@@ -24,8 +24,10 @@ import (
 type fakeDB struct {
 	mu      sync.Mutex
 	inbox   map[string]bool
-	parked  map[string]string // id -> error
-	effects []string          // ids, in commit order
+	parked  map[string]string   // id -> error
+	keys    map[string][]string // key -> its parked ids in order (ParkKey)
+	starts  map[string]int      // id -> process starts counted (countStarts)
+	effects []string            // ids, in commit order
 	ops     []string
 	cur     *fakeTxn
 	// failures injected: the next n commits fail (after or before applying).
@@ -39,9 +41,24 @@ type fakeTxn struct {
 	claimed []string
 	effects []string
 	parked  map[string]string
+	keys    map[string][]string
+	cleared []string
 }
 
-func newFakeDB() *fakeDB { return &fakeDB{inbox: map[string]bool{}, parked: map[string]string{}} }
+func newFakeDB() *fakeDB {
+	return &fakeDB{inbox: map[string]bool{}, parked: map[string]string{}, keys: map[string][]string{}, starts: map[string]int{}}
+}
+
+func (d *fakeDB) countStarts(_ context.Context, evs []*Event) ([]int, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]int, len(evs))
+	for i, ev := range evs {
+		d.starts[ev.ID]++
+		out[i] = d.starts[ev.ID]
+	}
+	return out, nil
+}
 
 func (d *fakeDB) log(op string) { d.ops = append(d.ops, op) }
 
@@ -49,7 +66,7 @@ func (d *fakeDB) begin(context.Context) (txn, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.log("begin")
-	d.cur = &fakeTxn{db: d, parked: map[string]string{}}
+	d.cur = &fakeTxn{db: d, parked: map[string]string{}, keys: map[string][]string{}}
 	return d.cur, nil
 }
 
@@ -70,22 +87,45 @@ func (d *fakeDB) effect(ev *Event) {
 	d.cur.effects = append(d.cur.effects, ev.ID)
 }
 
-func (t *fakeTxn) claim(_ context.Context, ev *Event) (bool, error) {
+func (t *fakeTxn) claim(_ context.Context, ev *Event, checkKey bool) (bool, bool, error) {
 	t.db.mu.Lock()
 	defer t.db.mu.Unlock()
 	t.db.log("claim " + ev.ID)
 	if t.db.inbox[ev.ID] || slices.Contains(t.claimed, ev.ID) {
-		return false, nil
+		return false, false, nil
 	}
 	t.claimed = append(t.claimed, ev.ID)
+	return true, checkKey && len(t.db.keys[string(ev.Key)])+len(t.keys[string(ev.Key)]) > 0, nil
+}
+
+func (t *fakeTxn) parkBehind(_ context.Context, ev *Event) (bool, error) {
+	t.db.mu.Lock()
+	defer t.db.mu.Unlock()
+	k := string(ev.Key)
+	if len(t.db.keys[k])+len(t.keys[k]) == 0 {
+		return false, nil
+	}
+	t.db.log("park behind " + ev.ID)
+	t.keys[k] = append(t.keys[k], ev.ID)
+	t.parked[ev.ID] = "waiting behind"
 	return true, nil
 }
 
-func (t *fakeTxn) park(_ context.Context, ev *Event, attempts int, cause error) error {
+func (t *fakeTxn) park(_ context.Context, ev *Event, attempts int, cause error, key bool) error {
 	t.db.mu.Lock()
 	defer t.db.mu.Unlock()
 	t.db.log(fmt.Sprintf("park %s after %d", ev.ID, attempts))
 	t.parked[ev.ID] = cause.Error()
+	if key {
+		t.keys[string(ev.Key)] = append(t.keys[string(ev.Key)], ev.ID)
+	}
+	return nil
+}
+
+func (t *fakeTxn) clearStarts(_ context.Context, evs []*Event) error {
+	for _, ev := range evs {
+		t.cleared = append(t.cleared, ev.ID)
+	}
 	return nil
 }
 
@@ -111,6 +151,12 @@ func (t *fakeTxn) commit(context.Context) error {
 	d.effects = append(d.effects, t.effects...)
 	for id, e := range t.parked {
 		d.parked[id] = e
+	}
+	for k, ids := range t.keys {
+		d.keys[k] = append(d.keys[k], ids...)
+	}
+	for _, id := range t.cleared {
+		delete(d.starts, id)
 	}
 	if d.failCommit >= 0 && d.commitThenFail && d.ops[len(d.ops)-1] == "commit failed after committing" {
 		return errors.New("connection reset during commit")
@@ -174,6 +220,7 @@ func newHarness(t *testing.T, s settings, handler func(db *fakeDB, ev *Event) er
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	h.p = newPartition("orders", 0, &s, h.db, mark, m.partition("test", "orders", 0), log)
+	h.p.offsets = true
 	return h
 }
 
@@ -285,7 +332,9 @@ func TestDuplicateSkipped(t *testing.T) {
 }
 
 // A failing handler is retried with exponential backoff, then parked in one
-// transaction with its inbox row, and the partition continues.
+// transaction with its inbox row; meanwhile the events behind it (other
+// keys: these have none, so each is its own) are applied, and the offset
+// moves past the failing event only once it is parked.
 func TestPoisonRetriedThenParked(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var at []time.Duration
@@ -308,14 +357,17 @@ func TestPoisonRetriedThenParked(t *testing.T) {
 		if h.db.parked["bad"] != "account closed" || !h.db.inbox["bad"] {
 			t.Fatalf("parked %v inbox %v: want bad parked with its error and its inbox row", h.db.parked, h.db.inbox)
 		}
-		if !strings.Contains(strings.Join(ops, ","), "begin,claim bad,park bad after 3,commit,mark 1") {
+		if !strings.Contains(strings.Join(ops, ","), "begin,claim bad,park bad after 3,commit,mark 2") {
 			t.Fatalf("park not in one transaction with the inbox row before the mark: %q", ops)
 		}
 		if counter(h.m.parked) != 1 || counter(h.m.errors) != 3 || counter(h.m.processed) != 2 {
 			t.Fatalf("parked %v errors %v processed %v, want 1 3 2", counter(h.m.parked), counter(h.m.errors), counter(h.m.processed))
 		}
-		if !slices.Equal(h.marked(), []int64{0, 1, 2}) {
-			t.Fatalf("marks %v", h.marked())
+		if i, j := slices.Index(ops, "handle c"), slices.Index(ops, "park bad after 3"); i < 0 || i > j {
+			t.Fatalf("c waited for bad's retries: %q", ops)
+		}
+		if !slices.Equal(h.marked(), []int64{0, 2}) {
+			t.Fatalf("marks %v, want [0 2]: nothing past bad until it is parked", h.marked())
 		}
 	})
 }

@@ -29,6 +29,8 @@ Usage:
   outboxd setup    create the outbox table, publication and slot
   outboxd status   show replication slots, lag and the publication's tables
   outboxd slot drop --slot NAME   drop a replication slot
+  outboxd inbox    deliver events from the broker into the consumer database's inbox_events table
+  outboxd inbox list|release   show or release parked events of package inbox consumers
   outboxd version  print the version
 
 Run "outboxd <command> --help" for a command's options.
@@ -63,6 +65,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 		err = statusCommand(ctx, e, args[1:])
 	case "slot":
 		err = slotCommand(ctx, e, args[1:])
+	case "inbox":
+		err = inboxCommand(ctx, e, args[1:])
 	case "version", "--version":
 		fmt.Fprintln(stdout, "outboxd", version)
 	case "help", "-h", "--help":

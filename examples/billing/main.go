@@ -4,6 +4,8 @@
 // database, exactly once, with package inbox.
 //
 //	billing -postgres postgres://.../billing -brokers 127.0.0.1:9092
+//	billing -postgres postgres://.../billing -broker nats://127.0.0.1:4222 -topic outbox.event.Order
+//	billing -postgres postgres://.../billing -broker amqp://guest:guest@127.0.0.1:5672/ -topic billing
 //
 // The effect is two statements in the inbox's transaction: a ledger entry and
 // the balance update. The ledger has deliberately no unique constraint on the
@@ -57,11 +59,13 @@ CREATE TABLE IF NOT EXISTS ledger (
 func main() {
 	dsn := flag.String("postgres", os.Getenv("BILLING_POSTGRES"), "the billing database")
 	brokers := flag.String("brokers", "127.0.0.1:9092", "Kafka bootstrap brokers, comma-separated")
-	topic := flag.String("topic", "outbox.event.Order", "topic outboxd writes the orders' events to")
-	group := flag.String("group", "billing", "Kafka consumer group (and inbox consumer name)")
+	broker := flag.String("broker", "", "the broker's URL instead of -brokers: kafka://, nats://, amqp://")
+	topic := flag.String("topic", "outbox.event.Order", "topic (Kafka), subject (NATS) or queue (RabbitMQ) the orders' events reach")
+	group := flag.String("group", "billing", "Kafka consumer group or NATS durable (and inbox consumer name)")
 	batch := flag.Int("batch", 1, "events per database transaction")
 	delay := flag.Duration("handler-delay", 0, "sleep inside each effect's transaction (tests: widen the window for a kill mid-transaction)")
 	httpAddr := flag.String("http-addr", "", "serve /metrics here (e.g. 127.0.0.1:9188)")
+	ackWait := flag.Duration("ack-wait", 0, "NATS AckWait (0: 30s): how long a killed instance's in-flight events wait before they are redelivered")
 	session := flag.Duration("session-timeout", 0, "Kafka group session timeout (0: franz-go's 45s); how long a killed instance keeps its partitions")
 	flag.Parse()
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
@@ -69,13 +73,16 @@ func main() {
 	if *session > 0 {
 		kopts = append(kopts, kgo.SessionTimeout(*session), kgo.HeartbeatInterval(*session/6))
 	}
-	if err := run(*dsn, *brokers, *topic, *group, *batch, *delay, *httpAddr, kopts, log); err != nil {
+	if *broker != "" {
+		*brokers = ""
+	}
+	if err := run(*dsn, *broker, *brokers, *topic, *group, *batch, *delay, *ackWait, *httpAddr, kopts, log); err != nil {
 		log.Error("billing: " + err.Error())
 		os.Exit(1)
 	}
 }
 
-func run(dsn, brokers, topic, group string, batch int, delay time.Duration, httpAddr string, kopts []kgo.Opt, log *slog.Logger) error {
+func run(dsn, broker, brokers, topic, group string, batch int, delay, ackWait time.Duration, httpAddr string, kopts []kgo.Opt, log *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	pool, err := pgxpool.New(ctx, dsn)
@@ -94,6 +101,8 @@ func run(dsn, brokers, topic, group string, batch int, delay time.Duration, http
 	}
 
 	c, err := inbox.New(inbox.Config{
+		Broker:     broker,
+		AckWait:    ackWait,
 		Brokers:    splitComma(brokers),
 		Group:      group,
 		Topics:     []string{topic},

@@ -19,7 +19,8 @@ import (
 var benchN = flag.Int("bench-events", 10000, "events per run of -bench-effects")
 
 // TestBenchEffects (-bench-effects) measures effects per second on this
-// machine: package inbox at 1 and 100 events per database transaction, and a
+// machine: package inbox at 1 and 100 events per database transaction, at 1
+// with 4 key workers per partition (KeyWorkers), and a
 // hand-written naive consumer (franz-go autocommit, the same effect in its own
 // transaction, no inbox row) in the same run, on the same PostgreSQL and
 // broker. The effect is what billing does: insert a ledger row and update the
@@ -76,12 +77,17 @@ func TestBenchEffects(t *testing.T) {
 			return b.run(inbox.Config{Group: "g-" + topic, Topics: []string{topic}, Handler: apply, BatchSize: batch, Retention: -1})
 		})
 	}
+	// KeyWorkers: each partition's 16 keys on 4 workers (item 6 of issue
+	// 32: per-key parallelism inside a partition).
+	measure("inbox batch 1 4 key workers", func(topic string) func() {
+		return b.run(inbox.Config{Group: "g-" + topic, Topics: []string{topic}, Handler: apply, KeyWorkers: 4, Retention: -1})
+	})
 	measure("naive autocommit", func(topic string) func() { return b.naive(topic, apply) })
 
 	up, _ := exec.Command("uptime").Output()
 	fmt.Fprintf(os.Stderr, "effects/s, %d events, 3 partitions, Kafka %s, PostgreSQL 15 (uptime: %s)\n", n, b.kafka.Kind(), strings.TrimSpace(string(up)))
 	for _, r := range results {
-		fmt.Fprintf(os.Stderr, "  %-20s %8.0f\n", r.name, r.rate)
+		fmt.Fprintf(os.Stderr, "  %-28s %8.0f\n", r.name, r.rate)
 	}
 }
 

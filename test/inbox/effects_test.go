@@ -1,32 +1,35 @@
 package inbox_test
 
 import (
-	"context"
 	"fmt"
 	"slices"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 )
 
 // TestEffectsExactlyOnce: orders committed while every part of the pipeline
 // is killed or restarted once; every committed order charged exactly once, in
-// per-account order, no rolled-back order charged. With -soak the fault round
-// repeats until the duration has passed.
+// per-account order, no rolled-back order charged; on each broker (Kafka,
+// NATS JetStream, RabbitMQ: a classic queue, one with
+// x-single-active-consumer, a quorum queue with it). With -soak
+// the fault round repeats until the duration has passed.
 func TestEffectsExactlyOnce(t *testing.T) {
+	for _, broker := range []string{"kafka", "nats", "rabbitmq", "rabbitmq-sac", "rabbitmq-quorum"} {
+		t.Run(broker, func(t *testing.T) { testEffectsExactlyOnce(t, broker) })
+	}
+}
+
+func testEffectsExactlyOnce(t *testing.T, broker string) {
 	within := 3 * time.Minute
 	if *soak > 0 {
 		within = *soak + 5*time.Minute
 	}
-	w := newWorld(t, within)
+	w := newWorld(t, within, broker)
 	w.startRelay()
 	w.startConsumer("c1", 1)
 
-	pctx, stopProducing := context.WithCancel(w.ctx)
-	var producing sync.WaitGroup
-	producing.Go(func() { w.produce(pctx, 7) })
-	defer func() { stopProducing(); producing.Wait() }()
+	stopProducing := w.startProducing(7)
+	defer stopProducing()
 
 	end := time.Now().Add(*soak)
 	for round := 1; ; round++ {
@@ -36,7 +39,6 @@ func TestEffectsExactlyOnce(t *testing.T) {
 		}
 	}
 	stopProducing()
-	producing.Wait()
 	w.drainAndCheck()
 }
 
@@ -54,11 +56,11 @@ func (w *world) faultRound(round int) {
 	w.startConsumer("c1", 10)
 	w.progress(30, "c1 after its kill")
 
-	step("start c2: a cooperative rebalance hands it partitions c1 had")
+	step("start c2: Kafka's cooperative rebalance hands it partitions c1 had; on NATS and RabbitMQ it stands by")
 	w.startConsumer("c2", 1)
 	w.progress(30, "c1+c2")
 
-	step("SIGKILL c1 mid-transaction while c2 runs: its partitions move to c2 after the session timeout")
+	step("SIGKILL c1 mid-transaction while c2 runs: its partitions (stream, queue) move to c2")
 	w.killMidTransaction("c1")
 	w.progress(30, "c2 alone")
 	w.startConsumer("c1", 1)
@@ -69,12 +71,7 @@ func (w *world) faultRound(round int) {
 	w.progress(20, "c1 after c2 left")
 
 	step("broker restart")
-	if err := w.kafka.Stop(); err != nil {
-		t.Fatal(err)
-	}
-	if err := w.kafka.Start(w.ctx); err != nil {
-		t.Fatal(err)
-	}
+	w.restartBroker()
 	w.progress(30, "after the broker restart")
 
 	step("billing database crash restart (immediate)")
@@ -90,13 +87,7 @@ func (w *world) faultRound(round int) {
 	w.progress(30, "after the orders restart")
 
 	step("SIGKILL outboxd, restart it")
-	if err := w.relay.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := w.relay.Wait(w.ctx); err != nil {
-		t.Fatal(err)
-	}
-	w.startRelay()
+	w.killRelay()
 	w.progress(30, "after the outboxd restart")
 }
 
@@ -202,7 +193,7 @@ func (w *world) drainAndCheck() {
 		prev[e.account] = e.seq
 	}
 	var inbox int
-	if err := w.billing.QueryRow(w.ctx, `SELECT count(*) FROM inbox WHERE consumer = 'billing'`).Scan(&inbox); err != nil {
+	if err := w.billing.QueryRow(w.ctx, w.inboxRows).Scan(&inbox); err != nil {
 		t.Fatal(err)
 	}
 	if inbox != len(committed) {

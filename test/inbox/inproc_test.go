@@ -133,10 +133,17 @@ func (b *bench) waitCountFrom(growing bool, want int, within time.Duration, sql 
 	}
 }
 
-// run starts a consumer and returns its stop function (graceful; waits).
+// run starts a consumer on the bench's Kafka and returns its stop function
+// (graceful; waits).
 func (b *bench) run(cfg inbox.Config) (stop func()) {
 	b.t.Helper()
 	cfg.Brokers = b.kafka.Brokers()
+	return b.runOn(cfg)
+}
+
+// runOn starts a consumer on cfg's broker.
+func (b *bench) runOn(cfg inbox.Config) (stop func()) {
+	b.t.Helper()
 	cfg.DB = b.pool
 	cfg.Schema = "billing"
 	if cfg.Logger == nil {
@@ -162,8 +169,9 @@ func effect(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
 	return err
 }
 
-// Poison events are parked with their error, in inbox_parked or on a
-// dead-letter topic, and the partition continues; old inbox rows are deleted
+// OnPoison Park: poison events are parked alone with their error, in
+// inbox_parked or on a dead-letter topic, and the partition continues (the
+// parked keys' later events too); old inbox rows are deleted
 // by retention, newer ones kept; a second run of the same group on the same
 // records applies nothing again.
 func TestParkRetentionAndReplay(t *testing.T) {
@@ -177,7 +185,7 @@ func TestParkRetentionAndReplay(t *testing.T) {
 	}
 	b.publish("orders", 0, 40)
 	stop := b.run(inbox.Config{Group: "g1", Topics: []string{"orders"}, Handler: handler, BatchSize: 8,
-		MaxAttempts: 2, MinBackoff: time.Millisecond, Registerer: reg})
+		MaxAttempts: 2, MinBackoff: time.Millisecond, Registerer: reg, OnPoison: inbox.Park})
 	b.waitCount(38, time.Minute, `SELECT count(*) FROM effects`)
 	b.waitCount(2, 30*time.Second, `SELECT count(*) FROM billing.inbox_parked WHERE consumer = 'g1' AND error LIKE '%account frozen' AND attempts = 2`)
 	stop()
@@ -190,7 +198,7 @@ func TestParkRetentionAndReplay(t *testing.T) {
 
 	// Same records again under another group but the same inbox name: every
 	// one is a duplicate, nothing is applied or parked twice.
-	stop = b.run(inbox.Config{Group: "g1-replay", Name: "g1", Topics: []string{"orders"}, Handler: handler, MaxAttempts: 2, MinBackoff: time.Millisecond, Registerer: reg})
+	stop = b.run(inbox.Config{Group: "g1-replay", Name: "g1", Topics: []string{"orders"}, Handler: handler, MaxAttempts: 2, MinBackoff: time.Millisecond, Registerer: reg, OnPoison: inbox.Park})
 	deadline := time.Now().Add(time.Minute)
 	for testutil.ToFloat64(metricSum(t, reg, "outboxd_inbox_events_duplicate_total")) < 40 {
 		if time.Now().After(deadline) {
@@ -211,7 +219,7 @@ func TestParkRetentionAndReplay(t *testing.T) {
 			return errors.New("bad payload")
 		}
 		return effect(ctx, tx, ev)
-	}, MaxAttempts: 1, DeadLetterTopic: "orders2.dlt", KafkaOpts: []kgo.Opt{kgo.AllowAutoTopicCreation()}})
+	}, MaxAttempts: 1, OnPoison: inbox.Park, DeadLetterTopic: "orders2.dlt", KafkaOpts: []kgo.Opt{kgo.AllowAutoTopicCreation()}})
 	b.waitCount(38+19, time.Minute, `SELECT count(*) FROM effects`)
 	recs, err := harness.ReadAll(b.ctx, b.kafka.Brokers(), []string{"orders2.dlt"}, 1)
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxd/outboxd/test/harness"
 )
@@ -24,11 +25,16 @@ type world struct {
 	t                     *testing.T
 	ctx                   context.Context
 	ordersPG, billingPG   *harness.Postgres
+	broker                string // kafka, nats, rabbitmq, rabbitmq-sac, rabbitmq-quorum
 	kafka                 *harness.Kafka
+	nats                  *harness.NATS
+	rabbit                *harness.RabbitMQ
 	ordersDSN, billingDSN string
 	orders                *pgxpool.Pool
 	billing               *pgxpool.Pool
 	logs                  string
+	// inboxRows counts the dedupe records, one per committed event at the end.
+	inboxRows string
 
 	relay     *harness.Proc
 	consumers map[string]*harness.Proc
@@ -46,16 +52,31 @@ type order struct {
 const ordersSchema = `CREATE TABLE orders (
     id bigint PRIMARY KEY, account text NOT NULL, cents bigint NOT NULL, seq bigint NOT NULL);`
 
-func newWorld(t *testing.T, within time.Duration) *world {
+// billingQueue is the RabbitMQ queue the billing consumer reads, bound to
+// outboxd's exchange for the orders' topic.
+const billingQueue = "billing"
+
+func newWorld(t *testing.T, within time.Duration, broker string) *world {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), within)
 	t.Cleanup(cancel)
-	w := &world{t: t, ctx: ctx, logs: t.TempDir(), consumers: map[string]*harness.Proc{}}
+	w := &world{t: t, ctx: ctx, logs: t.TempDir(), consumers: map[string]*harness.Proc{}, broker: broker,
+		inboxRows: `SELECT count(*) FROM inbox WHERE consumer = 'billing'`}
 	var wg sync.WaitGroup
 	wg.Go(func() { w.ordersPG = harness.PostgresForTest(t) })
 	wg.Go(func() { w.billingPG = harness.PostgresForTest(t) })
 	wg.Wait()
-	w.kafka = harness.KafkaForTest(t)
+	switch broker {
+	case "kafka":
+		w.kafka = harness.KafkaForTest(t)
+	case "nats":
+		w.nats = harness.NATSForTest(t)
+	case "rabbitmq", "rabbitmq-sac", "rabbitmq-quorum":
+		w.rabbit = harness.RabbitMQForTest(t)
+		w.declareQueue(broker != "rabbitmq", broker == "rabbitmq-quorum")
+	default:
+		t.Fatalf("broker %q: want kafka, nats, rabbitmq, rabbitmq-sac or rabbitmq-quorum", broker)
+	}
 	var err error
 	if w.ordersDSN, err = w.ordersPG.NewDatabase(ctx, "orders"); err != nil {
 		t.Fatal(err)
@@ -97,13 +118,23 @@ func (w *world) startRelay(extra ...string) {
 	addr := freeAddr(w.t)
 	args := append([]string{"run",
 		"--postgres", w.ordersDSN, "--slot", "inbox_e2e", "--publication", "outboxd",
-		"--kafka-brokers", strings.Join(w.kafka.Brokers(), ","),
 		"--http-addr", addr, "--confirm-interval", "20ms", "--status-interval", "1s",
 		"--shutdown-timeout", "10s",
 	}, extra...)
+	switch {
+	case w.kafka != nil:
+		args = append(args, "--kafka-brokers", strings.Join(w.kafka.Brokers(), ","))
+	case w.nats != nil:
+		args = append(args, "--broker", w.nats.URL())
+	default:
+		args = append(args, "--broker", w.rabbit.URL())
+	}
 	switch *mode {
 	case "at-least-once":
 	case "exactly-once":
+		if w.kafka == nil {
+			w.t.Skipf("-mode exactly-once is Kafka's; this run is on %s", w.broker)
+		}
 		args = append(args, "--exactly-once", "--checkpoint-topic", "outboxd.inbox_e2e.checkpoint")
 	default:
 		w.t.Fatalf("-mode %q: want at-least-once or exactly-once", *mode)
@@ -129,9 +160,25 @@ func (w *world) startRelay(extra ...string) {
 func (w *world) startConsumer(name string, batch int) {
 	w.t.Helper()
 	dsn := w.billingDSN + "&application_name=" + name
-	args := []string{"-postgres", dsn, "-brokers", strings.Join(w.kafka.Brokers(), ","),
-		"-batch", fmt.Sprint(batch), "-handler-delay", "2ms", "-session-timeout", "6s"}
-	p, err := harness.StartProc(w.ctx, name, billingBin, args, nil, w.logs)
+	args := []string{"-postgres", dsn, "-batch", fmt.Sprint(batch), "-handler-delay", "2ms"}
+	switch {
+	case w.kafka != nil:
+		args = append(args, "-brokers", strings.Join(w.kafka.Brokers(), ","), "-session-timeout", "6s")
+	case w.nats != nil:
+		// AckWait 6s: what a killed consumer's in-flight events wait for,
+		// as the Kafka session timeout does.
+		args = append(args, "-broker", w.nats.URL(), "-ack-wait", "6s")
+	default:
+		args = append(args, "-broker", w.rabbit.URL(), "-topic", billingQueue)
+	}
+	w.spawn(name, billingBin, args)
+}
+
+// spawn starts a consumer process named name, killed when the test ends
+// (its log tail shown if the test failed).
+func (w *world) spawn(name, bin string, args []string) *harness.Proc {
+	w.t.Helper()
+	p, err := harness.StartProc(w.ctx, name, bin, args, nil, w.logs)
 	if err != nil {
 		w.t.Fatal(err)
 	}
@@ -142,6 +189,84 @@ func (w *world) startConsumer(name string, batch int) {
 			w.t.Logf("%s log tail (%s):\n%s", name, p.LogPath(), tail(p.Log(), 3000))
 		}
 	})
+	return p
+}
+
+// startProducing places orders over accounts accounts in the background
+// (produce) until the returned stop is called, which waits for it.
+func (w *world) startProducing(accounts int) (stop func()) {
+	ctx, cancel := context.WithCancel(w.ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { w.produce(ctx, accounts) })
+	return func() { cancel(); wg.Wait() }
+}
+
+// killRelay SIGKILLs outboxd and starts it again.
+func (w *world) killRelay() {
+	w.t.Helper()
+	if err := w.relay.Signal(syscall.SIGKILL); err != nil {
+		w.t.Fatal(err)
+	}
+	if _, err := w.relay.Wait(w.ctx); err != nil {
+		w.t.Fatal(err)
+	}
+	w.startRelay()
+}
+
+// restartBroker stops the broker gracefully and starts it again.
+func (w *world) restartBroker() {
+	w.t.Helper()
+	var err error
+	switch {
+	case w.kafka != nil:
+		if err = w.kafka.Stop(); err == nil {
+			err = w.kafka.Start(w.ctx)
+		}
+	case w.nats != nil:
+		if err = w.nats.Stop(); err == nil {
+			err = w.nats.Start(w.ctx)
+		}
+	default:
+		if err = w.rabbit.Stop(); err == nil {
+			err = w.rabbit.Start(w.ctx)
+		}
+	}
+	if err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+// declareQueue declares outboxd's exchange and the billing queue bound to
+// the orders' topic: with x-single-active-consumer if sac (a consumer that
+// takes over gets the earlier one's unacknowledged messages first,
+// atomically with its activation), a quorum queue if quorum.
+func (w *world) declareQueue(sac, quorum bool) {
+	w.t.Helper()
+	conn, err := amqp.Dial(w.rabbit.URL())
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	args := amqp.Table{}
+	if sac {
+		args["x-single-active-consumer"] = true
+	}
+	if quorum {
+		args["x-queue-type"] = "quorum"
+	}
+	if err := ch.ExchangeDeclare("outboxd", "topic", true, false, false, false, nil); err != nil {
+		w.t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(billingQueue, true, false, false, false, args); err != nil {
+		w.t.Fatal(err)
+	}
+	if err := ch.QueueBind(billingQueue, "outbox.event.Order", "outboxd", false, nil); err != nil {
+		w.t.Fatal(err)
+	}
 }
 
 // killMidTransaction SIGKILLs consumer name while the billing database shows
@@ -201,6 +326,12 @@ func (w *world) produce(ctx context.Context, accounts int) {
 			continue
 		case err != nil:
 			if ctx.Err() != nil {
+				// Stopped mid-commit: the order may have committed.
+				if exists, _ := w.orderExists(w.ctx, id); exists && !rollback {
+					w.mu.Lock()
+					w.committed = append(w.committed, o)
+					w.mu.Unlock()
+				}
 				return
 			}
 			exists, ok := w.orderExists(ctx, id)
