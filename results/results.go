@@ -58,8 +58,15 @@ type File struct {
 	Notes []string `json:"notes,omitempty"`
 }
 
-// Label is the line printed above a quoted table.
-func (f *File) Label() string {
+// Label is the line printed above a quoted table in a document at the
+// repository's root; LabelFrom is the same for a document elsewhere.
+func (f *File) Label() string { return f.LabelFrom("results") }
+
+// LabelFrom is the line printed above a quoted table, its link to the
+// results file relative to the quoting document: dir is the path from that
+// document's folder to this one ("results" from the root, "../results" from
+// docs/).
+func (f *File) LabelFrom(dir string) string {
 	var b strings.Builder
 	if f.Busy {
 		b.WriteString("**Busy machine** (figures skewed by other tenants): ")
@@ -68,7 +75,7 @@ func (f *File) Label() string {
 	if f.Seeded != "" {
 		b.WriteString(" " + f.Seeded)
 	}
-	fmt.Fprintf(&b, " Source: [results/%s.json](results/%s.json).", f.Name, f.Name)
+	fmt.Fprintf(&b, " Source: [results/%s.json](%s/%s.json).", f.Name, dir, f.Name)
 	return b.String()
 }
 
