@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/outboxd/outboxd/internal/pgsql"
@@ -236,6 +237,9 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 		}
 	}
 	log := newLogger(e.stderr, o.LogFormat, o.LogLevel)
+	for _, w := range set.unknownEnv(os.Environ()) {
+		log.Warn(w)
+	}
 	setMemoryLimit(log, e.getenv)
 	warnings := transportWarnings(o, e.getenv)
 	for _, w := range warnings {
