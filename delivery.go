@@ -222,5 +222,5 @@ func progressKey(ctx context.Context, log *slog.Logger, dsn, slotName string, ke
 // silence, with the wait before the next one and where to look.
 func logUnreachable(log *slog.Logger, attempt int, next time.Duration, err error) {
 	log.Warn("cannot reach PostgreSQL at startup ("+startingSystemID+"); retrying", "attempt", attempt, "retry_in", next.String(), "err", err,
-		"fix", "check --postgres (OUTBOXD_POSTGRES): host, port, database, user; and that PostgreSQL runs and pg_hba.conf lets this host connect")
+		"fix", "check --postgres (OUTBOXD_POSTGRES): host, port and database; and that PostgreSQL runs and listens there (listen_addresses)")
 }
