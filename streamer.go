@@ -117,6 +117,10 @@ func (h *holdError) Error() string {
 
 func (h *holdError) Unwrap() error { return h.cause }
 
+// errFatalUpdate is the cause of a hold on an UPDATE under
+// table.op.invalid.behavior fatal: no event, so no dead letter either.
+var errFatalUpdate = errors.New("UPDATE on an outbox table and table.op.invalid.behavior is fatal")
+
 // errReleased ends a session whose in-flight window stayed full.
 var errReleased = errors.New("kafka acked nothing with the in-flight window full: released the replication connection so PostgreSQL is not held up; reconnecting once the in-flight events are acked")
 
@@ -323,7 +327,7 @@ func (s *streamer) update(msg *wal.Msg) error {
 	switch s.router.InvalidOpBehavior(msg.Row.Relation) {
 	case "fatal":
 		return &holdError{pos: eventPos{commit: s.tx.CommitLSN, n: s.ordinal}, table: table,
-			cause: errors.New("UPDATE on an outbox table and table.op.invalid.behavior is fatal (outbox rows are insert-only): delete or fix the UPDATE's cause, set table.op.invalid.behavior to warn, and restart")}
+			cause: fmt.Errorf("%w (outbox rows are insert-only): delete or fix the UPDATE's cause, set table.op.invalid.behavior to warn, and restart", errFatalUpdate)}
 	default: // "error" logs at error level, "warn" at warn; at most once a minute (ratelog.go)
 		s.updates.every = skippedUpdateLogEvery
 		if ok, held := s.updates.allow(time.Now()); ok {
