@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -444,8 +446,10 @@ func (s *streamer) publish(ctx context.Context, pos eventPos, src source, rec ro
 	dl := deadLetter(err)
 	if s.sink.Check(ctx, &dl) != nil {
 		// The dead letter itself must fit, or it would be rejected in turn.
+		note := "the whole value (" + strconv.Itoa(len(dl.Value)) + " bytes): over the dead-letter topic's max.message.bytes"
 		dl.Value = nil
-		dl.Headers = append(dl.Headers, router.Header{Key: "outboxd.value_omitted", Value: []byte("too large for --max-message-bytes")})
+		dl.Headers = slices.DeleteFunc(dl.Headers, func(h router.Header) bool { return h.Key == router.HeaderValueOmitted })
+		dl.Headers = append(dl.Headers, router.Header{Key: router.HeaderValueOmitted, Value: []byte(note)})
 	}
 	s.log.Warn("dead-lettering an outbox event", "err", err, "table", table, "event_id", id, "commit_lsn", s.tx.CommitLSN.String(), "xid", s.tx.Xid, "dead_letter_topic", s.cfg.DeadLetterTopic)
 	s.m.skipped.WithLabelValues("invalid").Inc()
