@@ -452,6 +452,7 @@ func writeFacts(t *testing.T, started time.Time, pgVersion string, events int, f
 	f := &results.File{
 		Name:    "debezium-facts-" + started.Format("2006-01-02"),
 		Source:  "go test ./test/parity/ -run TestDebeziumFacts",
+		Commit:  results.Commit(),
 		Date:    started.Format(time.RFC3339),
 		Machine: fmt.Sprintf("%d cores, %s, %s, Java (Kafka Connect 4.3.0)", runtime.NumCPU(), runtime.Version(), pgVersion),
 		Load:    "load average " + load + " at the end; shared with other engineers' builds and tests",
