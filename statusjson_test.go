@@ -100,7 +100,7 @@ func TestStatusKeysDocumented(t *testing.T) {
 	list := string(readme)[i:]
 	list = list[:strings.Index(list, "\n\n")]
 	st := &state{slotName: "outboxd", warnings: []string{"w"}, unprotected: []string{"s"}, holder: "PID 1",
-		topicHolds: map[string]string{"t": "held"}, lastErr: "e", lastErrAt: time.Now(),
+		topicHolds: map[string]string{"t": "held"}, lastErr: "e", lastErrAt: time.Now(), heartbeatErr: "h",
 		slot: newSlotView(slot.Slot{Name: "outboxd"}, true, time.Now()), checkpointWait: &sink.CheckpointWait{}}
 	st.wm = slot.NewWatermark(100)
 	doc := jsonMap(t, st.status())
