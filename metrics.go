@@ -10,7 +10,7 @@ import (
 )
 
 // metrics are outboxd's Prometheus series. Their names are a public contract
-// (README, deploy/grafana, deploy/prometheus): rename nothing.
+// (docs/operations.md, deploy/grafana, deploy/prometheus): rename nothing.
 type metrics struct {
 	reg *prometheus.Registry
 

@@ -209,7 +209,7 @@ func (s *state) status() map[string]any {
 	defer s.mu.Unlock()
 	if s.starting != "" {
 		// Before the relay streams: what it waits for. waiting_for_kafka
-		// keeps its name: scripts and the tests read it (README).
+		// keeps its name: scripts and the tests read it (docs/operations.md).
 		out := map[string]any{"role": roleInactive, "streaming": false, "starting": s.starting, "waiting_for_kafka": s.waitingForBroker}
 		if s.checkpointWait != nil {
 			out["checkpoint_wait"] = s.checkpointWait

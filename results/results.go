@@ -1,7 +1,7 @@
-// Package results is the one source of every figure README.md and
-// deploy/README.md quote: each run of make bench, make soak or a measuring
+// Package results is the one source of every figure README.md,
+// deploy/README.md, TESTING.md and docs/ quote: each run of make bench, make soak or a measuring
 // test is a JSON file in this directory (date, machine, load, settings, the
-// tables and figures it measured), and the READMEs quote those files
+// tables and figures it measured), and the pages quote those files
 // between markers that TestREADMEQuotesResults checks, so that a figure in
 // the text and the run it came from cannot disagree.
 //
@@ -34,7 +34,7 @@ import (
 
 // File is one run's results.
 type File struct {
-	// Name is the file's base name without .json: how the READMEs refer to it.
+	// Name is the file's base name without .json: how the pages refer to it.
 	Name string `json:"name"`
 	// Source is what wrote it: "make bench", "make soak", a test's name.
 	Source string `json:"source"`

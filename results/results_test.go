@@ -9,7 +9,7 @@ import (
 	"testing"
 )
 
-var update = flag.Bool("update", false, "rewrite the quoted tables and figures of the READMEs from the results files")
+var update = flag.Bool("update", false, "rewrite the quoted tables and figures of README, TESTING.md and docs/ from the results files")
 
 // The documents that may quote results, relative to this directory: the
 // READMEs, TESTING.md, CONTRIBUTING.md and every page of docs/.
@@ -27,7 +27,7 @@ var (
 	figRE   = regexp.MustCompile(`(<!-- fig:([a-z0-9.-]+)#([a-z0-9.-]+) -->)(.*?)(<!-- /fig -->)`)
 )
 
-// Every table and figure the READMEs quote between markers is what its
+// Every table and figure the pages quote between markers is what its
 // results file holds, with the file's date, machine, load and settings above
 // each table and "(busy machine)" beside every figure from a busy run; a
 // marker naming a file, table or figure that does not exist fails too.
@@ -103,7 +103,7 @@ func TestREADMEQuotesResults(t *testing.T) {
 		}
 	}
 	if quoted == 0 {
-		t.Fatal("the READMEs quote no results")
+		t.Fatal("no page quotes a results file")
 	}
 }
 

@@ -11,7 +11,7 @@ import (
 
 // ResultsFile is the run as a results file (package results): the tables
 // Table prints, with the machine, load and settings printed above them, so
-// that README quotes exactly what was measured. args is the command line.
+// that docs quote exactly what was measured. args is the command line.
 func (r *Results) ResultsFile(args string) *results.File {
 	var buf bytes.Buffer
 	r.Table(&buf)

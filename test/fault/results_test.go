@@ -15,7 +15,7 @@ import (
 var resultsDir = flag.String("results", "", "write each run's summary as a results file (fault-<scenario>-<mode>-<kafka>-<date>-<time>.json) into this directory (make soak: results/)")
 
 // writeResults writes the run's summary figures in the results format that
-// README quotes (package results). The run's wall-clock start is w.started.
+// docs/guarantees.md quotes (package results). The run's wall-clock start is w.started.
 func (w *world) writeResults(res *runResult) {
 	if *resultsDir == "" || res.rep == nil {
 		return
