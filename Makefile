@@ -27,7 +27,9 @@ build: ## static binary with version information → bin/outboxd
 
 run: ## demo: throwaway PostgreSQL + embedded Kafka + outboxd + sample writes; Ctrl-C (or killing make) removes it all; RUN_ARGS='-http-addr 127.0.0.1:9188' moves the HTTP port (default 9187, or a free one if taken)
 	@mkdir -p bin
-	$(GO) build -o bin/demo ./test/cmd/demo
+	@echo "make run: building the demo and outboxd; the first build downloads and compiles the dependencies (a few minutes), each package is listed as it compiles"
+	$(GO) build -v -o bin/demo ./test/cmd/demo
+	$(GO) build -v -o /dev/null ./cmd/outboxd   # warms the build cache for the demo's own build of outboxd
 	bin/demo $(RUN_ARGS)
 
 # staticcheck, pinned as a tool in go.mod.

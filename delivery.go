@@ -131,15 +131,22 @@ func startExactlyOnce(ctx context.Context, log *slog.Logger, key func(ctx contex
 	init func(ctx context.Context, key string) (sink.Checkpoint, error), waiting func()) (sink.Checkpoint, error) {
 	name := ""
 	bo := backoff.Backoff{Min: 500 * time.Millisecond, Max: 15 * time.Second}
-	for warned := false; ; {
-		var err error
+	for warned, attempt := false, 1; ; attempt++ {
 		if name == "" {
-			name, err = key(ctx)
+			k, err := key(ctx)
+			if err != nil && !pgerr.IsConfigError(err) {
+				logUnreachable(log, attempt, bo.Next(), err) // PostgreSQL: every attempt
+				if !bo.Wait(ctx) {
+					return sink.Checkpoint{}, ctx.Err()
+				}
+				continue
+			}
+			if err != nil {
+				return sink.Checkpoint{}, err
+			}
+			name = k
 		}
-		var done sink.Checkpoint
-		if err == nil {
-			done, err = init(ctx, name)
-		}
+		done, err := init(ctx, name)
 		if err == nil {
 			return done, nil
 		}
@@ -195,17 +202,25 @@ func checkpointGuard(dsn string, identify func(ctx context.Context, dsn string) 
 // other's. It waits for PostgreSQL, but not on what waiting cannot fix.
 func progressKey(ctx context.Context, log *slog.Logger, dsn, slotName string, key func(ctx context.Context, dsn, slot string) (string, error)) (string, error) {
 	bo := backoff.Backoff{Min: 500 * time.Millisecond, Max: 15 * time.Second}
-	for warned := false; ; {
+	for attempt := 1; ; attempt++ {
 		k, err := key(ctx, dsn, slotName)
 		if err == nil || pgerr.IsConfigError(err) {
+			if err == nil && attempt > 1 {
+				log.Info("PostgreSQL answered", "attempts", attempt)
+			}
 			return k, err
 		}
-		if !warned {
-			log.Warn(startingSystemID, "err", redact.Err(err, dsn))
-			warned = true
-		}
+		logUnreachable(log, attempt, bo.Next(), redact.Err(err, dsn))
 		if !bo.Wait(ctx) {
 			return "", ctx.Err()
 		}
 	}
+}
+
+// logUnreachable reports one failed attempt to reach PostgreSQL at startup:
+// every attempt, so that a wrong --postgres is not one line and then
+// silence, with the wait before the next one and where to look.
+func logUnreachable(log *slog.Logger, attempt int, next time.Duration, err error) {
+	log.Warn("cannot reach PostgreSQL at startup ("+startingSystemID+"); retrying", "attempt", attempt, "retry_in", next.String(), "err", err,
+		"fix", "check --postgres (OUTBOXD_POSTGRES): host, port and database; and that PostgreSQL runs and listens there (listen_addresses)")
 }

@@ -10,7 +10,7 @@ import (
 	"github.com/outboxd/outboxd/sink/kafka"
 )
 
-// Embedding the relay in a Go service (the README's example; compiled, not
+// Embedding the relay in a Go service (docs/architecture.md's example; compiled, not
 // run: it needs PostgreSQL and Kafka).
 func Example() {
 	ctx := context.Background()

@@ -10,7 +10,7 @@ import (
 )
 
 // metrics are outboxd's Prometheus series. Their names are a public contract
-// (README, deploy/grafana, deploy/prometheus): rename nothing.
+// (docs/operations.md, deploy/grafana, deploy/prometheus): rename nothing.
 type metrics struct {
 	reg *prometheus.Registry
 
@@ -94,6 +94,7 @@ func newMetrics(version string, st *state) *metrics {
 			return time.Since(s.OldestUnacked).Seconds()
 		})
 	f(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "outboxd_active", Help: "1 while this instance streams from the slot (the active); 0 on a standby. Alert on the maximum over instances."}, st.isActive))
+	f(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "outboxd_broker_reachable", Help: "1 while the broker answers the monitor's ping (every --poll-interval), 0 while it does not: the series to alert on for a broker outage (produce errors stay 0 while the client retries)."}, st.brokerReachable))
 	m.connected = g("outboxd_replication_connected", "1 while streaming from the slot.")
 	m.replDelay = g("outboxd_replication_delay_seconds", "Time from emitting a heartbeat message to receiving it from the slot.")
 	m.deadLettered = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_events_dead_lettered_total", Help: "Rows published to the dead-letter topic."})
@@ -107,7 +108,10 @@ func newMetrics(version string, st *state) *metrics {
 	f(bi)
 	f(collectors.NewGoCollector())
 	f(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	for _, reason := range []string{"update", "delete", "truncate", "invalid"} {
+	// Every labelled series known in advance exists at 0 from the start, so
+	// rate() and dashboards have a series before the first event; a topic's
+	// outboxd_events_published_total appears with the topic's first ack.
+	for _, reason := range []string{"update", "delete", "truncate", "invalid", "ignored_table", "replayed"} {
 		m.skipped.WithLabelValues(reason)
 	}
 	return m

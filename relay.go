@@ -200,6 +200,15 @@ func (r *relay) run(ctx context.Context) error {
 	}
 }
 
+// committedRowFix is what can let the relay past a row it cannot route. The
+// row is committed, so "fix the row" cannot: it stays in the WAL, and every
+// restart decodes it again and holds again, until one of these lets it pass.
+const committedRowFix = "the row is committed and stays in the WAL, so outboxd holds here, across restarts, until it may pass it: " +
+	"restart with --on-invalid dead-letter (the row goes to --dead-letter-topic with the error, and delivery goes on), " +
+	"with --ignore-table <schema.table> (a table that should not be published at all), " +
+	"or with a router option that routes it (route.by.field, route.topic.replacement, table.field.event.* under router: or tables: in --config); " +
+	"a restart without one of these holds here again"
+
 // hold keeps the relay before an event it may not pass, with no replication
 // connection open: the slot keeps the event and everything after it, and
 // nothing outboxd waits for can hold up the server. An event the broker
@@ -209,7 +218,10 @@ func (r *relay) run(ctx context.Context) error {
 // route, table.op.invalid.behavior fatal) last until shutdown: their fix
 // needs a restart. It returns false when ctx ends.
 func (r *relay) hold(ctx context.Context, h *holdError) bool {
-	reason := h.Error() + "; fix the cause, or run with --on-invalid dead-letter"
+	reason := h.Error() + "; " + committedRowFix
+	if errors.Is(h.cause, errFatalUpdate) {
+		reason = h.Error() + " (a restart without that holds here again)"
+	}
 	if h.rec != nil {
 		reason = h.Error() + "; outboxd retries it with backoff and streams on once the broker accepts it (or run with --on-invalid dead-letter)"
 	}

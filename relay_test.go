@@ -55,7 +55,8 @@ func TestHoldRetriesTheRefusedRecordUntilKafkaTakesIt(t *testing.T) {
 }
 
 // A hold on a row the router cannot route lasts until shutdown, and says why
-// on /readyz meanwhile.
+// on /readyz meanwhile, with what can let it past (the row itself cannot be
+// fixed: it is committed) and that a restart alone holds again.
 func TestHoldOnAnInvalidRowLastsUntilShutdown(t *testing.T) {
 	h := newHarness(t, 100, nil)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -67,6 +68,12 @@ func TestHoldOnAnInvalidRowLastsUntilShutdown(t *testing.T) {
 	for {
 		ok, why := h.relay.state.ready()
 		if !ok && strings.Contains(why, "routing column is NULL") && strings.Contains(why, "e-1") {
+			// What can be done, now that the row is in the WAL.
+			for _, fix := range []string{"--on-invalid dead-letter", "--ignore-table", "route.by.field", "a restart without one of these holds here again"} {
+				if !strings.Contains(why, fix) {
+					t.Errorf("/readyz reason %q does not say %q", why, fix)
+				}
+			}
 			break
 		}
 		if time.Now().After(deadline) {

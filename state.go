@@ -209,7 +209,7 @@ func (s *state) status() map[string]any {
 	defer s.mu.Unlock()
 	if s.starting != "" {
 		// Before the relay streams: what it waits for. waiting_for_kafka
-		// keeps its name: scripts and the tests read it (README).
+		// keeps its name: scripts and the tests read it (docs/operations.md).
 		out := map[string]any{"role": roleInactive, "streaming": false, "starting": s.starting, "waiting_for_kafka": s.waitingForBroker}
 		if s.checkpointWait != nil {
 			out["checkpoint_wait"] = s.checkpointWait
@@ -333,6 +333,18 @@ func (s *state) roleLocked() role {
 }
 
 // isActive is the outboxd_active metric: 1 while this instance streams.
+// brokerReachable is outboxd_broker_reachable: 1 when the broker answered
+// the monitor's last Ping. It moves in an outage, where the producer's own
+// retries keep outboxd_kafka_produce_errors_total at 0.
+func (s *state) brokerReachable() float64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.brokerOK {
+		return 1
+	}
+	return 0
+}
+
 func (s *state) isActive() float64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()

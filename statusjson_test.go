@@ -86,21 +86,21 @@ func TestStatusAndStatusJSONOneSchema(t *testing.T) {
 	}
 }
 
-// README's list of /status keys is every key /status can show: a state
+// docs/operations.md's list of /status keys is every key /status can show: a state
 // with everything set is rendered and each key looked up in the list.
 func TestStatusKeysDocumented(t *testing.T) {
-	readme, err := os.ReadFile("README.md")
+	readme, err := os.ReadFile("docs/operations.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	i := strings.Index(string(readme), "`/status` keys (snake_case;")
 	if i < 0 {
-		t.Fatal("README.md has no list of /status keys")
+		t.Fatal("docs/operations.md has no list of /status keys")
 	}
 	list := string(readme)[i:]
 	list = list[:strings.Index(list, "\n\n")]
 	st := &state{slotName: "outboxd", warnings: []string{"w"}, unprotected: []string{"s"}, holder: "PID 1",
-		topicHolds: map[string]string{"t": "held"}, lastErr: "e", lastErrAt: time.Now(),
+		topicHolds: map[string]string{"t": "held"}, lastErr: "e", lastErrAt: time.Now(), heartbeatErr: "h",
 		slot: newSlotView(slot.Slot{Name: "outboxd"}, true, time.Now()), checkpointWait: &sink.CheckpointWait{}}
 	st.wm = slot.NewWatermark(100)
 	doc := jsonMap(t, st.status())
@@ -108,13 +108,13 @@ func TestStatusKeysDocumented(t *testing.T) {
 	for _, m := range []map[string]any{doc, view} {
 		for k := range m {
 			if !strings.Contains(list, "`"+k+"`") {
-				t.Errorf("/status key %q is not in README's list", k)
+				t.Errorf("/status key %q is not in docs/operations.md's list", k)
 			}
 		}
 	}
 	for _, k := range []string{"role", "streaming", "starting", "waiting_for_kafka", "checkpoint_wait"} {
 		if !strings.Contains(list, "`"+k+"`") {
-			t.Errorf("starting /status key %q is not in README's list", k)
+			t.Errorf("starting /status key %q is not in docs/operations.md's list", k)
 		}
 	}
 }

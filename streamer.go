@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -116,6 +118,10 @@ func (h *holdError) Error() string {
 }
 
 func (h *holdError) Unwrap() error { return h.cause }
+
+// errFatalUpdate is the cause of a hold on an UPDATE under
+// table.op.invalid.behavior fatal: no event, so no dead letter either.
+var errFatalUpdate = errors.New("UPDATE on an outbox table and table.op.invalid.behavior is fatal")
 
 // errReleased ends a session whose in-flight window stayed full.
 var errReleased = errors.New("kafka acked nothing with the in-flight window full: released the replication connection so PostgreSQL is not held up; reconnecting once the in-flight events are acked")
@@ -323,7 +329,7 @@ func (s *streamer) update(msg *wal.Msg) error {
 	switch s.router.InvalidOpBehavior(msg.Row.Relation) {
 	case "fatal":
 		return &holdError{pos: eventPos{commit: s.tx.CommitLSN, n: s.ordinal}, table: table,
-			cause: errors.New("UPDATE on an outbox table and table.op.invalid.behavior is fatal (outbox rows are insert-only): delete or fix the UPDATE's cause, set table.op.invalid.behavior to warn, and restart")}
+			cause: fmt.Errorf("%w (outbox rows are insert-only): delete or fix the UPDATE's cause, set table.op.invalid.behavior to warn, and restart", errFatalUpdate)}
 	default: // "error" logs at error level, "warn" at warn; at most once a minute (ratelog.go)
 		s.updates.every = skippedUpdateLogEvery
 		if ok, held := s.updates.allow(time.Now()); ok {
@@ -440,8 +446,10 @@ func (s *streamer) publish(ctx context.Context, pos eventPos, src source, rec ro
 	dl := deadLetter(err)
 	if s.sink.Check(ctx, &dl) != nil {
 		// The dead letter itself must fit, or it would be rejected in turn.
+		note := "the whole value (" + strconv.Itoa(len(dl.Value)) + " bytes): over the dead-letter topic's max.message.bytes"
 		dl.Value = nil
-		dl.Headers = append(dl.Headers, router.Header{Key: "outboxd.value_omitted", Value: []byte("too large for --max-message-bytes")})
+		dl.Headers = slices.DeleteFunc(dl.Headers, func(h router.Header) bool { return h.Key == router.HeaderValueOmitted })
+		dl.Headers = append(dl.Headers, router.Header{Key: router.HeaderValueOmitted, Value: []byte(note)})
 	}
 	s.log.Warn("dead-lettering an outbox event", "err", err, "table", table, "event_id", id, "commit_lsn", s.tx.CommitLSN.String(), "xid", s.tx.Xid, "dead_letter_topic", s.cfg.DeadLetterTopic)
 	s.m.skipped.WithLabelValues("invalid").Inc()

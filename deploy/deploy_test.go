@@ -817,7 +817,7 @@ func TestKubernetes(t *testing.T) {
 
 var requiredAlerts = []string{
 	"OutboxdSlotLagHigh", "OutboxdSlotInactive", "OutboxdWALStatusUnreserved", "OutboxdBacklogStuck",
-	"OutboxdProduceErrors", "OutboxdDeadLettered", "OutboxdDown",
+	"OutboxdBrokerUnreachable", "OutboxdProduceErrors", "OutboxdDeadLettered", "OutboxdDown",
 }
 
 func TestPrometheusConfig(t *testing.T) {

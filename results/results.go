@@ -1,7 +1,7 @@
-// Package results is the one source of every figure README.md and
-// deploy/README.md quote: each run of make bench, make soak or a measuring
+// Package results is the one source of every figure README.md,
+// deploy/README.md, TESTING.md and docs/ quote: each run of make bench, make soak or a measuring
 // test is a JSON file in this directory (date, machine, load, settings, the
-// tables and figures it measured), and the READMEs quote those files
+// tables and figures it measured), and the pages quote those files
 // between markers that TestREADMEQuotesResults checks, so that a figure in
 // the text and the run it came from cannot disagree.
 //
@@ -19,10 +19,13 @@
 package results
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -31,7 +34,7 @@ import (
 
 // File is one run's results.
 type File struct {
-	// Name is the file's base name without .json: how the READMEs refer to it.
+	// Name is the file's base name without .json: how the pages refer to it.
 	Name string `json:"name"`
 	// Source is what wrote it: "make bench", "make soak", a test's name.
 	Source string `json:"source"`
@@ -47,8 +50,14 @@ type File struct {
 	// Settings: the command line, broker, options that differ from the
 	// defaults.
 	Settings string `json:"settings"`
-	// Seeded, when set, says this file was written by hand from figures
-	// quoted before the results directory existed, and from where.
+	// Commit is the git commit of the code that ran (Commit's form:
+	// abbreviated or full hash, "-dirty" when the tree had uncommitted
+	// changes). With Source it names what wrote the file: a results file
+	// is written by the program that measured, never by hand.
+	Commit string `json:"commit"`
+	// Seeded marked files written by hand from figures quoted before the
+	// results directory existed. Load refuses them: a figure must come
+	// from the run that measured it.
 	Seeded string `json:"seeded,omitempty"`
 	// Tables by name: the first row is the header.
 	Tables map[string][][]string `json:"tables,omitempty"`
@@ -58,17 +67,21 @@ type File struct {
 	Notes []string `json:"notes,omitempty"`
 }
 
-// Label is the line printed above a quoted table.
-func (f *File) Label() string {
+// Label is the line printed above a quoted table in a document at the
+// repository's root; LabelFrom is the same for a document elsewhere.
+func (f *File) Label() string { return f.LabelFrom("results") }
+
+// LabelFrom is the line printed above a quoted table, its link to the
+// results file relative to the quoting document: dir is the path from that
+// document's folder to this one ("results" from the root, "../results" from
+// docs/).
+func (f *File) LabelFrom(dir string) string {
 	var b strings.Builder
 	if f.Busy {
 		b.WriteString("**Busy machine** (figures skewed by other tenants): ")
 	}
-	fmt.Fprintf(&b, "%s, `%s`; %s; %s; %s.", f.Date, f.Source, f.Machine, f.Load, f.Settings)
-	if f.Seeded != "" {
-		b.WriteString(" " + f.Seeded)
-	}
-	fmt.Fprintf(&b, " Source: [results/%s.json](results/%s.json).", f.Name, f.Name)
+	fmt.Fprintf(&b, "%s, `%s` at commit %s; %s; %s; %s.", f.Date, f.Source, f.Commit, f.Machine, f.Load, f.Settings)
+	fmt.Fprintf(&b, " Source: [results/%s.json](%s/%s.json).", f.Name, dir, f.Name)
 	return b.String()
 }
 
@@ -122,6 +135,12 @@ func (f *File) validate() error {
 	if len(missing) > 0 {
 		return fmt.Errorf("missing %s: every results file says when, where, under what load and with which settings it was measured", strings.Join(missing, ", "))
 	}
+	if f.Seeded != "" {
+		return fmt.Errorf("seeded by hand (%s): a results file is written by the program that measured (make bench, make soak, a measuring test with -results), never by hand; re-run it, or drop the figures that quote it", f.Seeded)
+	}
+	if !commitRE.MatchString(f.Commit) {
+		return fmt.Errorf("commit %q: every results file names the commit of the code that wrote it (a git hash, -dirty for a tree with changes; results.Commit gives it)", f.Commit)
+	}
 	if _, err := time.Parse(time.RFC3339, f.Date); err != nil {
 		if _, err := time.Parse("2006-01-02", f.Date); err != nil {
 			return fmt.Errorf("date %q is neither RFC 3339 nor YYYY-MM-DD", f.Date)
@@ -135,6 +154,24 @@ func (f *File) validate() error {
 		}
 	}
 	return nil
+}
+
+var commitRE = regexp.MustCompile(`^[0-9a-f]{7,40}(-dirty)?$`)
+
+// Commit is the checkout's commit for File.Commit: `git rev-parse HEAD`,
+// abbreviated, with "-dirty" when the tree has uncommitted changes to
+// tracked files (the run measured code no commit holds). "unknown" outside
+// a git checkout, which Load then refuses.
+func Commit() string {
+	out, err := exec.Command("git", "rev-parse", "--short=12", "HEAD").Output()
+	if err != nil {
+		return "unknown"
+	}
+	c := strings.TrimSpace(string(out))
+	if st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(bytes.TrimSpace(st)) > 0 {
+		c += "-dirty"
+	}
+	return c
 }
 
 // Write writes f as dir/<f.Name>.json.

@@ -9,17 +9,25 @@ import (
 	"testing"
 )
 
-var update = flag.Bool("update", false, "rewrite the quoted tables and figures of the READMEs from the results files")
+var update = flag.Bool("update", false, "rewrite the quoted tables and figures of README, TESTING.md and docs/ from the results files")
 
-// The documents that quote results, relative to this directory.
-var documents = []string{"../README.md", "../deploy/README.md", "../TESTING.md"}
+// The documents that may quote results, relative to this directory: the
+// READMEs, TESTING.md, CONTRIBUTING.md and every page of docs/.
+func documents(t *testing.T) []string {
+	t.Helper()
+	docs, err := filepath.Glob("../docs/*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append([]string{"../README.md", "../deploy/README.md", "../TESTING.md", "../CONTRIBUTING.md"}, docs...)
+}
 
 var (
 	blockRE = regexp.MustCompile(`(?s)(<!-- results:([a-z0-9.-]+)#([a-z0-9-]+) -->\n)(.*?)(<!-- /results -->)`)
 	figRE   = regexp.MustCompile(`(<!-- fig:([a-z0-9.-]+)#([a-z0-9.-]+) -->)(.*?)(<!-- /fig -->)`)
 )
 
-// Every table and figure the READMEs quote between markers is what its
+// Every table and figure the pages quote between markers is what its
 // results file holds, with the file's date, machine, load and settings above
 // each table and "(busy machine)" beside every figure from a busy run; a
 // marker naming a file, table or figure that does not exist fails too.
@@ -32,7 +40,7 @@ func TestREADMEQuotesResults(t *testing.T) {
 		t.Fatal("no results files")
 	}
 	quoted := 0
-	for _, doc := range documents {
+	for _, doc := range documents(t) {
 		b, err := os.ReadFile(doc)
 		if os.IsNotExist(err) {
 			continue
@@ -56,7 +64,7 @@ func TestREADMEQuotesResults(t *testing.T) {
 				problems = append(problems, name+".json has no table "+table)
 				return m
 			}
-			want := f.Label() + "\n\n" + Markdown(tab)
+			want := f.LabelFrom(resultsDirFrom(t, doc)) + "\n\n" + Markdown(tab)
 			if have != want {
 				problems = append(problems, "table "+name+"#"+table+" differs from the results file:\n--- quoted\n"+have+"--- results file\n"+want)
 			}
@@ -88,33 +96,55 @@ func TestREADMEQuotesResults(t *testing.T) {
 			continue
 		}
 		for _, p := range problems {
-			t.Errorf("%s: %s", filepath.Base(doc), p)
+			t.Errorf("%s: %s", strings.TrimPrefix(doc, "../"), p)
 		}
 		if len(problems) > 0 {
 			t.Logf("go test ./results -update rewrites %s from the results files", doc)
 		}
 	}
 	if quoted == 0 {
-		t.Fatal("the READMEs quote no results")
+		t.Fatal("no page quotes a results file")
 	}
+}
+
+// resultsDirFrom is the path from doc's folder to this directory, as a
+// Markdown link spells it.
+func resultsDirFrom(t *testing.T, doc string) string {
+	t.Helper()
+	from, err := filepath.Abs(filepath.Dir(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	here, err := filepath.Abs(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, err := filepath.Rel(from, here)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.ToSlash(rel)
 }
 
 // A quoted figure is never left unmarked elsewhere in the same document:
 // the issue-26 mismatches (a figure quoted twice, once stale) cannot come
 // back unnoticed for the figures listed here.
 func TestNoStaleCopies(t *testing.T) {
-	stale := map[string][]string{
-		"../README.md":        {"35 MiB measured", "42.8 MiB steady", "10–12 min", "67–86%", "75 s idle", "14 each", "stops at the start of the last transaction", "connectorLogicalName`, `.taskId` and `.connectorName`"},
-		"../deploy/README.md": {"12.6, 6.7 and 5.1", "24–27 MiB"},
+	stale := []string{
+		"35 MiB measured", "42.8 MiB steady", "10–12 min", "67–86%", "75 s idle", "14 each", "stops at the start of the last transaction", "connectorLogicalName`, `.taskId` and `.connectorName`",
+		"12.6, 6.7 and 5.1", "24–27 MiB",
 	}
-	for doc, ss := range stale {
+	for _, doc := range documents(t) {
 		b, err := os.ReadFile(doc)
+		if os.IsNotExist(err) {
+			continue
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, s := range ss {
+		for _, s := range stale {
 			if strings.Contains(string(b), s) {
-				t.Errorf("%s still says %q", filepath.Base(doc), s)
+				t.Errorf("%s still says %q", strings.TrimPrefix(doc, "../"), s)
 			}
 		}
 	}

@@ -1,9 +1,14 @@
 package router
 
 import (
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"errors"
+	"slices"
+	"sort"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/outboxd/outboxd/wal"
@@ -20,7 +25,11 @@ const (
 //
 //   - value: a JSON object of the row's columns in table order, each the
 //     text PostgreSQL sent as a JSON string (bytea as its "\x…" hex text),
-//     NULL as null;
+//     NULL as null; when that would not fit --max-message-bytes, the
+//     largest columns are replaced by {"outboxd_omitted_bytes": N,
+//     "sha256": "<hex>"} until it does (no value at all when even that
+//     does not fit, or the stream read only part of the row), and the
+//     outboxd.value_omitted header says what is left out and why;
 //   - key: nil;
 //   - headers: outboxd.error (cause's text), outboxd.source ("schema.table"),
 //     outboxd.commit_lsn, outboxd.xid, and "id" when the table's event id
@@ -44,19 +53,36 @@ func (r *Router) DeadLetter(topic string, row *wal.Row, tx Tx, cause error) Reco
 		id.data = id.data[:maxIDText]
 	}
 	fixed := len(errText) + len(p.table) + lsnHeadersMax + len(id.data) + len(topic) + 6*(HeaderOverhead+len(HeaderValueOmitted))
+	sizes := make([]int, len(cols))
 	n := 2
 	for i, c := range cols {
-		n += jacksonStringLen([]byte(c.Name)) + 2 + jsonValueLen(0, get(row.Values, i), false)
+		sizes[i] = jsonValueLen(0, get(row.Values, i), false)
+		n += jacksonStringLen([]byte(c.Name)) + 2 + sizes[i]
 	}
-	// A dead letter too large to publish keeps its headers only; deciding
-	// before building it keeps a huge row from costing its size again.
-	omit := row.Oversize > 0 || (r.maxRecord > 0 && n+fixed > r.maxRecord)
-	if omit {
+	// A dead letter too large to publish keeps what fits: the largest
+	// columns give way to their length and sha256 until the rest fits, and
+	// outboxd.value_omitted says which. A row the stream read only in part
+	// has no value to keep. Deciding before building it keeps a huge row
+	// from costing its size again.
+	var omitted []int // columns replaced by their length and sha256
+	note := ""        // outboxd.value_omitted: what is left out, and why
+	whole := row.Oversize > 0
+	if whole {
+		note = "the whole value: the row was " + strconv.Itoa(row.Oversize) + " bytes in the WAL, over 2 × --max-message-bytes, and was read only in part"
+	} else if r.maxRecord > 0 && n+fixed > r.maxRecord {
+		all := n
+		omitted, n, note = r.fitColumns(cols, row.Values, sizes, n, fixed)
+		whole = omitted == nil
+		if whole {
+			note = "the whole value: the row's columns take " + strconv.Itoa(all) + " bytes as JSON, over --max-message-bytes"
+		}
+	}
+	if whole {
 		n = 0
 	}
-	buf := make([]byte, 0, n+fixed)
+	buf := make([]byte, 0, n+fixed+len(note))
 	rec := Record{Topic: topic, Timestamp: tx.CommitTime, Partition: -1}
-	if !omit {
+	if !whole {
 		buf = append(buf, '{')
 		for i, c := range cols {
 			if i > 0 {
@@ -64,6 +90,10 @@ func (r *Router) DeadLetter(topic string, row *wal.Row, tx Tx, cause error) Reco
 			}
 			buf = appendJacksonString(buf, []byte(c.Name))
 			buf = append(buf, ':')
+			if slices.Contains(omitted, i) {
+				buf = appendOmitted(buf, get(row.Values, i).data)
+				continue
+			}
 			buf, _ = appendJSONValue(buf, 0, get(row.Values, i), false) // oid 0: always text
 		}
 		buf = append(buf, '}')
@@ -71,8 +101,10 @@ func (r *Router) DeadLetter(topic string, row *wal.Row, tx Tx, cause error) Reco
 	}
 	hdrs := make([]Header, 0, 6)
 	buf, hdrs = appendDeadLetterHeaders(buf, hdrs, errText, p.table, tx)
-	if omit {
-		hdrs = append(hdrs, Header{Key: HeaderValueOmitted, Value: []byte(valueOmittedText)})
+	if note != "" {
+		start := len(buf)
+		buf = append(buf, note...)
+		hdrs = append(hdrs, Header{Key: HeaderValueOmitted, Value: buf[start:len(buf):len(buf)]})
 	}
 	if !id.null {
 		start := len(buf)
@@ -105,7 +137,13 @@ func (r *Router) DeadLetterMessage(topic string, m *wal.Message, tx Tx, cause er
 	} else {
 		n += base64.StdEncoding.EncodedLen(len(m.Content)) + 2
 	}
-	omit := m.Oversize > 0 || (r.maxRecord > 0 && n+fixed > r.maxRecord)
+	omit, note := false, ""
+	switch {
+	case m.Oversize > 0:
+		omit, note = true, "the whole value: the message was "+strconv.Itoa(m.Oversize)+" bytes in the WAL, over 2 × --max-message-bytes, and was read only in part"
+	case r.maxRecord > 0 && n+fixed > r.maxRecord:
+		omit, note = true, "the whole value: the message's content takes "+strconv.Itoa(n)+" bytes as JSON, over --max-message-bytes"
+	}
 	if omit {
 		n = 0
 	}
@@ -128,7 +166,7 @@ func (r *Router) DeadLetterMessage(topic string, m *wal.Message, tx Tx, cause er
 	hdrs := make([]Header, 0, 6)
 	buf, hdrs = appendDeadLetterHeaders(buf, hdrs, errText, source, tx)
 	if omit {
-		hdrs = append(hdrs, Header{Key: HeaderValueOmitted, Value: []byte(valueOmittedText)})
+		hdrs = append(hdrs, Header{Key: HeaderValueOmitted, Value: []byte(note)})
 	}
 	if hasID {
 		start := len(buf)
@@ -139,11 +177,57 @@ func (r *Router) DeadLetterMessage(topic string, m *wal.Message, tx Tx, cause er
 	return rec
 }
 
-// HeaderValueOmitted marks a dead letter whose value was left out because it
-// would not fit --max-message-bytes.
+// HeaderValueOmitted marks a dead letter that does not carry all of the
+// row: its text says what was left out (the whole value, or the columns
+// replaced by {"outboxd_omitted_bytes": N, "sha256": "<hex>"}) and why.
 const HeaderValueOmitted = "outboxd.value_omitted"
 
-const valueOmittedText = "too large for --max-message-bytes"
+// omittedLen is the length of appendOmitted's object for a value of n bytes.
+func omittedLen(n int) int {
+	return len(`{"outboxd_omitted_bytes":,"sha256":""}`) + len(strconv.Itoa(n)) + 2*sha256.Size
+}
+
+// appendOmitted writes what stands in for a column too large to keep: its
+// length and sha256, as PostgreSQL sent its text, so a consumer can tell
+// which row it was and check a copy against it.
+func appendOmitted(dst, data []byte) []byte {
+	sum := sha256.Sum256(data)
+	dst = append(dst, `{"outboxd_omitted_bytes":`...)
+	dst = strconv.AppendInt(dst, int64(len(data)), 10)
+	dst = append(dst, `,"sha256":"`...)
+	dst = hex.AppendEncode(dst, sum[:])
+	return append(dst, `"}`...)
+}
+
+// fitColumns picks the columns to replace by their length and sha256,
+// largest first, until the dead letter fits --max-message-bytes: it returns
+// them, the value's new length and the outboxd.value_omitted text, or nil
+// when even that does not fit.
+func (r *Router) fitColumns(cols []wal.Column, vals []wal.Value, sizes []int, n, fixed int) ([]int, int, string) {
+	all := n
+	order := make([]int, len(sizes))
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(a, b int) bool { return sizes[order[a]] > sizes[order[b]] })
+	var omitted []int
+	var names []string
+	for _, i := range order {
+		v := get(vals, i)
+		if v.null {
+			break // every column left is NULL: nothing more to save
+		}
+		omitted = append(omitted, i)
+		names = append(names, cols[i].Name)
+		n += omittedLen(len(v.data)) - sizes[i]
+		note := "columns " + strings.Join(names, ", ") + " replaced by their length and sha256: the row's columns take " +
+			strconv.Itoa(all) + " bytes as JSON, over --max-message-bytes"
+		if n+fixed+len(note) <= r.maxRecord {
+			return omitted, n, note
+		}
+	}
+	return nil, all, ""
+}
 
 // causeText is the cause with its detail (InvalidError.FullText).
 func causeText(cause error) string {

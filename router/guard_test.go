@@ -1,6 +1,8 @@
 package router
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"strings"
 	"testing"
@@ -100,11 +102,31 @@ func TestHeaderCountAndSizeChecksBeforeBuilding(t *testing.T) {
 	if dl.Value != nil || headerValue(dl, HeaderValueOmitted) == "" || headerValue(dl, "id") != uuid1 {
 		t.Fatalf("dead letter %s", showRecord(dl))
 	}
-	// A whole row too large for a dead letter keeps its headers only.
-	full := row(withHdr, uuid1, "Order", "k", big, nil)
+	if got := headerValue(dl, HeaderValueOmitted); !strings.Contains(got, "the whole value") || !strings.Contains(got, "157286400 bytes") {
+		t.Fatalf("%s header %q does not say what is omitted and why", HeaderValueOmitted, got)
+	}
+	// A whole row too large for a dead letter keeps what fits: every
+	// column but the largest, which is replaced by its length and sha256,
+	// and the header says which column that was.
+	r4 := mustNew(t, Config{MaxRecordBytes: 4000})
+	big4 := `{"v": "` + strings.Repeat("x", 5000) + `"}`
+	full := row(withHdr, uuid1, "Order", "k", big4, nil)
+	_, err = r4.Route(full, testTx)
+	dl = r4.DeadLetter("outboxd.deadletter", full, testTx, err)
+	sum := sha256.Sum256([]byte(big4))
+	want := `{"id":"` + uuid1 + `","aggregatetype":"Order","aggregateid":"k","payload":{"outboxd_omitted_bytes":5009,"sha256":"` + hex.EncodeToString(sum[:]) + `"},"headers":null}`
+	if string(dl.Value) != want || dl.Size() > 4000 || !strings.Contains(headerValue(dl, HeaderError), "more than --max-message-bytes") {
+		t.Fatalf("dead letter %s\nwant value %s", showRecord(dl), want)
+	}
+	if got := headerValue(dl, HeaderValueOmitted); got != "columns payload replaced by their length and sha256: the row's columns take 5129 bytes as JSON, over --max-message-bytes" {
+		t.Fatalf("%s header %q", HeaderValueOmitted, got)
+	}
+	// Where even that does not fit (the headers alone take most of 1000
+	// bytes), the value is left out and the header says so.
+	full = row(withHdr, uuid1, "Order", "k", big, nil)
 	_, err = r.Route(full, testTx)
 	dl = r.DeadLetter("outboxd.deadletter", full, testTx, err)
-	if dl.Value != nil || dl.Size() > 1000 || !strings.Contains(headerValue(dl, HeaderError), "more than --max-message-bytes") {
+	if dl.Value != nil || dl.Size() > 1000 || !strings.HasPrefix(headerValue(dl, HeaderValueOmitted), "the whole value: the row's columns take 1129 bytes as JSON") {
 		t.Fatalf("dead letter %s", showRecord(dl))
 	}
 }

@@ -152,7 +152,7 @@ func checkGap(name string, known Progress, found bool, srv server) string {
 		return fmt.Sprintf("this PostgreSQL server is another cluster (system identifier %s) than the one outboxd last confirmed slot %q on (%s, up to LSN %s): the slot's history is not this server's",
 			srv.systemID, name, known.SystemID, known.LSN)
 	case !found && known.LSN != 0:
-		return fmt.Sprintf("replication slot %q does not exist, but outboxd has confirmed it up to LSN %s (system %s, timeline %d): a new slot would start at the current WAL position and silently skip every event the old slot had not delivered. Typical cause: a failover to a standby that had no synchronized copy of the slot (PostgreSQL 16 and older, or a slot that is not a failover slot), or a dropped slot",
+		return fmt.Sprintf("replication slot %q does not exist, but outboxd has confirmed it up to LSN %s (system %s, timeline %d): a new slot would start at the current WAL position and silently skip every event the old slot had not delivered. Typical cause: a failover to a standby that had no synchronized copy of the slot (PostgreSQL 16 and older, or a slot that is not a failover slot), or a dropped slot (outboxd slot drop, pg_drop_replication_slot; to start over on purpose, use a new --slot name instead)",
 			name, known.LSN, orUnknown(known.SystemID), known.Timeline)
 	case srv.diverged && published != 0:
 		return fmt.Sprintf("the server is on timeline %d, whose history does not contain timeline %d on which outboxd published slot %q up to LSN %s: the server's WAL is not the history Kafka's events came from",
@@ -161,7 +161,7 @@ func checkGap(name string, known Progress, found bool, srv server) string {
 		return fmt.Sprintf("the server's timeline %d forked from timeline %d at %s, before LSN %s up to which outboxd already published slot %q: the server lost WAL (a promoted standby that lagged, a point-in-time restore), so Kafka holds events PostgreSQL no longer has (phantom events) and new transactions reuse those positions",
 			srv.timeline, known.Timeline, srv.switched, published, name)
 	case found && known.WriteAhead && !known.Legacy && known.SystemID == srv.systemID && srv.slot > known.LSN:
-		return fmt.Sprintf("replication slot %q is confirmed up to %s, beyond LSN %s up to which outboxd recorded publishing it: outboxd never confirms past its record, so the slot was created or moved by something else (outboxd setup or its SQL re-creating a dropped slot, pg_replication_slot_advance, another consumer) and events committed in between may never have reached Kafka",
+		return fmt.Sprintf("replication slot %q is confirmed up to %s, beyond LSN %s up to which outboxd recorded publishing it: outboxd never confirms past its record, so the slot was created or moved by something else (outboxd setup or its SQL re-creating a dropped slot, pg_replication_slot_advance, another consumer, or an outboxd publishing this slot to another broker (each broker keeps its own record): give each broker its own --slot) and events committed in between may never have reached this broker",
 			name, srv.slot, known.LSN)
 	case srv.flushed < published:
 		return fmt.Sprintf("the server's WAL ends at %s, before LSN %s up to which outboxd already published slot %q: the server lost WAL (a failover to a standby that lagged, a restore from backup), so Kafka holds events PostgreSQL no longer has (phantom events) and new transactions will reuse those positions",

@@ -107,6 +107,9 @@ func (o *runOptions) brokerKind() (brokerOptions, error) {
 
 // validateBroker checks --broker and the options of the broker it names.
 func (o *runOptions) validateBroker() error {
+	if err := o.kafkaBrokersAreHostPorts(); err != nil {
+		return err
+	}
 	b, err := o.brokerKind()
 	if err != nil || b == nil {
 		return err
@@ -115,6 +118,36 @@ func (o *runOptions) validateBroker() error {
 		return errors.New("--broker and --kafka-brokers exclude each other: outboxd publishes to one broker")
 	}
 	return b.validate(o)
+}
+
+// brokerNames are what the error for a URL in --kafka-brokers calls each
+// --broker scheme.
+var brokerNames = map[string]string{"nats": "NATS JetStream", "tls": "NATS JetStream over TLS", "amqp": "RabbitMQ", "amqps": "RabbitMQ over TLS"}
+
+// kafkaBrokersAreHostPorts refuses a URL in --kafka-brokers: franz-go would
+// take "nats://h:4222" for a host named "nats" and retry "no such host"
+// forever, where the user meant --broker (or a bare host:port).
+func (o *runOptions) kafkaBrokersAreHostPorts() error {
+	for _, b := range o.KafkaBrokers {
+		scheme, rest, ok := strings.Cut(b, "://")
+		if !ok {
+			continue
+		}
+		scheme = strings.ToLower(scheme)
+		shown := redactBrokerURL(b)
+		if _, other := o.BrokerOpts[scheme]; other {
+			name := brokerNames[scheme]
+			if name == "" {
+				name = scheme
+			}
+			return fmt.Errorf("--kafka-brokers takes Kafka's host:port pairs, not %q: for %s use --broker %s://… (OUTBOXD_BROKER) instead of --kafka-brokers", shown, name, scheme)
+		}
+		if at := strings.LastIndex(rest, "@"); at >= 0 {
+			rest = rest[at+1:]
+		}
+		return fmt.Errorf("--kafka-brokers takes Kafka's host:port pairs, not %q: write %s (TLS and SASL have their own --kafka-tls-* and --kafka-sasl-* options)", shown, strings.TrimSuffix(rest, "/"))
+	}
+	return nil
 }
 
 // openBroker builds the sink --broker names; nil without --broker (Kafka).

@@ -23,6 +23,9 @@ func TestBrokerFlag(t *testing.T) {
 		"nats replicas":         {[]string{"--broker", "nats://h:4222", "--nats-stream-replicas", "0"}, "--nats-stream-replicas must be between 1 and 5"},
 		"nats bucket":           {[]string{"--broker", "nats://h:4222", "--nats-progress-bucket", "a.b"}, `--nats-progress-bucket "a.b": a bucket name has only letters`},
 		"kafka exactly-once ok": {[]string{"--kafka-brokers", "k:9092", "--exactly-once"}, ""},
+		"nats url as kafka":     {[]string{"--kafka-brokers", "nats://u:secret@127.0.0.1:4222"}, `--kafka-brokers takes Kafka's host:port pairs, not "nats://REDACTED@127.0.0.1:4222": for NATS JetStream use --broker nats://…`},
+		"amqp url as kafka":     {[]string{"--kafka-brokers", "k:9092,amqp://h:5672"}, `for RabbitMQ use --broker amqp://…`},
+		"kafka url scheme":      {[]string{"--kafka-brokers", "kafka://k:9092"}, `--kafka-brokers takes Kafka's host:port pairs, not "kafka://k:9092": write k:9092`},
 	} {
 		t.Run(name, func(t *testing.T) {
 			o, _, err := parseRun(t, append(pg, tc.args...), nil, "")

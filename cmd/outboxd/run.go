@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/outboxd/outboxd/internal/pgsql"
@@ -127,7 +128,7 @@ func (o *runOptions) register(s *optionSet) {
 	fs.DurationVar(&o.KafkaLinger, "kafka-linger", 2*time.Millisecond, "how long a partition waits to fill a batch: make bench measured about 40% less outboxd CPU per event at 2k ev/s with 2ms (0: send at once)")
 	s.choice(&o.Compression, "compression", "none", "producer compression", "none", "gzip", "snappy", "lz4", "zstd")
 	o.MaxMessageBytes = 1000012
-	fs.Var(&o.MaxMessageBytes, "max-message-bytes", "largest record batch the producer sends (smaller for a topic whose max.message.bytes is smaller); a larger event is invalid (--on-invalid)")
+	fs.Var(&o.MaxMessageBytes, "max-message-bytes", "largest record batch the producer sends (smaller for a topic whose max.message.bytes is smaller); a larger event is invalid (--on-invalid). Keep it at most the topics' max.message.bytes (Kafka's own limit, 1,048,588 by default): raise both together")
 	fs.DurationVar(&o.HeartbeatInterval, "heartbeat-interval", 10*time.Second, "emit a pg_logical_emit_message heartbeat this often to measure replication delay (0 disables; no table needed)")
 	o.MaxSlotLag = 1 << 30
 	fs.Var(&o.MaxSlotLag, "max-slot-lag", "slot lag above which outboxd warns every minute and reports not ready (0 disables)")
@@ -236,6 +237,9 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 		}
 	}
 	log := newLogger(e.stderr, o.LogFormat, o.LogLevel)
+	for _, w := range set.unknownEnv(os.Environ()) {
+		log.Warn(w)
+	}
 	setMemoryLimit(log, e.getenv)
 	warnings := transportWarnings(o, e.getenv)
 	for _, w := range warnings {

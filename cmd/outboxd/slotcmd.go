@@ -28,6 +28,13 @@ not recreate it when it reconnects but reports the gap and exits 1 (and a slot
 re-created by outboxd setup is reported as a gap too); start it once with
 --accept-gap after you have checked what the dropped slot had not delivered.`
 
+// dropNext is what the next outboxd run on that slot does, printed after a
+// drop: it is a gap on purpose, and the operator must say so once.
+const dropNext = `next: an outboxd that had confirmed this slot does not re-create it: outboxd run stops with
+a gap (exit 1) naming the slot. Check what the slot had not delivered, then start outboxd once
+with --accept-gap (and remove it again), or use a new --slot name to start over.
+`
+
 // dropWait bounds how long --force waits for a terminated holder to let go.
 const dropWait = 15 * time.Second
 
@@ -102,6 +109,7 @@ func slotDropCommand(ctx context.Context, e env, args []string) (err error) {
 			confirmed = s.ConfirmedFlush.String()
 		}
 		fmt.Fprintf(e.stdout, "dropped slot %s (%s, confirmed_flush_lsn %s)\n", o.Slot, orDash(s.Plugin), confirmed)
+		fmt.Fprint(e.stdout, dropNext)
 	}
 	return nil
 }

@@ -15,13 +15,17 @@ type Backoff struct {
 // Reset starts the schedule over.
 func (b *Backoff) Reset() { b.cur = 0 }
 
+// Next is how long the next Wait sleeps: what a log line says before it.
+func (b *Backoff) Next() time.Duration {
+	if b.cur == 0 {
+		return b.Min
+	}
+	return min(b.cur*2, b.Max)
+}
+
 // Wait sleeps for the next step, or until ctx ends (then it returns false).
 func (b *Backoff) Wait(ctx context.Context) bool {
-	if b.cur == 0 {
-		b.cur = b.Min
-	} else {
-		b.cur = min(b.cur*2, b.Max)
-	}
+	b.cur = b.Next()
 	t := time.NewTimer(b.cur)
 	defer t.Stop()
 	select {

@@ -7,7 +7,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// README: the producer is idempotent with acks=all, in both delivery modes
+// README and docs/configuration.md: the producer is idempotent with acks=all, in both delivery modes
 // (read back from the client as built, without a broker).
 func TestProducerIdempotentAcksAll(t *testing.T) {
 	for _, txn := range []*Transactional{nil, {ID: TransactionalID(DefaultTransactionalIDPrefix, "7212345678901234567", "s"), Timeout: time.Minute}} {

@@ -11,7 +11,7 @@ import (
 
 // ResultsFile is the run as a results file (package results): the tables
 // Table prints, with the machine, load and settings printed above them, so
-// that README quotes exactly what was measured. args is the command line.
+// that docs quote exactly what was measured. args is the command line.
 func (r *Results) ResultsFile(args string) *results.File {
 	var buf bytes.Buffer
 	r.Table(&buf)
@@ -19,6 +19,7 @@ func (r *Results) ResultsFile(args string) *results.File {
 	f := &results.File{
 		Name:     "bench-" + r.Started.UTC().Format("2006-01-02-1504"),
 		Source:   strings.TrimSpace("go run ./test/cmd/bench " + args),
+		Commit:   results.Commit(),
 		Date:     r.Started.UTC().Format("2006-01-02T15:04:05Z"),
 		Machine:  fmt.Sprintf("%d cores (%s), %s RAM, Linux %s, %s, PostgreSQL %s", m.NProc, m.CPUModel, m.MemTotal, m.Kernel, m.Go, m.Postgres),
 		Load:     fmt.Sprintf("load average %s at start, %s at end", m.LoadAvg, r.LoadEnd),

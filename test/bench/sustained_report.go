@@ -129,7 +129,7 @@ func sustainedRows(col *Column) []row {
 }
 
 // sustainedResults adds the sustained runs' figures and series to the
-// results file: figure keys <broker>-sustained-<k>-<what> (README quotes
+// results file: figure keys <broker>-sustained-<k>-<what> (docs/performance.md quotes
 // them as <!-- fig:FILE#apache-cluster-sustained-1-ack-p99 -->), series
 // tables <broker>-sustained-<k>-series. A run of the sustained case alone
 // names its file sustained-<date>-<time>.

@@ -124,7 +124,7 @@ func TestInsertMany(t *testing.T) {
 }
 
 // On the 3-node cluster the rows carry the targets, and a miss is
-// a FAIL that Table returns; the results file has figure keys README's
+// a FAIL that Table returns; the results file has figure keys docs/performance.md's
 // markers can address (results' figRE) and the series table.
 func TestSustainedReport(t *testing.T) {
 	run := func(p99 time.Duration, lag int64, rssLast int64) SustainedRun {

@@ -12,7 +12,7 @@ import (
 	"github.com/outboxd/outboxd/test/harness"
 )
 
-// README's startup table: a publication that publishes no INSERTs, a
+// README's troubleshooting table: a publication that publishes no INSERTs, a
 // physical slot and a slot of another database are each refused with exit 1
 // and the fix.
 func TestStartupRefusesPublicationAndSlotKinds(t *testing.T) {

@@ -10,7 +10,7 @@ import (
 	"github.com/outboxd/outboxd/test/harness"
 )
 
-// README: the slot is confirmed about --confirm-interval (25 ms) after the
+// README and docs/performance.md: the slot is confirmed about --confirm-interval (25 ms) after the
 // ack, not at the next status update (--status-interval, 10 s). Each of 20
 // single-event commits is timed from COMMIT to confirmed_flush_lsn reaching
 // it, polled every 2 ms: the median must stay under 100 ms (25 ms plus the
@@ -40,7 +40,7 @@ func TestConfirmedSoonAfterTheAck(t *testing.T) {
 	r.stop(t, f.ctx)
 }
 
-// README's shutdown: on SIGTERM outboxd stops reading, waits for the acks
+// docs/operations.md's shutdown: on SIGTERM outboxd stops reading, waits for the acks
 // in flight (here: the broker is frozen when the signal arrives and thawed
 // 1.5 s later), then confirms the final watermark and exits 0. Nothing is
 // left for a restart: the slot is confirmed past the last commit when the

@@ -8,7 +8,7 @@ import (
 	"github.com/outboxd/outboxd/test/harness"
 )
 
-// README's duplicate bound: a SIGKILL with a backlog re-sends at most the
+// docs/guarantees.md's duplicate bound: a SIGKILL with a backlog re-sends at most the
 // in-flight window. The broker is frozen so that exactly the window (50)
 // is in flight, outboxd is killed, the broker thawed (it may still append
 // what reached its socket) and outboxd restarted: every one of the 200

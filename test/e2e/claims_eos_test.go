@@ -9,7 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// README's exactly-once mode: the producer's transactional id is
+// docs/exactly-once.md: the producer's transactional id is
 // outboxd.<system identifier>.<slot>; a producer registering that id fences
 // outboxd, which starts over (taking the id back) while nobody else holds the
 // slot, and exits after three fencings in a row (a copy of the database

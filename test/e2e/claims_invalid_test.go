@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"crypto/sha256"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -60,6 +62,14 @@ func TestMaxMessageBytes(t *testing.T) {
 	h := headerMap(dl[0])
 	if h["id"] != eventID(2) || !strings.Contains(h["outboxd.error"], "more than --max-message-bytes allows") {
 		t.Fatalf("dead letter headers %v", h)
+	}
+	// It keeps what fits: the other columns, the payload as its length and
+	// sha256, and a header saying so.
+	sum := sha256.Sum256([]byte(over))
+	if v := string(dl[0].Value); !strings.Contains(v, `"aggregateid":"a"`) ||
+		!strings.Contains(v, fmt.Sprintf(`"payload":{"outboxd_omitted_bytes":%d,"sha256":"%x"}`, len(over), sum)) ||
+		!strings.HasPrefix(h["outboxd.value_omitted"], "columns payload replaced by their length and sha256") {
+		t.Fatalf("dead letter value %s, outboxd.value_omitted %q", v, h["outboxd.value_omitted"])
 	}
 	if v := r.metric(t, "outboxd_kafka_produce_errors_total"); v != 0 {
 		t.Fatalf("outboxd_kafka_produce_errors_total %v: the record was sent to the broker", v)

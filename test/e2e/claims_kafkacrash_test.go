@@ -31,7 +31,7 @@ func TestFrozenBroker(t *testing.T) {
 	}
 }
 
-// README: a crash of Kafka loses nothing. The broker is SIGKILLed (no clean
+// README's guarantee: a crash of Kafka loses nothing. The broker is SIGKILLed (no clean
 // shutdown) while events stream and restarted; every committed event
 // arrives, in commit order per aggregate.
 func kafkaCrashLosesNothing(t *testing.T, k *harness.Kafka) {

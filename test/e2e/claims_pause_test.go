@@ -10,7 +10,7 @@ import (
 	"github.com/outboxd/outboxd/test/harness"
 )
 
-// README's memory bound: while the in-flight window is full, reading pauses
+// docs/operations.md's memory bound: while the in-flight window is full, reading pauses
 // but status updates keep flowing, so PostgreSQL does not time out the
 // connection. With wal_sender_timeout 1s (set per connection in the DSN)
 // and the broker frozen, the same walsender keeps the slot for 3 s with the

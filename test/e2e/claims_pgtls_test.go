@@ -15,7 +15,7 @@ import (
 	"github.com/outboxd/outboxd/test/harness"
 )
 
-// README's PostgreSQL TLS: with sslmode=verify-full and sslrootcert in the
+// docs/configuration.md and docs/security.md's PostgreSQL TLS: with sslmode=verify-full and sslrootcert in the
 // DSN, both of outboxd's connections (the walsender and the ordinary one of
 // the monitor and heartbeats) are TLS, /status has no security warning, and
 // events flow. The server's certificate comes from a test CA, so a client

@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// README's migration claims: with --key-format json-string every key is the
+// docs/debezium.md's migration claims: with --key-format json-string every key is the
 // JSON string ("order-1" with quotes) and lands on the partition Kafka's
 // Java client gives it (murmur2 of the key bytes, as Debezium's producer
 // does), so aggregates keep their partitions across the cutover. And a

@@ -2,11 +2,17 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"go.yaml.in/yaml/v3"
 
 	"github.com/outboxd/outboxd/test/harness"
 )
@@ -78,6 +84,14 @@ func TestMetricsAndReadiness(t *testing.T) {
 		c, body := r.get(t, "/readyz")
 		return c == 503 && strings.Contains(body, "broker unreachable")
 	})
+	// The alert rules see the outage: the series they read, scraped now,
+	// make OutboxdBrokerUnreachable fire (and OutboxdProduceErrors, which
+	// the producer's own retries keep at 0 through an outage, does not).
+	poll(t, 10*time.Second, "outboxd_broker_reachable 0", func() bool { return r.metric(t, "outboxd_broker_reachable") == 0 })
+	outage := map[string]float64{}
+	for _, s := range []string{"outboxd_broker_reachable", "outboxd_kafka_produce_errors_total"} {
+		outage[s] = r.metric(t, s)
+	}
 	f.exec(`CREATE TABLE filler (x text)`)
 	for i := 21; i <= 30; i++ {
 		f.commit(event{i, "k", "E", `{"pad": "` + strings.Repeat("x", 1000) + `"}`})
@@ -120,4 +134,79 @@ func TestMetricsAndReadiness(t *testing.T) {
 			t.Errorf("log lacks %q", w)
 		}
 	}
+	if v := r.metric(t, "outboxd_broker_reachable"); v != 1 {
+		t.Errorf("outboxd_broker_reachable %v after recovery", v)
+	}
+	checkAlertsDuringOutage(t, outage)
+}
+
+// checkAlertsDuringOutage evaluates deploy/prometheus/alerts.yaml with
+// promtool over the series outboxd exported while its broker was down, held
+// for 10 minutes: OutboxdBrokerUnreachable fires, OutboxdProduceErrors does
+// not (so it alone would never page for an outage).
+func checkAlertsDuringOutage(t *testing.T, outage map[string]float64) {
+	t.Helper()
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Logf("alert rules not evaluated: promtool not installed (bash .ci/run installs it)")
+		return
+	}
+	root, err := harness.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules := filepath.Join(root, "deploy", "prometheus", "alerts.yaml")
+	summary, description := alertAnnotations(t, rules, "OutboxdBrokerUnreachable")
+	const instance = "outboxd:9187"
+	var b strings.Builder
+	fmt.Fprintf(&b, "rule_files:\n  - %s\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n", rules)
+	for name, v := range outage {
+		fmt.Fprintf(&b, "      - series: '%s{instance=\"%s\",job=\"outboxd\"}'\n        values: '%gx10'\n", name, instance, v)
+	}
+	fmt.Fprintf(&b, `    alert_rule_test:
+      - eval_time: 5m
+        alertname: OutboxdBrokerUnreachable
+        exp_alerts:
+          - exp_labels: {severity: critical, instance: "%s", job: outboxd}
+            exp_annotations: {summary: %q, description: %q}
+      - eval_time: 5m
+        alertname: OutboxdProduceErrors
+        exp_alerts: []
+`, instance, strings.ReplaceAll(summary, "{{ $labels.instance }}", instance), description)
+	test := filepath.Join(t.TempDir(), "outage_test.yaml")
+	if err := os.WriteFile(test, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(promtool, "test", "rules", test).CombinedOutput(); err != nil {
+		t.Errorf("the alert rules over the series of a broker outage (%v): %v\n%s\n%s", outage, err, out, b.String())
+	}
+}
+
+// alertAnnotations reads an alert's summary and description from a rules file.
+func alertAnnotations(t *testing.T, rulesFile, alert string) (summary, description string) {
+	t.Helper()
+	b, err := os.ReadFile(rulesFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f struct {
+		Groups []struct {
+			Rules []struct {
+				Alert       string            `yaml:"alert"`
+				Annotations map[string]string `yaml:"annotations"`
+			} `yaml:"rules"`
+		} `yaml:"groups"`
+	}
+	if err := yaml.Unmarshal(b, &f); err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range f.Groups {
+		for _, r := range g.Rules {
+			if r.Alert == alert {
+				return r.Annotations["summary"], r.Annotations["description"]
+			}
+		}
+	}
+	t.Fatalf("%s has no alert %s", rulesFile, alert)
+	return "", ""
 }

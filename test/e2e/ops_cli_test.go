@@ -314,7 +314,7 @@ func TestOpsSlotDrop(t *testing.T) {
 	// Inactive: dropped.
 	f.exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, f.slot)
 	out, code := drop()
-	if code != 0 || !strings.Contains(out, "dropped slot "+f.slot+" (pgoutput, confirmed_flush_lsn ") || !gone() {
+	if code != 0 || !strings.Contains(out, "dropped slot "+f.slot+" (pgoutput, confirmed_flush_lsn ") || !strings.Contains(out, "start outboxd once\nwith --accept-gap") || !gone() {
 		t.Fatalf("drop of an inactive slot: exit %d, gone %v\n%s", code, gone(), out)
 	}
 	if out, code = drop(); code != 1 || !strings.Contains(out, fmt.Sprintf("replication slot %q does not exist", f.slot)) {

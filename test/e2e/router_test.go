@@ -185,7 +185,7 @@ func TestInvalidRowFailThenDeadLetter(t *testing.T) {
 	f.exec(`INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES ($1, '', 'bad', 'E', '{}')`, eventID(2))
 	end := f.commit(event{3, "a", "E", `{}`})
 	poll(t, 20*time.Second, "outboxd_blocked 1", func() bool { return r.metric(t, "outboxd_blocked") == 1 })
-	// README promises the log names them; the metric may be set a moment
+	// docs/configuration.md promises the log names them; the metric may be set a moment
 	// before the line is written.
 	poll(t, 5*time.Second, "log naming the table and event", func() bool {
 		return strings.Contains(r.Log(), "event_id="+eventID(2)) && strings.Contains(r.Log(), "table=public.outbox")

@@ -15,7 +15,7 @@ import (
 var resultsDir = flag.String("results", "", "write each run's summary as a results file (fault-<scenario>-<mode>-<kafka>-<date>-<time>.json) into this directory (make soak: results/)")
 
 // writeResults writes the run's summary figures in the results format that
-// README quotes (package results). The run's wall-clock start is w.started.
+// docs/guarantees.md quotes (package results). The run's wall-clock start is w.started.
 func (w *world) writeResults(res *runResult) {
 	if *resultsDir == "" || res.rep == nil {
 		return
@@ -38,6 +38,7 @@ func (w *world) writeResults(res *runResult) {
 	f := &results.File{
 		Name:     fmt.Sprintf("fault-%s-%s-%s-%s", w.sc.name, w.mode.name, kind, w.started.UTC().Format("2006-01-02-150405")),
 		Source:   "go test ./test/fault/ (scenario " + w.sc.name + ")",
+		Commit:   results.Commit(),
 		Date:     w.started.UTC().Format(time.RFC3339),
 		Machine:  fmt.Sprintf("%d cores, %s", runtime.NumCPU(), runtime.Version()),
 		Load:     "load average " + load + " at the end",

@@ -41,13 +41,13 @@ type lastTxn struct {
 	first, commit, end uint64
 }
 
-// TestDebeziumFacts measures what README says about Debezium 3.6.1 beside
+// TestDebeziumFacts measures what docs/debezium.md says about Debezium 3.6.1 beside
 // outboxd (issue 26 item 6): where its confirmed_flush_lsn ends up after a
 // run, relative to the last transaction; the __debezium.context.* headers it
 // adds to a record; and how long after the last event was in Kafka it
 // confirmed, with Connect's default 60 s offset flush. The position and the
 // header names are Debezium's behaviour, not a timing: they must be what the
-// newest results/debezium-facts-*.json says (README quotes that file), so a
+// newest results/debezium-facts-*.json says (docs/debezium.md quotes that file), so a
 // Debezium that behaves otherwise fails here. -results DIR writes this
 // run's figures as a new results file. The delay depends on where in the
 // flush cycle the corpus ended: it is recorded, and only bounded by the wait.
@@ -87,7 +87,7 @@ func TestDebeziumFacts(t *testing.T) {
 		delete(figures, k+"-quiet")
 		delete(figures, k+"-heartbeats")
 	}
-	// What README quotes: one place where both runs agree, and the delays'
+	// What docs/debezium.md quotes: one place where both runs agree, and the delays'
 	// range.
 	for _, k := range []string{"dbz-confirmed-at", "dbz-confirmed-at-stop"} {
 		if q, h := figures[k+"-quiet"], figures[k+"-heartbeats"]; q == h {
@@ -102,7 +102,7 @@ func TestDebeziumFacts(t *testing.T) {
 		return
 	}
 	// Without -results: what Debezium did must be what the newest results
-	// file (and so README) says.
+	// file (and so docs/debezium.md) says.
 	root, err := harness.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
@@ -123,7 +123,7 @@ func TestDebeziumFacts(t *testing.T) {
 	for _, key := range []string{"dbz-confirmed-at", "dbz-confirmed-at-stop", "dbz-confirmed-at-quiet", "dbz-confirmed-at-heartbeats",
 		"dbz-confirmed-at-stop-quiet", "dbz-confirmed-at-stop-heartbeats", "dbz-headers", "dbz-header-names"} {
 		if got, want := figures[key], newest.Figures[key]; got != want {
-			t.Errorf("%s: measured %q, results/%s.json (which README quotes) says %q: re-run with -results and update README", key, got, newest.Name, want)
+			t.Errorf("%s: measured %q, results/%s.json (which docs/debezium.md quotes) says %q: re-run with -results, point the markers at the new file and run go test ./results -update", key, got, newest.Name, want)
 		}
 	}
 }
@@ -278,7 +278,7 @@ func measureDebezium(t *testing.T, heartbeat time.Duration) measured {
 	where := lsnPlace(confirmed, last, walEnd)
 	t.Logf("debezium confirmed %s (%s) %s after the last event was in Kafka", harness.FormatLSN(confirmed), where, delay.Round(100*time.Millisecond))
 
-	// A graceful stop (what README's cutover asks for) commits Connect's
+	// A graceful stop (what docs/debezium.md's cutover asks for) commits Connect's
 	// offsets once more: where does that leave the slot?
 	stopped := time.Now()
 	if err := d.Stop(); err != nil {
@@ -372,7 +372,7 @@ func slotConfirmed(ctx context.Context, conn *pgx.Conn, slot string) (uint64, er
 }
 
 // lsnPlace says where confirmed is relative to the last transaction, in the
-// words README uses.
+// words docs/debezium.md uses.
 func lsnPlace(confirmed uint64, t lastTxn, walEnd uint64) string {
 	switch {
 	case confirmed < t.first:
@@ -452,6 +452,7 @@ func writeFacts(t *testing.T, started time.Time, pgVersion string, events int, f
 	f := &results.File{
 		Name:    "debezium-facts-" + started.Format("2006-01-02"),
 		Source:  "go test ./test/parity/ -run TestDebeziumFacts",
+		Commit:  results.Commit(),
 		Date:    started.Format(time.RFC3339),
 		Machine: fmt.Sprintf("%d cores, %s, %s, Java (Kafka Connect 4.3.0)", runtime.NumCPU(), runtime.Version(), pgVersion),
 		Load:    "load average " + load + " at the end; shared with other engineers' builds and tests",

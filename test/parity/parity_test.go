@@ -18,19 +18,20 @@ import (
 var (
 	full   = flag.Bool("full", false, "run the full corpus (make parity)")
 	dump   = flag.Bool("dump", false, "log one example of every difference found")
-	update = flag.Bool("update", false, "rewrite README.md's difference table from what the comparison found (keeps each row's explanation)")
+	update = flag.Bool("update", false, "rewrite docs/debezium.md's difference table from what the comparison found (keeps each row's explanation)")
 )
 
-// Markers around README's difference table.
+// The page that holds the difference table, and the markers around it.
 const (
-	beginMarker = "<!-- parity:begin (generated and checked by test/parity) -->"
-	endMarker   = "<!-- parity:end -->"
+	diffTablePage = "docs/debezium.md"
+	beginMarker   = "<!-- parity:begin (generated and checked by test/parity) -->"
+	endMarker     = "<!-- parity:end -->"
 )
 
 // TestParity writes the corpus once, then for every converter setup runs
 // Debezium and outboxd on their own slots into their own clusters and
-// compares the records. The differences found must be exactly README's
-// table.
+// compares the records. The differences found must be exactly the table
+// of docs/debezium.md.
 func TestParity(t *testing.T) {
 	orderEvents := 50
 	if *full {
@@ -103,10 +104,10 @@ func TestParity(t *testing.T) {
 		}
 	}
 	if ran < len(setups) {
-		t.Logf("README's difference table not checked: %d of %d setups ran (-run)", ran, len(setups))
+		t.Logf("docs/debezium.md's difference table not checked: %d of %d setups ran (-run)", ran, len(setups))
 		return
 	}
-	checkREADME(t, diffs.rows(e.corpus, names))
+	checkDiffTable(t, diffs.rows(e.corpus, names))
 }
 
 func slotNames(s converterSetup) [2]string {
@@ -116,16 +117,16 @@ func slotNames(s converterSetup) [2]string {
 
 var rowRE = regexp.MustCompile(`^\|([^|]*)\|([^|]*)\|([^|]*)\|(.*)\|\s*$`)
 
-// checkREADME compares the computed rows with README's table: the first
+// checkDiffTable compares the computed rows with docs/debezium.md's table: the first
 // three columns of every row below the header, in order. -update rewrites
 // them, keeping the explanation of a row whose field and cases still match.
-func checkREADME(t *testing.T, rows []diffRow) {
+func checkDiffTable(t *testing.T, rows []diffRow) {
 	t.Helper()
 	root, err := harness.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join(root, "README.md")
+	path := filepath.Join(root, filepath.FromSlash(diffTablePage))
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -133,7 +134,7 @@ func checkREADME(t *testing.T, rows []diffRow) {
 	text := string(b)
 	i, j := strings.Index(text, beginMarker), strings.Index(text, endMarker)
 	if i < 0 || j < i {
-		t.Fatalf("README.md has no difference table between %q and %q", beginMarker, endMarker)
+		t.Fatalf("%s has no difference table between %q and %q", diffTablePage, beginMarker, endMarker)
 	}
 	block := text[i+len(beginMarker) : j]
 	var have []diffRow
@@ -171,9 +172,9 @@ func checkREADME(t *testing.T, rows []diffRow) {
 		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		t.Logf("README.md difference table rewritten (%d rows)", len(rows))
+		t.Logf("%s: difference table rewritten (%d rows)", diffTablePage, len(rows))
 		return
 	}
-	t.Errorf("README.md's difference table disagrees with the comparison (go test ./test/parity/ -update rewrites it).\nREADME:\n%s\nfound:\n%s",
-		strings.Join(got, "\n"), strings.Join(want, "\n"))
+	t.Errorf("%s: the difference table disagrees with the comparison (go test ./test/parity/ -update rewrites it).\ntable:\n%s\nfound:\n%s",
+		diffTablePage, strings.Join(got, "\n"), strings.Join(want, "\n"))
 }

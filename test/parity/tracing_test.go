@@ -165,7 +165,7 @@ func tracingRecords(recs []*kgo.Record) map[string]tracingRecord {
 		id := ""
 		for _, h := range r.Headers {
 			if strings.HasPrefix(h.Key, "__debezium.context.") {
-				continue // Debezium's extended headers: README's table has them
+				continue // Debezium's extended headers: docs/debezium.md's table has them
 			}
 			tr.headers = append(tr.headers, h.Key)
 			switch h.Key {
