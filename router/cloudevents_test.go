@@ -149,7 +149,7 @@ func TestCloudEventsConfig(t *testing.T) {
 			CloudEvents: CloudEventsConfig{Envelope: "cloudevents", Source: "/s"}}, "type:header:eventtype"},
 		"long alias": {Config{Tables: map[string]Options{"a.b": {"envelope": "cloudevents", "cloudevents.source": "/s",
 			"table.fields.additional.placement": "x:header:abcdefghijklmnopqrstu"}}}, "at most 20"},
-		"bad mode": {Config{Defaults: Options{"cloudevents.mode": "batch"}}, "binary, structured"},
+		"bad mode":     {Config{Defaults: Options{"cloudevents.mode": "batch"}}, "binary, structured"},
 		"bad envelope": {Config{CloudEvents: CloudEventsConfig{Envelope: "ce"}}, "none, cloudevents"},
 	} {
 		if _, err := New(c.cfg); err == nil || !strings.Contains(err.Error(), c.want) {

@@ -36,7 +36,8 @@ func TestParity(t *testing.T) {
 	if *full {
 		orderEvents = 20000
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	// runSetup gives each setup 4 minutes.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(2+4*len(setups))*time.Minute)
 	defer cancel()
 	e := &env{corpus: buildCorpus(orderEvents)}
 	var err error
