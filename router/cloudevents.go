@@ -34,6 +34,10 @@ import (
 //     writer's trace context the record carries (tracing.span.context.field
 //     or the headers column).
 //
+// Logical-message events (RouteMessage) become CloudEvents under the
+// defaults' options: id, type (required), subject from aggregateid, and
+// datacontenttype application/json (text/plain for a string payload member).
+//
 // cloudevents.mode binary (the default) keeps the value as it is and adds
 // the attributes as headers named by the protocol binding (CEBinding: Kafka
 // ce_, NATS ce-, AMQP cloudEvents:); structured replaces the value with the
@@ -241,10 +245,49 @@ func (r *Router) cloudEvent(rec *Record, p *plan, vals []wal.Value, tx Tx) error
 			attrs = append(attrs, ceAttr{k, string(v)})
 		}
 	}
-	if p.s.ce.structured && rec.Value != nil {
-		// A record without a value (a tombstone, a NULL payload) keeps
-		// none: it carries the attributes as headers.
-		return r.ceStructured(rec, p, attrs, ct)
+	invalid := func(reason string) error { return p.invalid(valueRef{data: id}, reason) }
+	return r.ceFinish(rec, p.s.ce.structured, attrs, ct, invalid)
+}
+
+// messageCloudEvent makes a logical message's record a CloudEvent: the
+// message's id, type (required) and aggregateid; datacontenttype
+// application/json for a JSON payload member, text/plain for a string one.
+func (r *Router) messageCloudEvent(rec *Record, f *msgFields) error {
+	id := scalarText(nil, f.id)
+	invalid := func(reason string) error {
+		return &InvalidError{Table: r.msgTable, EventID: idText(id), Reason: reason}
+	}
+	s := r.defaults
+	attrs := []ceAttr{{"specversion", "1.0"}, {"id", string(id)}, {"source", s.ce.source}}
+	if k := jsonKind(f.typ); k != 's' && k != 'n' || len(scalarText(nil, f.typ)) == 0 {
+		return invalid(`CloudEvents need a type: member "type" is missing, null or empty`)
+	}
+	attrs = append(attrs, ceAttr{"type", string(scalarText(nil, f.typ))})
+	if k := jsonKind(f.aggID); k == 's' || k == 'n' {
+		attrs = append(attrs, ceAttr{"subject", string(scalarText(nil, f.aggID))})
+	}
+	attrs = append(attrs, ceAttr{"time", rec.Timestamp.UTC().Format(time.RFC3339Nano)})
+	ct := "application/json"
+	if jsonKind(f.payload) == 's' {
+		ct = "text/plain"
+	}
+	if rec.Value != nil {
+		attrs = append(attrs, ceAttr{"datacontenttype", ct})
+	}
+	for _, k := range [...]string{"traceparent", "tracestate"} {
+		if v := ceHeader(rec.Headers, k); v != nil {
+			attrs = append(attrs, ceAttr{k, string(v)})
+		}
+	}
+	return r.ceFinish(rec, s.ce.structured, attrs, ct, invalid)
+}
+
+// ceFinish writes attrs into rec: as headers (binary mode, and a record
+// without a value, a tombstone or a NULL payload, which keeps none), or as
+// the JSON event format (structured).
+func (r *Router) ceFinish(rec *Record, structured bool, attrs []ceAttr, ct string, invalid func(string) error) error {
+	if structured && rec.Value != nil {
+		return r.ceStructured(rec, attrs, ct, invalid)
 	}
 	b := r.ceBinding
 	hdrs := make([]Header, 0, len(attrs)+len(rec.Headers))
@@ -260,11 +303,11 @@ func (r *Router) cloudEvent(rec *Record, p *plan, vals []wal.Value, tx Tx) error
 		hdrs = append(hdrs, Header{Key: name, Value: []byte(v)})
 	}
 	rec.Headers = append(hdrs, rec.Headers...)
-	return r.ceCheck(rec, p, id)
+	return r.ceCheck(rec, invalid)
 }
 
 // ceStructured replaces the value with the JSON event format.
-func (r *Router) ceStructured(rec *Record, p *plan, attrs []ceAttr, ct string) error {
+func (r *Router) ceStructured(rec *Record, attrs []ceAttr, ct string, invalid func(string) error) error {
 	n := 64 + len(rec.Value)*2
 	for _, a := range attrs {
 		n += len(a.name) + len(a.value)*2 + 6
@@ -298,16 +341,16 @@ func (r *Router) ceStructured(rec *Record, p *plan, attrs []ceAttr, ct string) e
 		key = natsContentTypeKey
 	}
 	rec.Headers = append([]Header{{Key: key, Value: []byte(ceStructuredType)}}, rec.Headers...)
-	return r.ceCheck(rec, p, ceHeader(rec.Headers, "id"))
+	return r.ceCheck(rec, invalid)
 }
 
 // ceCheck applies the record bounds to what the envelope added.
-func (r *Router) ceCheck(rec *Record, p *plan, id []byte) error {
+func (r *Router) ceCheck(rec *Record, invalid func(string) error) error {
 	if len(rec.Headers) > r.maxHeaders {
-		return p.invalid(valueRef{data: id}, "the CloudEvent would have "+strconv.Itoa(len(rec.Headers))+" headers, more than "+strconv.Itoa(r.maxHeaders))
+		return invalid("the CloudEvent would have " + strconv.Itoa(len(rec.Headers)) + " headers, more than " + strconv.Itoa(r.maxHeaders))
 	}
 	if size := rec.Size(); r.maxRecord > 0 && size > r.maxRecord {
-		return p.invalid(valueRef{data: id}, tooLargeReason(size, r.maxRecord))
+		return invalid(tooLargeReason(size, r.maxRecord))
 	}
 	return nil
 }

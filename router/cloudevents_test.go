@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/outboxd/outboxd/wal"
 )
 
 // ceSpecCheck checks attrs (attribute name → value) against CloudEvents 1.0:
@@ -178,4 +180,36 @@ func TestPercentEncode(t *testing.T) {
 	if got := percentEncode(`a"%b`); got != "a%22%25b" {
 		t.Errorf("got %s", got)
 	}
+}
+
+// A pg_logical_emit_message event is a CloudEvent too (the defaults'
+// options); a message without a type cannot be one.
+func TestCloudEventsMessage(t *testing.T) {
+	r := mustNew(t, Config{MessagePrefix: "outbox", CloudEvents: CloudEventsConfig{Envelope: "cloudevents", Mode: "structured", Source: "/m"}})
+	msg := func(content string) *wal.Message {
+		return &wal.Message{Transactional: true, Prefix: "outbox", Content: []byte(content)}
+	}
+	rec, ok, err := r.RouteMessage(msg(`{"id": "m-1", "aggregatetype": "Order", "aggregateid": "o-1", "type": "OrderCreated", "payload": {"a": 1}}`), testTx)
+	if !ok || err != nil {
+		t.Fatalf("ok %v, err %v", ok, err)
+	}
+	var ev map[string]any
+	if err := json.Unmarshal(rec.Value, &ev); err != nil {
+		t.Fatal(err)
+	}
+	attrs := map[string]string{}
+	for k, v := range ev {
+		if s, ok := v.(string); ok {
+			attrs[k] = s
+		}
+	}
+	ceSpecCheck(t, attrs)
+	if attrs["id"] != "m-1" || attrs["type"] != "OrderCreated" || attrs["subject"] != "o-1" || attrs["datacontenttype"] != "application/json" {
+		t.Errorf("attributes %v", attrs)
+	}
+	if d, _ := json.Marshal(ev["data"]); string(d) != `{"a":1}` {
+		t.Errorf("data %s", d)
+	}
+	_, _, err = r.RouteMessage(msg(`{"id": "m-2", "aggregatetype": "Order", "payload": {}}`), testTx)
+	checkInvalid(t, err, "message:outbox", "m-2", "CloudEvents need a type")
 }
