@@ -71,21 +71,6 @@ type cfield struct {
 	s    *cschema
 }
 
-func (a *cschema) equal(b *cschema) bool {
-	if a == nil || b == nil {
-		return a == b
-	}
-	if a.kind != b.kind || len(a.fields) != len(b.fields) || !a.elem.equal(b.elem) {
-		return false
-	}
-	for i := range a.fields {
-		if a.fields[i].name != b.fields[i].name || !a.fields[i].s.equal(b.fields[i].s) {
-			return false
-		}
-	}
-	return true
-}
-
 // errKeep: the expansion fails before Debezium replaces the payload's schema;
 // the payload stays a string.
 var errKeep = errors.New("keep the string payload")

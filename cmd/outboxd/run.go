@@ -71,7 +71,7 @@ type runOptions struct {
 	AcceptGap             bool
 	IgnoreTables          appendList // --ignore-table (ignoretable.go)
 	Topics                topicOptions
-	CloudEvents           cloudEventsOptions // --envelope, --cloudevents-* (cloudevents.go)
+	CloudEvents           cloudEventsOptions       // --envelope, --cloudevents-* (cloudevents.go)
 	Broker                string                   // --broker: a broker other than Kafka (broker.go)
 	BrokerOpts            map[string]brokerOptions // by URL scheme
 }
