@@ -217,7 +217,7 @@ func sameHeaders(a, b []kgo.RecordHeader) bool {
 	return true
 }
 
-// diffRow is one row of README's difference table: a field, the setups it
+// diffRow is one row of docs/debezium.md's difference table: a field, the setups it
 // differs in, the corpus cases.
 type diffRow struct{ field, setups, cases string }
 

@@ -5,8 +5,8 @@
 // into its own single-node Apache Kafka cluster (so topic names are
 // identical), and a comparator matches records by their id header.
 //
-// Every difference it finds must be listed in README.md's "Migrating from
-// Debezium" difference table (between the parity markers), and every row of
+// Every difference it finds must be listed in docs/debezium.md's difference
+// table (between the parity markers), and every row of
 // that table must be found: the suite fails when they disagree. The cutover
 // test hands Debezium's slot to outboxd and counts what is sent twice.
 //
