@@ -61,6 +61,16 @@ type CEBinding struct {
 	PercentEncode bool
 }
 
+// DataContentTypeKey is the header that carries datacontenttype in binary
+// mode: what a value encoder that runs after routing (and replaces the
+// value) sets to its own media type.
+func (b CEBinding) DataContentTypeKey() string {
+	if b.ContentType != "" {
+		return b.ContentType
+	}
+	return b.Prefix + "datacontenttype"
+}
+
 // The protocol bindings outboxd's brokers use.
 var (
 	CEKafka = CEBinding{Prefix: "ce_", ContentType: "content-type"}
@@ -293,8 +303,8 @@ func (r *Router) ceFinish(rec *Record, structured bool, attrs []ceAttr, ct strin
 	hdrs := make([]Header, 0, len(attrs)+len(rec.Headers))
 	for _, a := range attrs {
 		name := b.Prefix + a.name
-		if a.name == "datacontenttype" && b.ContentType != "" {
-			name = b.ContentType
+		if a.name == "datacontenttype" {
+			name = b.DataContentTypeKey()
 		}
 		v := a.value
 		if b.PercentEncode {

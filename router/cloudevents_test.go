@@ -213,3 +213,25 @@ func TestCloudEventsMessage(t *testing.T) {
 	_, _, err = r.RouteMessage(msg(`{"id": "m-2", "aggregatetype": "Order", "payload": {}}`), testTx)
 	checkInvalid(t, err, "message:outbox", "m-2", "CloudEvents need a type")
 }
+
+// The writer's trace context (here a headers column's traceparent) is the
+// Distributed Tracing extension's traceparent attribute.
+func TestCloudEventsTraceparent(t *testing.T) {
+	const uuid1 = "00000000-0000-4000-8000-000000000001"
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	r := mustNew(t, Config{CloudEvents: CloudEventsConfig{Envelope: "cloudevents", Source: "/s", Binding: CENATS}})
+	rl := rel("public.outbox", "id", tUUID, "aggregatetype", tVarchar, "aggregateid", tVarchar, "type", tVarchar, "payload", tJSONB, "headers", tJSONB)
+	rec, err := r.Route(row(rl, uuid1, "Order", "o-1", "T", `{}`, `{"traceparent": "`+tp+`"}`), testTx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := headerValue(rec, "ce-traceparent"); got != tp {
+		t.Errorf("ce-traceparent %q, want %q (headers %v)", got, tp, rec.Headers)
+	}
+	if CENATS.DataContentTypeKey() != "ce-datacontenttype" || CEKafka.DataContentTypeKey() != "content-type" {
+		t.Errorf("content type keys %q %q", CENATS.DataContentTypeKey(), CEKafka.DataContentTypeKey())
+	}
+	if headerValue(rec, CENATS.DataContentTypeKey()) != "application/json" {
+		t.Errorf("datacontenttype: %v", rec.Headers)
+	}
+}
