@@ -39,7 +39,7 @@ func cloudEventsRows(c RelayCase) []row {
 		if plainCPU > 0 {
 			over = fmt.Sprintf("CPU %+.1f%%", 100*(cpu/plainCPU-1))
 		}
-		rows = append(rows, row{"", fmt.Sprintf("  ″ --envelope cloudevents, %s mode, vs plain payloads, %d runs each, interleaved", m.name, len(runs)),
+		rows = append(rows, row{"", fmt.Sprintf("  ″ --envelope cloudevents, %s mode, vs plain payloads, interleaved, runs each: %d", m.name, len(runs)),
 			fmt.Sprintf("%s: %s, outboxd %.2f µs/ev", m.name, rate(n, r.Elapsed), cpu),
 			fmt.Sprintf("plain: %s, outboxd %.2f µs/ev", rate(n, c.Relay().Elapsed), plainCPU),
 			over, "", ""})
