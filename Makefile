@@ -93,8 +93,8 @@ test-apache: ## only the Apache Kafka runs of make test: e2e on one node (the br
 bench: ## throughput/latency/resources beside baselines and Debezium, on kfake, one Apache node and a 3-node cluster; writes results/bench-*.json (~30 min on a busy 2-core machine; BENCH_ARGS='-brokers apache' for one column, BENCH_ARGS='-cases debezium -brokers apache' beside Debezium only; not by default: BENCH_ARGS='-cases tracing -brokers kfake', BENCH_ARGS='-cases sustained -brokers apache-cluster')
 	$(GO) run ./test/cmd/bench -results $(CURDIR)/results $(BENCH_ARGS)
 
-parity: ## Debezium 3.6 (Kafka Connect) beside outboxd: the full corpus in three converter setups, README's difference table checked, the cutover, and the Debezium facts README quotes (results/debezium-facts-*.json) (Java; jars from .ci/debezium.sh or fetched on demand)
-	$(GO) test -count=1 -timeout 40m -v -run 'TestParity|TestCutover|TestDebeziumFacts' ./test/parity/ -full
+parity: ## Debezium 3.6 (Kafka Connect) beside outboxd: the full corpus in six converter setups, docs/debezium.md's difference table checked, the cutover, and the Debezium facts README quotes (results/debezium-facts-*.json) (Java; jars from .ci/debezium.sh or fetched on demand)
+	$(GO) test -count=1 -timeout 60m -v -run 'TestParity|TestCutover|TestDebeziumFacts' ./test/parity/ -full
 
 soak: ## fault-injection soak under load on kfake and on a 3-node Apache cluster, at-least-once then exactly-once (4 runs of 9-13 min), then the inbox effect soak per broker (Kafka, NATS, RabbitMQ classic, classic with single active consumer, quorum: 5 x 5 min) and on Kafka exactly-once (5 min); writes results/fault-*.json
 	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -results $(CURDIR)/results -mode at-least-once

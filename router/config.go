@@ -53,6 +53,8 @@ type Config struct {
 	// Tracing makes the router fill Record.Trace for a tracing sink
 	// (sink/otel): off, records carry Debezium's tracing headers only.
 	Tracing bool
+	// CloudEvents configures the CloudEvents envelope (cloudevents.go).
+	CloudEvents CloudEventsConfig
 	// MessagePrefix, when not empty, makes transactional
 	// pg_logical_emit_message messages with exactly this prefix outbox
 	// events (see RouteMessage).
@@ -83,6 +85,12 @@ const (
 	optMissingLegacy = "table.fields.additional.error.on.missing"
 	optInvalidOp     = "table.op.invalid.behavior"
 	optHeadersField  = "headers.field"
+	// optExpand, optNullBehavior and optSchemaVersion are Debezium's
+	// table.expand.json.payload, table.json.payload.null.behavior and
+	// table.field.event.schema.version (expand.go, buildPlan).
+	optExpand        = "table.expand.json.payload"
+	optNullBehavior  = "table.json.payload.null.behavior"
+	optSchemaVersion = "table.field.event.schema.version"
 	// optKeyFormat is outboxd's: the key bytes, raw or json-string (see
 	// Config.KeyFormat), so one table can keep Debezium's JsonConverter key
 	// while another moves to raw keys.
@@ -122,11 +130,17 @@ var debeziumDefaults = Options{
 	optMissing:        "error",
 	optInvalidOp:      invalidOpWarn,
 	optHeadersField:   defaultHeadersCol,
+	optExpand:         "false",
+	optNullBehavior:   nullIgnore,
+	optSchemaVersion:  "",
 	optKeyFormat:      keyFormatRaw,
 	optValueFormat:    keyFormatRaw,
 	optSpanContext:    defaultSpanContextCol,
 	optOperation:      defaultOperation,
 	optContextOnly:    "true", // Debezium's effective default in the outbox router (tracing.go)
+	optEnvelope:       envelopeNone,
+	optCEMode:         ceBinary,
+	optCESource:       "",
 }
 
 type placement uint8
@@ -165,6 +179,11 @@ type settings struct {
 	invalidOp      string
 	jsonKey        bool         // key.format json-string
 	jsonValue      bool         // value.format json-string
+	expand         bool         // table.expand.json.payload (with jsonValue)
+	nullAsBytes    bool         // table.json.payload.null.behavior optional_bytes
+	versionCol     string       // table.field.event.schema.version; "" = none
+	typeCol        string       // table.field.event.type (CloudEvents' type)
+	ce             ceSettings   // envelope cloudevents (cloudevents.go)
 	hdrGuard       *headerGuard // set by New
 	tracing        tracingSettings
 }
@@ -214,15 +233,26 @@ func resolve(name string, layers ...Options) (*settings, []error) {
 		}
 		return v
 	}
+	var err error
 	s.idCol = column(optEventID, true)
 	s.keyCol = column(optEventKey, true)
 	s.payloadCol = column(optEventPayload, true)
 	s.tsCol = column(optEventTimestamp, false)
 	s.routeCol = column(optRouteBy, true)
 	s.headersCol = column(optHeadersField, false)
-	column(optEventType, false) // accepted and ignored, as in Debezium ≥1.2
+	s.typeCol = column(optEventType, false) // no header, as in Debezium ≥1.2; CloudEvents' type
+	s.versionCol = column(optSchemaVersion, false)
+	if s.expand, err = parseBool(eff[optExpand]); err != nil {
+		bad(optExpand, "%v", err)
+	}
+	switch strings.ToLower(strings.TrimSpace(eff[optNullBehavior])) {
+	case nullIgnore:
+	case nullOptionalBytes:
+		s.nullAsBytes = true
+	default:
+		bad(optNullBehavior, "%q is not one of ignore, optional_bytes", eff[optNullBehavior])
+	}
 
-	var err error
 	if s.tombstone, err = parseBool(eff[optTombstone]); err != nil {
 		bad(optTombstone, "%v", err)
 	}
@@ -257,6 +287,7 @@ func resolve(name string, layers ...Options) (*settings, []error) {
 		bad(optPlacement, "%v", err)
 	}
 	s.implicitFields = !placementSet
+	s.ce = resolveCE(eff, s.fields, bad)
 	s.tracing = resolveTracing(eff, func(k string) bool { return set[k] }, bad)
 	if s.topic, err = compileTopicRule(eff[optTopicRegex], eff[optTopicReplace]); err != nil {
 		var te *topicRuleError
@@ -267,6 +298,16 @@ func resolve(name string, layers ...Options) (*settings, []error) {
 		}
 	}
 	return s, errs
+}
+
+// envelope: some placement puts a column into the envelope.
+func (s *settings) envelope() bool {
+	for _, f := range s.fields {
+		if f.place == placeEnvelope {
+			return true
+		}
+	}
+	return false
 }
 
 // parseBool accepts what Kafka's ConfigDef accepts for BOOLEAN: "true" or

@@ -180,7 +180,7 @@ func TestNewErrors(t *testing.T) {
 		want []string // substrings of the error
 	}{
 		{"unknown default key", Config{Defaults: Options{"route.by.fields": "x"}}, []string{"defaults: route.by.fields: unknown option"}},
-		{"unknown table key", Config{Tables: map[string]Options{"public.outbox": {"table.expand.json.payload": "true"}}}, []string{"table public.outbox: table.expand.json.payload: unknown option"}},
+		{"unknown table key", Config{Tables: map[string]Options{"public.outbox": {"table.expand.json.payloads": "true"}}}, []string{"table public.outbox: table.expand.json.payloads: unknown option"}},
 		{"bad regex", Config{Defaults: Options{"route.topic.regex": "(unclosed"}}, []string{"defaults: route.topic.regex: invalid regex"}},
 		{"unsupported Java regex", Config{Tables: map[string]Options{"a.b": {"route.topic.regex": "(?=x).*"}}}, []string{"table a.b: route.topic.regex: invalid regex"}},
 		{"unknown named group", Config{Defaults: Options{"route.topic.replacement": "x.${nope}"}}, []string{"defaults: route.topic.replacement", "no group with name {nope}"}},

@@ -272,6 +272,11 @@ func (r *Router) routeMessage(content []byte, tx Tx) (Record, error) {
 		_, hdrs = appendLSNHeaders(buf, hdrs, tx)
 	}
 	rec.Headers = hdrs
+	if s.ce.on {
+		if err := r.messageCloudEvent(&rec, &f); err != nil {
+			return Record{}, err
+		}
+	}
 	return rec, nil
 }
 

@@ -28,6 +28,8 @@ type plan struct {
 
 	id, key, payload, route, ts, hdrs int // column positions; -1: none
 	spanCtx                           int // tracing.span.context.field's position; -1: none
+	ceType                            int // CloudEvents' type column; -1: none
+	ceTypeOID                         uint32
 	idOID, keyOID, payloadOID, tsOID  uint32
 
 	fields     []fieldPlan // placements present in the relation, in order
@@ -120,6 +122,20 @@ func (r *Router) buildPlan(rel *wal.Relation) *plan {
 	}
 	if s.tracing.col != "" {
 		p.spanCtx, _ = col(s.tracing.col) // no such column: no tracing, as in Debezium
+	}
+	if s.versionCol != "" && s.envelope() {
+		// Debezium reads the version (Struct.getInt32) only to version the
+		// envelope's schema: a table without envelope placements ignores it.
+		if i, oid := col(s.versionCol); i < 0 {
+			fail(missing(s.versionCol, optSchemaVersion))
+		} else if oid != oidInt4 {
+			fail("column " + strconv.Quote(s.versionCol) + " (" + optSchemaVersion + ") has type OID " +
+				strconv.FormatUint(uint64(oid), 10) + "; int4 is required (Debezium reads it as INT32)")
+		}
+	}
+	p.ceType = -1
+	if s.ce.on {
+		p.ceType, p.ceTypeOID = p.ceTypeColumn(col)
 	}
 	for _, f := range s.fields {
 		i, oid := col(f.col)
@@ -253,6 +269,16 @@ func (r *Router) Route(row *wal.Row, tx Tx) (Record, error) {
 	payload := get(vals, p.payload)
 	tombstone := p.s.tombstone && blankPayload(p.payloadOID, payload)
 	key := get(vals, p.key)
+	var expanded []byte // table.expand.json.payload's JSON (expand.go); nil: none
+	if p.s.expand && p.s.jsonValue && !tombstone && !payload.null && expandsOID(p.payloadOID) {
+		var reason string
+		if expanded, reason = expandPayload(r.exp[:0], payload.data, p.s.nullAsBytes, p.envelope); reason != "" {
+			return Record{}, p.invalid(id, reason)
+		}
+		if expanded != nil {
+			r.exp = expanded[:0]
+		}
+	}
 
 	n := rawLen(p.idOID, id.data)
 	if key.null && p.s.jsonKey {
@@ -267,6 +293,8 @@ func (r *Router) Route(row *wal.Row, tx Tx) (Record, error) {
 	}
 	if !tombstone {
 		switch {
+		case expanded != nil:
+			n += len(expanded)
 		case p.s.jsonValue:
 			n += jacksonValueLen(p.payloadOID, payload)
 		case p.envelope:
@@ -335,6 +363,9 @@ func (r *Router) Route(row *wal.Row, tx Tx) (Record, error) {
 	if !tombstone {
 		start = len(buf)
 		switch {
+		case expanded != nil && !p.envelope:
+			buf = append(buf, expanded...)
+			rec.Value = buf[start:len(buf):len(buf)]
 		case p.s.jsonValue && !p.envelope:
 			if buf, ok = appendJacksonValue(buf, p.payloadOID, payload); !ok {
 				return Record{}, p.invalid(id, "payload column "+strconv.Quote(p.s.payloadCol)+" holds malformed bytea text")
@@ -342,9 +373,13 @@ func (r *Router) Route(row *wal.Row, tx Tx) (Record, error) {
 			rec.Value = buf[start:len(buf):len(buf)]
 		case p.envelope:
 			buf = append(buf, `{"payload":`...)
-			if p.s.jsonValue {
+			ok = true
+			switch {
+			case expanded != nil:
+				buf = append(buf, expanded...)
+			case p.s.jsonValue:
 				buf, ok = appendJacksonValue(buf, p.payloadOID, payload)
-			} else {
+			default:
 				buf, ok = appendJSONValue(buf, p.payloadOID, payload, false)
 			}
 			if !ok {
@@ -407,6 +442,11 @@ func (r *Router) Route(row *wal.Row, tx Tx) (Record, error) {
 		_, hdrs = appendLSNHeaders(buf, hdrs, tx)
 	}
 	rec.Headers = hdrs
+	if p.s.ce.on {
+		if err := r.cloudEvent(&rec, p, vals, tx); err != nil {
+			return Record{}, err
+		}
+	}
 	return rec, nil
 }
 

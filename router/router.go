@@ -162,6 +162,9 @@ type Router struct {
 	plans map[*wal.Relation]*plan
 	keys  map[string]string // interned header keys from headers columns
 	bin   binRow            // a binary row's text form (binary.go)
+	exp   []byte            // scratch for table.expand.json.payload (expand.go)
+
+	ceBinding CEBinding // CloudEvents' binary-mode attribute names
 }
 
 const (
@@ -200,6 +203,13 @@ func New(cfg Config) (*Router, error) {
 		base[optKeyFormat] = keyFormatJSONStr
 	default:
 		errs = append(errs, errors.New(`key format: "`+cfg.KeyFormat+`" is not one of raw, json-string`))
+	}
+	r.ceBinding = cfg.CloudEvents.Binding
+	if r.ceBinding.Prefix == "" {
+		r.ceBinding = CEKafka
+	}
+	if err := ceBase(cfg.CloudEvents, base); err != nil {
+		errs = append(errs, err)
 	}
 	var es []error
 	r.defaults, es = resolve(defaultsName, base, cfg.Defaults)

@@ -72,6 +72,7 @@ type runOptions struct {
 	AcceptGap             bool
 	IgnoreTables          appendList // --ignore-table (ignoretable.go)
 	Topics                topicOptions
+	CloudEvents           cloudEventsOptions       // --envelope, --cloudevents-* (cloudevents.go)
 	Broker                string                   // --broker: a broker other than Kafka (broker.go)
 	BrokerOpts            map[string]brokerOptions // by URL scheme
 }
@@ -152,6 +153,7 @@ func (o *runOptions) register(s *optionSet) {
 	fs.BoolVar(&o.AcceptGap, "accept-gap", false, "continue past a reported gap (a missing slot outboxd confirmed before, another cluster, a server behind what was published): set it once after checking, then remove it")
 	fs.Var(&o.IgnoreTables, "ignore-table", ignoreTableUsage)
 	o.Topics.register(fs)
+	o.CloudEvents.register(s)
 	o.registerBrokers(s)
 }
 
@@ -389,6 +391,7 @@ func routerConfig(o runOptions, defaults router.Options, tables map[string]route
 		MaxHeaders:            o.MaxHeaders,
 		TopicAllow:            o.TopicAllow,
 		MaxRecordBytes:        int(o.MaxMessageBytes), // a bound on memory; the sink checks the exact batch size
+		CloudEvents:           cloudEventsConfig(o),
 	}
 }
 

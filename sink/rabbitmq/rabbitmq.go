@@ -236,6 +236,8 @@ func message(rec *router.Record, hdrs amqp.Table) amqp.Publishing {
 			m.MessageId = string(h.Value)
 		case "type":
 			m.Type = string(h.Value)
+		case ContentTypeHeader: // CloudEvents (cloudevents.go)
+			m.ContentType = string(h.Value)
 		}
 	}
 	if rec.Key != nil {

@@ -34,10 +34,13 @@ type RelayCase struct {
 	// BinaryCeilings are read-only reads in pgoutput's binary mode (the
 	// "binary" case), beside Ceilings (text).
 	BinaryCeilings []CeilingRun
-	EOS            bool       // exactly-once runs were asked for
-	EOSRelays      []RelayRun // outboxd --exactly-once runs
-	Polling        *PollRun   // nil when not measured
-	Err            error
+	// CloudEvents are outboxd runs with --envelope cloudevents, by mode
+	// (the "cloudevents" case, cloudevents.go), interleaved with Relays.
+	CloudEvents map[string][]RelayRun
+	EOS         bool       // exactly-once runs were asked for
+	EOSRelays   []RelayRun // outboxd --exactly-once runs
+	Polling     *PollRun   // nil when not measured
+	Err         error
 }
 
 // Ceiling is the fastest ceiling read.
@@ -160,6 +163,12 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 	if text {
 		kinds = append(kinds, "txt", "cbin")
 	}
+	ce := e.cfg.Cases["cloudevents"] && strings.HasPrefix(name, "drain_")
+	if ce {
+		for _, m := range ceModes {
+			kinds = append(kinds, m.slot)
+		}
+	}
 	for rep := range reps {
 		for _, kind := range kinds {
 			if err := w.createSlot(ctx, slot(kind, rep)); err != nil {
@@ -231,6 +240,21 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 			EventsPerSec(int64(events), r.Elapsed), float64(r.CPU.Walsender)/float64(events)/1e3, r.CPU)
 		return nil
 	}
+	ceRun := func(mode, kind string) func(int) error {
+		return func(rep int) error {
+			r, err := e.drainOutboxd(ctx, w, slot(kind, rep), int64(events), endLSN, caseTimeout(events), false, ceArgs(mode)...)
+			if err != nil {
+				return fmt.Errorf("%s: %w", ceRunLabel(mode), err)
+			}
+			if c.CloudEvents == nil {
+				c.CloudEvents = map[string][]RelayRun{}
+			}
+			c.CloudEvents[mode] = append(c.CloudEvents[mode], r)
+			e.progress("%s: %s %s (%.0f ev/s), outboxd %.2f µs/ev, CPU %s", name, ceRunLabel(mode),
+				r.Elapsed.Round(time.Millisecond), EventsPerSec(int64(events), r.Elapsed), perEvent(r.OutboxdCPU, int64(events)), r.CPU)
+			return nil
+		}
+	}
 	for rep := range reps {
 		steps := []func(int) error{ceiling, run(false)}
 		if eos {
@@ -238,6 +262,11 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 		}
 		if text {
 			steps = append(steps, binaryRun, binaryCeiling)
+		}
+		if ce {
+			for _, m := range ceModes {
+				steps = append(steps, ceRun(m.name, m.slot))
+			}
 		}
 		if rep%2 == 1 {
 			slices.Reverse(steps)

@@ -247,6 +247,7 @@ func (r *Results) columnRows(col *Column) []row {
 			add("", "  ″ vs polling", "", "polling (100/claim) "+rate(n, c.Polling.Elapsed)+" ("+secs(c.Polling.Elapsed)+")", ps, tgt, res)
 		}
 		rows = append(rows, walsenderRows(c, col.Broker, k)...) // walsender.go
+		rows = append(rows, cloudEventsRows(c)...)              // cloudevents.go
 	}
 
 	// 2. Latency.

@@ -33,7 +33,7 @@ var corpusTables = []outboxTable{
 		opts: map[string]string{}},
 	{name: "public.events", ddl: `CREATE TABLE public.events (
 		event_id uuid PRIMARY KEY, event_type text NOT NULL, aggregate_id text NOT NULL,
-		payload jsonb NOT NULL, created_at timestamp NOT NULL)`,
+		payload jsonb NOT NULL, created_at timestamp NOT NULL, schema_version int4 DEFAULT 3)`,
 		tsColumn: true,
 		opts: map[string]string{
 			"table.field.event.id":              "event_id",
@@ -53,7 +53,8 @@ var corpusTables = []outboxTable{
 			"table.fields.additional.placement": "event_type:header:type",
 		}},
 	{name: "public.outbox_json", ddl: `CREATE TABLE public.outbox_json (
-		id uuid PRIMARY KEY, aggregatetype text NOT NULL, aggregateid text NOT NULL, type text NOT NULL, payload json)`,
+		id uuid PRIMARY KEY, aggregatetype text NOT NULL, aggregateid text NOT NULL, type text NOT NULL, payload json,
+		schema_version int4)`,
 		opts: map[string]string{
 			"table.fields.additional.placement": "type:header:eventType,aggregatetype:envelope:aggregateType",
 		}},

@@ -21,23 +21,23 @@ var (
 	update = flag.Bool("update", false, "rewrite docs/debezium.md's difference table from what the comparison found (keeps each row's explanation)")
 )
 
-// The page that holds the difference table, and the markers around it.
+// Markers around the difference table (tablePath).
 const (
-	diffTablePage = "docs/debezium.md"
-	beginMarker   = "<!-- parity:begin (generated and checked by test/parity) -->"
-	endMarker     = "<!-- parity:end -->"
+	beginMarker = "<!-- parity:begin (generated and checked by test/parity) -->"
+	endMarker   = "<!-- parity:end -->"
 )
 
 // TestParity writes the corpus once, then for every converter setup runs
 // Debezium and outboxd on their own slots into their own clusters and
 // compares the records. The differences found must be exactly the table
-// of docs/debezium.md.
+// in docs/debezium.md.
 func TestParity(t *testing.T) {
 	orderEvents := 50
 	if *full {
 		orderEvents = 20000
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	// runSetup gives each setup 4 minutes.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(2+4*len(setups))*time.Minute)
 	defer cancel()
 	e := &env{corpus: buildCorpus(orderEvents)}
 	var err error
@@ -104,10 +104,10 @@ func TestParity(t *testing.T) {
 		}
 	}
 	if ran < len(setups) {
-		t.Logf("docs/debezium.md's difference table not checked: %d of %d setups ran (-run)", ran, len(setups))
+		t.Logf("%s's difference table not checked: %d of %d setups ran (-run)", tablePath, ran, len(setups))
 		return
 	}
-	checkDiffTable(t, diffs.rows(e.corpus, names))
+	checkTable(t, diffs.rows(e.corpus, names))
 }
 
 func slotNames(s converterSetup) [2]string {
@@ -117,16 +117,19 @@ func slotNames(s converterSetup) [2]string {
 
 var rowRE = regexp.MustCompile(`^\|([^|]*)\|([^|]*)\|([^|]*)\|(.*)\|\s*$`)
 
-// checkDiffTable compares the computed rows with docs/debezium.md's table: the first
+// tablePath is the page whose table lists every difference (README links it).
+const tablePath = "docs/debezium.md"
+
+// checkTable compares the computed rows with tablePath's table: the first
 // three columns of every row below the header, in order. -update rewrites
 // them, keeping the explanation of a row whose field and cases still match.
-func checkDiffTable(t *testing.T, rows []diffRow) {
+func checkTable(t *testing.T, rows []diffRow) {
 	t.Helper()
 	root, err := harness.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join(root, filepath.FromSlash(diffTablePage))
+	path := filepath.Join(root, filepath.FromSlash(tablePath))
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -134,7 +137,7 @@ func checkDiffTable(t *testing.T, rows []diffRow) {
 	text := string(b)
 	i, j := strings.Index(text, beginMarker), strings.Index(text, endMarker)
 	if i < 0 || j < i {
-		t.Fatalf("%s has no difference table between %q and %q", diffTablePage, beginMarker, endMarker)
+		t.Fatalf("%s has no difference table between %q and %q", tablePath, beginMarker, endMarker)
 	}
 	block := text[i+len(beginMarker) : j]
 	var have []diffRow
@@ -172,9 +175,9 @@ func checkDiffTable(t *testing.T, rows []diffRow) {
 		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		t.Logf("%s: difference table rewritten (%d rows)", diffTablePage, len(rows))
+		t.Logf("%s difference table rewritten (%d rows)", tablePath, len(rows))
 		return
 	}
-	t.Errorf("%s: the difference table disagrees with the comparison (go test ./test/parity/ -update rewrites it).\ntable:\n%s\nfound:\n%s",
-		diffTablePage, strings.Join(got, "\n"), strings.Join(want, "\n"))
+	t.Errorf("%s's difference table disagrees with the comparison (go test ./test/parity/ -update rewrites it).\ntable:\n%s\nfound:\n%s",
+		tablePath, strings.Join(got, "\n"), strings.Join(want, "\n"))
 }

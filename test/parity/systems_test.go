@@ -26,12 +26,14 @@ type converterSetup struct {
 	name string
 	// connector: Debezium connector properties (converters).
 	connector map[string]string
-	// smt: extra EventRouter options for every table (Debezium only: outboxd
-	// has no such option).
+	// smt: extra EventRouter options for every table, pasted into both
+	// systems' configurations.
 	smt map[string]string
 	// keyFormat and valueFormat: outboxd's key.format and value.format
 	// under tables:, per table.
 	keyFormat, valueFormat string
+	// outboxd: top-level keys of outboxd's configuration file.
+	outboxd map[string]any
 }
 
 const (
@@ -52,7 +54,40 @@ var setups = []converterSetup{
 		// (DataException): with Connect's default errors.tolerance=none
 		// the task dies; with all, Connect skips those records.
 		"errors.tolerance": "all", "errors.log.enable": "true", "errors.log.include.messages": "true",
-	}, smt: map[string]string{"table.expand.json.payload": "true"}, keyFormat: "json-string"},
+	}, smt: map[string]string{"table.expand.json.payload": "true"}, keyFormat: "json-string", valueFormat: "json-string",
+		// What Debezium cannot convert, outboxd dead-letters (to
+		// outboxd.deadletter, which the comparison does not read).
+		outboxd: map[string]any{"on-invalid": "dead-letter"}},
+	{name: "json+expand+nulls", connector: map[string]string{
+		"key.converter": jsonConverter, "key.converter.schemas.enable": "false",
+		"value.converter": jsonConverter, "value.converter.schemas.enable": "false",
+		"errors.tolerance": "all", "errors.log.enable": "true", "errors.log.include.messages": "true",
+	}, smt: map[string]string{"table.expand.json.payload": "true", "table.json.payload.null.behavior": "optional_bytes"},
+		keyFormat: "json-string", valueFormat: "json-string", outboxd: map[string]any{"on-invalid": "dead-letter"}},
+	// The schema version column versions the envelope's Connect schema,
+	// which JsonConverter without schemas does not write: the records are
+	// the json setup's.
+	{name: "json+version", connector: map[string]string{
+		"key.converter": jsonConverter, "key.converter.schemas.enable": "false",
+		"value.converter": jsonConverter, "value.converter.schemas.enable": "false",
+	}, smt: map[string]string{"table.field.event.schema.version": "schema_version"}, keyFormat: "json-string", valueFormat: "json-string"},
+	// With schemas.enable=true JsonConverter writes the value's Connect
+	// schema beside it, where the schema version shows; outboxd has no
+	// such value format (value.format json-string is the closest).
+	{name: "json+schemas+version", connector: map[string]string{
+		"key.converter": jsonConverter, "key.converter.schemas.enable": "false",
+		"value.converter": jsonConverter, "value.converter.schemas.enable": "true",
+	}, smt: map[string]string{"table.field.event.schema.version": "schema_version"}, keyFormat: "json-string", valueFormat: "json-string"},
+}
+
+// deadLetters: outboxd runs the named setup with --on-invalid dead-letter.
+func deadLetters(setup string) bool {
+	for _, s := range setups {
+		if s.name == setup {
+			return s.outboxd["on-invalid"] == "dead-letter"
+		}
+	}
+	return false
 }
 
 // debeziumConnector is the connector configuration: one EventRouter per
@@ -100,9 +135,16 @@ func outboxdConfig(s converterSetup) ([]byte, error) {
 		for k, v := range t.opts {
 			o[k] = v
 		}
+		for k, v := range s.smt {
+			o[k] = v
+		}
 		tables[t.name] = o
 	}
-	return yaml.Marshal(map[string]any{"tables": tables})
+	file := map[string]any{"tables": tables}
+	for k, v := range s.outboxd {
+		file[k] = v
+	}
+	return yaml.Marshal(file)
 }
 
 // env is what every run shares: one PostgreSQL database holding the corpus.
