@@ -1,0 +1,205 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hamba/avro/v2"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sr"
+
+	"github.com/outboxd/outboxd/test/harness"
+)
+
+// The schema-registry tests run outboxd against a real Apicurio Registry
+// (its Confluent-compatible API) and read what reached Kafka with franz-go's
+// sr.Serde and hamba/avro: a reader outside outboxd's code, as a consumer
+// with a stock Confluent-format deserializer reads it.
+
+const orderSchema = `{"type":"record","name":"Order","namespace":"com.acme","fields":[
+	{"name":"id","type":"string"},{"name":"qty","type":"int"},{"name":"note","type":["null","string"],"default":null}]}`
+
+const invoiceSchema = `{"type":"object","properties":{"invoice":{"type":"string"},"total":{"type":"number"}},"required":["invoice","total"]}`
+
+// order is the Avro record as hamba decodes it.
+type order struct {
+	ID   string  `avro:"id"`
+	Qty  int     `avro:"qty"`
+	Note *string `avro:"note"`
+}
+
+type invoice struct {
+	Invoice string  `json:"invoice"`
+	Total   float64 `json:"total"`
+}
+
+// registrySetup registers the Avro schema under the fixture topic's subject
+// and the JSON schema under "<agg>-invoice", and returns a serde that
+// decodes both by the ids the registry gave.
+func registrySetup(t *testing.T, f *fixture, reg *harness.Apicurio) (invoiceSubject string, serde *sr.Serde) {
+	t.Helper()
+	cl, err := sr.NewClient(sr.URLs(reg.URL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(f.ctx, 30*time.Second)
+	defer cancel()
+	o, err := cl.CreateSchema(ctx, f.topic()+"-value", sr.Schema{Schema: orderSchema, Type: sr.TypeAvro})
+	if err != nil {
+		t.Fatal(err)
+	}
+	invoiceSubject = f.agg + "-invoice"
+	inv, err := cl.CreateSchema(ctx, invoiceSubject, sr.Schema{Schema: invoiceSchema, Type: sr.TypeJSON})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.ID == inv.ID {
+		t.Fatalf("both schemas have id %d", o.ID)
+	}
+	avroSchema := avro.MustParse(orderSchema)
+	serde = sr.NewSerde()
+	serde.Register(o.ID, order{}, sr.DecodeFn(func(b []byte, v any) error { return avro.Unmarshal(avroSchema, b, v) }))
+	serde.Register(inv.ID, invoice{}, sr.DecodeFn(json.Unmarshal))
+	return invoiceSubject, serde
+}
+
+// decodeAll decodes each record's value with serde, as a consumer would.
+func decodeAll(t *testing.T, serde *sr.Serde, recs []*kgo.Record) []any {
+	t.Helper()
+	var out []any
+	for _, r := range recs {
+		v, err := serde.DecodeNew(r.Value)
+		if err != nil {
+			t.Fatalf("record %s: %v (value % x)", headerMap(r)["id"], err, r.Value[:min(len(r.Value), 16)])
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+func registryArgs(reg *harness.Apicurio, invoiceSubject string, extra ...string) []string {
+	return append([]string{"--schema-registry-url", reg.URL(), "--schema-pin", "type:Invoice=" + invoiceSubject}, extra...)
+}
+
+// Avro and JSON Schema values in the Confluent wire format, read back with
+// sr.Serde; a payload that breaks its schema is dead-lettered in its place
+// with the field named, and the events after it go on, in order.
+func TestSchemaRegistryAvroAndJSONSchema(t *testing.T) {
+	reg := harness.ApicurioForTest(t)
+	f := newFixture(t)
+	invoiceSubject, serde := registrySetup(t, f, reg)
+	dlq := "dlq." + f.agg
+	r := f.startRelay(registryArgs(reg, invoiceSubject, "--on-invalid", "dead-letter", "--dead-letter-topic", dlq)...)
+	end := f.commit(
+		event{1, "o-1", "OrderCreated", `{"id":"o-1","qty":2}`},
+		event{2, "i-1", "Invoice", `{"invoice":"i-1","total":12.5}`},
+		event{3, "o-2", "OrderCreated", `{"id":"o-2","qty":"three"}`},
+		event{4, "o-3", "OrderCreated", `{"id":"o-3","qty":1,"note":"gift"}`},
+	)
+	f.waitConfirmed(end, 60*time.Second)
+	recs := f.records()
+	var ids []string
+	for _, rec := range recs {
+		ids = append(ids, headerMap(rec)["id"])
+	}
+	if got, want := strings.Join(ids, ","), eventID(1)+","+eventID(2)+","+eventID(4); got != want {
+		t.Fatalf("topic holds %s, want %s", got, want)
+	}
+	got := decodeAll(t, serde, recs)
+	gift := "gift"
+	if o := got[0].(*order); *o != (order{ID: "o-1", Qty: 2}) {
+		t.Errorf("event 1 decoded as %+v", o)
+	}
+	if inv := got[1].(*invoice); *inv != (invoice{Invoice: "i-1", Total: 12.5}) {
+		t.Errorf("event 2 decoded as %+v", inv)
+	}
+	if o := got[2].(*order); o.ID != "o-3" || o.Qty != 1 || o.Note == nil || *o.Note != gift {
+		t.Errorf("event 4 decoded as %+v", o)
+	}
+	if string(recs[1].Value[5:]) != `{"invoice":"i-1","total":12.5}` {
+		t.Errorf("JSON Schema body %q, want the payload's bytes", recs[1].Value[5:])
+	}
+	dl := headerMap(f.readTopic(dlq, 1)[0])
+	if dl["id"] != eventID(3) || !strings.Contains(dl["outboxd.error"], "field qty: want an integer") {
+		t.Fatalf("dead letter headers %v", dl)
+	}
+	r.stop(t, f.ctx)
+}
+
+// --on-invalid fail: the relay holds before the payload that breaks its
+// schema, /readyz names the field, nothing after it is sent or confirmed.
+func TestSchemaRegistryMismatchHolds(t *testing.T) {
+	reg := harness.ApicurioForTest(t)
+	f := newFixture(t)
+	invoiceSubject, _ := registrySetup(t, f, reg)
+	r := f.startRelay(registryArgs(reg, invoiceSubject)...)
+	first := f.commit(event{1, "o-1", "OrderCreated", `{"id":"o-1","qty":2}`})
+	f.waitConfirmed(first, 30*time.Second)
+	f.commit(event{2, "i-1", "Invoice", `{"invoice":"i-1"}`}, event{3, "o-2", "OrderCreated", `{"id":"o-2","qty":3}`})
+	poll(t, 30*time.Second, "/readyz 503 naming the missing field", func() bool {
+		code, body := r.get(t, "/readyz")
+		return code == 503 && strings.Contains(body, eventID(2)) && strings.Contains(body, "fails the JSON schema's required")
+	})
+	if s := f.slotState(); s.ConfirmedFlushLSN > first {
+		t.Fatalf("slot confirmed %s past the held event (first transaction ends at %s)", harness.FormatLSN(s.ConfirmedFlushLSN), harness.FormatLSN(first))
+	}
+	if n := f.topicCount(f.topic()); n != 1 {
+		t.Fatalf("topic holds %d records, want only event 1", n)
+	}
+	r.stop(t, f.ctx)
+}
+
+// A registry that goes down holds delivery at the first event whose schema
+// outboxd does not have: nothing from there is sent or confirmed and
+// /readyz says why; once the registry is back, every event is delivered
+// once, in order.
+func TestSchemaRegistryDownHoldsThenDeliversInOrder(t *testing.T) {
+	reg := harness.ApicurioForTest(t)
+	f := newFixture(t)
+	invoiceSubject, serde := registrySetup(t, f, reg)
+	r := f.startRelay(registryArgs(reg, invoiceSubject)...)
+	first := f.commit(event{1, "o-1", "OrderCreated", `{"id":"o-1","qty":1}`})
+	f.waitConfirmed(first, 30*time.Second)
+	if err := reg.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	// The invoice schema was never fetched: event 2 waits for the registry,
+	// and event 3, whose schema is cached, waits behind it.
+	f.commit(event{2, "i-1", "Invoice", `{"invoice":"i-1","total":3}`}, event{3, "o-2", "OrderCreated", `{"id":"o-2","qty":2}`})
+	end := f.commit(event{4, "o-3", "OrderCreated", `{"id":"o-3","qty":3}`})
+	poll(t, 30*time.Second, "/readyz 503 naming the registry", func() bool {
+		code, body := r.get(t, "/readyz")
+		return code == 503 && strings.Contains(body, "schema registry: subject "+invoiceSubject)
+	})
+	if s := f.slotState(); s.ConfirmedFlushLSN > first {
+		t.Fatalf("slot confirmed %s with the registry down (first transaction ends at %s)", harness.FormatLSN(s.ConfirmedFlushLSN), harness.FormatLSN(first))
+	}
+	if n := f.topicCount(f.topic()); n != 1 {
+		t.Fatalf("topic holds %d records with the registry down, want 1", n)
+	}
+	ctx, cancel := context.WithTimeout(f.ctx, 3*time.Minute)
+	defer cancel()
+	if err := reg.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.waitConfirmed(end, 90*time.Second)
+	recs := f.records()
+	var ids []string
+	for _, rec := range recs {
+		ids = append(ids, headerMap(rec)["id"])
+	}
+	if got, want := strings.Join(ids, ","), strings.Join([]string{eventID(1), eventID(2), eventID(3), eventID(4)}, ","); got != want {
+		t.Fatalf("topic holds %s, want %s", got, want)
+	}
+	got := decodeAll(t, serde, recs)
+	if inv := got[1].(*invoice); *inv != (invoice{Invoice: "i-1", Total: 3}) {
+		t.Errorf("event 2 decoded as %+v", inv)
+	}
+	if o := got[3].(*order); *o != (order{ID: "o-3", Qty: 3}) {
+		t.Errorf("event 4 decoded as %+v", o)
+	}
+	r.stop(t, f.ctx)
+}
