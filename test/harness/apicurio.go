@@ -13,16 +13,17 @@ import (
 	"time"
 )
 
-// ApicurioVersion is the Apicurio Registry test/apicurio/pom.xml builds.
-const ApicurioVersion = "3.0.9"
+// ApicurioVersion is the Apicurio Registry test/apicurio/pom.xml builds
+// (its parent's version; the pom says why not 3.x).
+const ApicurioVersion = "2.4.2.Final"
 
-// EnvApicurioJava names a java binary of Java 21 or later for Apicurio
-// (Quarkus 3 needs 21); default: ApicurioJava's search.
+// EnvApicurioJava names the java binary that runs Apicurio (Java 17+);
+// default: ApicurioJava's search.
 const EnvApicurioJava = "OUTBOXD_APICURIO_JAVA"
 
-// ApicurioApp returns the Quarkus application directory (quarkus-run.jar)
-// that .ci/apicurio.sh builds into the harness's cache from
-// test/apicurio/pom.xml. The build takes minutes, so the harness does not
+// ApicurioApp returns the runner jar (its lib/ beside it) that
+// .ci/apicurio.sh builds into the harness's cache from
+// test/apicurio/pom.xml. The build takes a while, so the harness does not
 // run it itself: a missing app is an error naming the script.
 func ApicurioApp() (string, error) {
 	base := os.Getenv(EnvKafkaCache)
@@ -33,30 +34,25 @@ func ApicurioApp() (string, error) {
 		}
 		base = filepath.Join(dir, "outboxd")
 	}
-	app := filepath.Join(base, "apicurio-"+ApicurioVersion, "quarkus-app")
-	if _, err := os.Stat(filepath.Join(app, "quarkus-run.jar")); err != nil {
-		return "", fmt.Errorf("Apicurio Registry %s is not built in %s: run .ci/apicurio.sh (Maven, Java 21+)", ApicurioVersion, app)
+	jar := filepath.Join(base, "apicurio-"+ApicurioVersion, "app", "outboxd-apicurio-runner.jar")
+	if _, err := os.Stat(jar); err != nil {
+		return "", fmt.Errorf("Apicurio Registry %s is not built (%s is missing): run .ci/apicurio.sh (Maven, Java 17+)", ApicurioVersion, jar)
 	}
-	return app, nil
+	return jar, nil
 }
 
-// ApicurioJava returns a java of version 21 or later: $OUTBOXD_APICURIO_JAVA,
-// a Temurin 25 or 21 JDK under /usr/lib/jvm, or java in PATH if it is one.
+// ApicurioJava returns a java of version 17 or later: $OUTBOXD_APICURIO_JAVA,
+// or java in PATH if it is one.
 func ApicurioJava() (string, error) {
 	if j := os.Getenv(EnvApicurioJava); j != "" {
 		return j, nil
 	}
-	for _, j := range []string{"/usr/lib/jvm/temurin-25-jdk-amd64/bin/java", "/usr/lib/jvm/temurin-21-jdk-amd64/bin/java", "/usr/lib/jvm/java-21-openjdk-amd64/bin/java", "/usr/lib/jvm/java-25-openjdk-amd64/bin/java"} {
-		if _, err := os.Stat(j); err == nil {
-			return j, nil
-		}
-	}
 	if j, err := exec.LookPath("java"); err == nil {
-		if out, err := exec.Command(j, "-version").CombinedOutput(); err == nil && javaMajor(string(out)) >= 21 {
+		if out, err := exec.Command(j, "-version").CombinedOutput(); err == nil && javaMajor(string(out)) >= 17 {
 			return j, nil
 		}
 	}
-	return "", fmt.Errorf("apicurio needs Java 21 or later: set %s or install a JDK 21+ (.ci/apicurio.sh does)", EnvApicurioJava)
+	return "", fmt.Errorf("apicurio needs Java 17 or later in PATH (.ci/kafka.sh installs it) or %s", EnvApicurioJava)
 }
 
 // javaMajor reads the major version from `java -version`'s `version "21.0.2"`.
@@ -81,7 +77,7 @@ func javaMajor(out string) int {
 // ids (a registry outage, not a new registry). A reaper child kills the JVM
 // and removes the dir should the test process die without cleaning up.
 type Apicurio struct {
-	app, java, dir string
+	app, java, dir string // app: the runner jar
 	port           int
 
 	mu     sync.Mutex
@@ -152,15 +148,13 @@ func (a *Apicurio) Start(ctx context.Context) error {
 		return nil
 	}
 	args := append([]string(nil), jvmFlags...)
-	args = append(args,
+	args = append(args, "-Dquarkus.profile=prod",
 		"-Dquarkus.http.host=127.0.0.1", "-Dquarkus.http.port="+strconv.Itoa(a.port),
-		"-Dquarkus.management.enabled=false",
-		// An H2 file, not the default in-memory database: the schemas and
-		// their ids outlive Stop.
-		"-Dapicurio.datasource.url=jdbc:h2:file:"+filepath.Join(a.dir, "registry"),
-		"-Dquarkus.log.level=WARN", "-Dquarkus.log.category.\"io.quarkus\".level=INFO",
-		"-jar", filepath.Join(a.app, "quarkus-run.jar"))
-	proc, err := StartProc(ctx, "apicurio", a.java, args, nil, a.dir)
+		"-jar", a.app)
+	// An H2 file, not the default in-memory database: the schemas and their
+	// ids outlive Stop.
+	env := []string{"REGISTRY_DATASOURCE_URL=jdbc:h2:file:" + filepath.Join(a.dir, "registry")}
+	proc, err := StartProc(ctx, "apicurio", a.java, args, env, a.dir)
 	if err != nil {
 		return err
 	}
