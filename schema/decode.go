@@ -12,8 +12,8 @@ import (
 )
 
 // Decoder is the consumer's half: it reads a Confluent wire-format value
-// (outboxd's, or any Confluent-compatible serializer's) of an AVRO or JSON
-// schema back into JSON, fetching each schema by the id the value carries
+// (outboxd's, or any Confluent-compatible serializer's) of an AVRO, JSON or
+// PROTOBUF schema back into JSON, fetching each schema by the id the value carries
 // once. An inbox handler calls it on Event.Payload:
 //
 //	dec := schema.NewDecoder(client)
@@ -22,7 +22,8 @@ import (
 //
 // Avro comes back in the natural JSON form the Encoder reads (avro.go):
 // no union wrappers, bytes and fixed as base64, decimals as numeric
-// strings. A JSON Schema value is validated against its schema on the way.
+// strings; Protobuf in protojson's form with the .proto's field names. A
+// JSON Schema value is validated against its schema on the way.
 // A Decoder is safe for concurrent use.
 type Decoder struct {
 	reg *registry
@@ -53,6 +54,13 @@ func (d *Decoder) DecodeJSON(ctx context.Context, value []byte) ([]byte, error) 
 		return nil, err
 	}
 	body := value[5:]
+	if p.proto != nil {
+		out, err := decodeProto(p.proto, body)
+		if err != nil {
+			return nil, fmt.Errorf("schema: value of %s: %w", p, err)
+		}
+		return out, nil
+	}
 	if p.json != nil {
 		v, err := decodeJSON(body)
 		if err != nil {

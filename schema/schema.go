@@ -3,8 +3,9 @@
 // a Confluent-compatible registry holds (Confluent Schema Registry, Apicurio
 // Registry's ccompat API, Redpanda, Karapace) and replaces it with the
 // Confluent wire format: a zero magic byte, the schema id as 4 big-endian
-// bytes, then the body — Avro binary for an AVRO schema, the JSON bytes
-// themselves for a JSON schema. Consumers decode it with any stock
+// bytes, then the body — Avro binary for an AVRO schema (avro.go), the JSON
+// bytes themselves for a JSON schema (jsonschema.go), the message indexes
+// and the binary message for a PROTOBUF one (protobuf.go). Consumers decode it with any stock
 // Confluent-format deserializer, or with this package's [Decoder].
 //
 // The stage decides three things for the relay (the root package's
@@ -39,6 +40,7 @@ import (
 	"github.com/hamba/avro/v2"
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/twmb/franz-go/pkg/sr"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
@@ -168,11 +170,11 @@ func (e *Encoder) Encode(ctx context.Context, source string, rec *router.Record)
 	if rec.Value == nil {
 		return nil
 	}
-	p, err := e.schemaFor(ctx, source, rec)
+	p, record, err := e.schemaFor(ctx, source, rec)
 	if err != nil {
 		return err
 	}
-	out, err := p.encode(rec.Value)
+	out, err := p.encode(rec.Value, record)
 	if err != nil {
 		return &router.InvalidError{Table: source, EventID: header(rec.Headers, "id"),
 			Reason: fmt.Sprintf("the payload does not match %s: %s", p, err), Detail: detail(err)}
@@ -181,28 +183,31 @@ func (e *Encoder) Encode(ctx context.Context, source string, rec *router.Record)
 	return nil
 }
 
-// schemaFor picks and fetches (or finds cached) the schema of rec.
-func (e *Encoder) schemaFor(ctx context.Context, source string, rec *router.Record) (*parsed, error) {
+// schemaFor picks and fetches (or finds cached) the schema of rec, and
+// names the record (Protobuf: the message) to encode: the pin's, or with
+// the record strategies the event type; "" for the schema's first.
+func (e *Encoder) schemaFor(ctx context.Context, source string, rec *router.Record) (p *parsed, record string, err error) {
 	typ := header(rec.Headers, e.cfg.TypeHeader)
 	pin, ok := e.cfg.Types[typ]
 	if !ok || typ == "" {
 		pin = e.cfg.Tables[source]
 	}
+	record = pin.Record
+	if record == "" && e.cfg.Strategy != TopicName {
+		record = typ
+	}
 	if pin.ID > 0 {
-		return e.reg.byID(ctx, pin.ID)
+		p, err = e.reg.byID(ctx, pin.ID)
+		return p, record, err
 	}
 	subject := pin.Subject
 	if subject == "" {
-		record := pin.Record
-		if record == "" {
-			record = typ
-		}
 		switch e.cfg.Strategy {
 		case TopicName:
 			subject = rec.Topic + "-value"
 		case RecordName, TopicRecordName:
 			if record == "" {
-				return nil, &router.InvalidError{Table: source, EventID: header(rec.Headers, "id"),
+				return nil, "", &router.InvalidError{Table: source, EventID: header(rec.Headers, "id"),
 					Reason: fmt.Sprintf("the %s subject strategy names the subject after the event type, and the event has no %q header; pin a subject or record for the table", e.cfg.Strategy, e.cfg.TypeHeader)}
 			}
 			subject = record
@@ -216,28 +221,28 @@ func (e *Encoder) schemaFor(ctx context.Context, source string, rec *router.Reco
 	if pin.Version > 0 {
 		k := exactKey{subject, pin.Version}
 		if p := e.exact[k]; p != nil {
-			return p, nil
+			return p, record, nil
 		}
 		p, err := e.reg.bySubject(ctx, subject, pin.Version)
 		if err != nil {
-			return nil, err
+			return nil, "", err
 		}
 		e.exact[k] = p
-		return p, nil
+		return p, record, nil
 	}
 	l := e.latest[subject]
 	if l != nil && time.Since(l.at) < e.cfg.Refresh {
-		return l.p, nil
+		return l.p, record, nil
 	}
-	p, err := e.reg.bySubject(ctx, subject, -1)
+	p, err = e.reg.bySubject(ctx, subject, -1)
 	if err != nil {
 		if l != nil { // the registry is away: the version we have still holds
-			return l.p, nil
+			return l.p, record, nil
 		}
-		return nil, err
+		return nil, "", err
 	}
 	e.latest[subject] = &latest{p: p, at: time.Now()}
-	return p, nil
+	return p, record, nil
 }
 
 func header(hs []router.Header, key string) string {
@@ -364,8 +369,14 @@ func (r *registry) parse(ctx context.Context, ss sr.SubjectSchema) (*parsed, err
 			return nil, registryErr(op, fmt.Errorf("%w: does not compile as a JSON schema: %v", errUnusable, err))
 		}
 		p.json = s
+	case sr.TypeProtobuf:
+		fd, err := r.protoFile(ctx, ss, op)
+		if err != nil {
+			return nil, err
+		}
+		p.proto = fd
 	default:
-		return nil, registryErr(op, fmt.Errorf("%w: a %s schema; outboxd encodes AVRO and JSON schemas", errUnusable, ss.Type))
+		return nil, registryErr(op, fmt.Errorf("%w: a %s schema; outboxd encodes AVRO, JSON and PROTOBUF schemas", errUnusable, ss.Type))
 	}
 	r.mu.Lock()
 	r.ids[ss.ID] = p
@@ -381,6 +392,7 @@ type parsed struct {
 	typ     sr.SchemaType
 	avro    avro.Schema
 	json    *jsonschema.Schema
+	proto   protoreflect.FileDescriptor
 }
 
 func (p *parsed) String() string {
@@ -390,8 +402,12 @@ func (p *parsed) String() string {
 	return fmt.Sprintf("%s schema id %d (subject %s version %d)", p.typ, p.id, p.subject, p.version)
 }
 
-// encode validates a JSON payload and returns its wire format.
-func (p *parsed) encode(payload []byte) ([]byte, error) {
+// encode validates a JSON payload and returns its wire format; record
+// picks a Protobuf schema's message ("": its first).
+func (p *parsed) encode(payload []byte, record string) ([]byte, error) {
+	if p.proto != nil {
+		return encodeProto(p.proto, p.id, record, payload)
+	}
 	out := make([]byte, 5, 5+len(payload))
 	out[1], out[2], out[3], out[4] = byte(p.id>>24), byte(p.id>>16), byte(p.id>>8), byte(p.id)
 	v, err := decodeJSON(payload)
