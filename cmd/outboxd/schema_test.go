@@ -113,3 +113,21 @@ func TestSchemaPins(t *testing.T) {
 		}
 	}
 }
+
+// The YAML form docs/schemas.md shows: nested keys join with dashes.
+func TestSchemaOptionsInFile(t *testing.T) {
+	o, _, err := parseRun(t, nil, map[string]string{"OUTBOXD_SCHEMA_REGISTRY_PASSWORD": "pw"}, `
+schema-registry:
+  url: http://registry:8081
+  user: outboxd
+schema-subject-strategy: topic-record
+schema-pin: "table:public.outbox=orders-value@2,type:Invoice=42"
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Schema.URL.String() != "http://registry:8081" || o.Schema.User != "outboxd" || o.Schema.Password != "pw" ||
+		o.Schema.Strategy != "topic-record" || o.Schema.Pins["table:public.outbox"] != "orders-value@2" || o.Schema.Pins["type:Invoice"] != "42" {
+		t.Fatalf("schema options %+v", o.Schema)
+	}
+}
