@@ -236,7 +236,11 @@ func (e *Encoder) schemaFor(ctx context.Context, source string, rec *router.Reco
 	}
 	p, err = e.reg.bySubject(ctx, subject, -1)
 	if err != nil {
-		if l != nil { // the registry is away: the version we have still holds
+		if l != nil {
+			// The registry is away: the version we have still holds, and
+			// the next try waits a while, or every event would wait for a
+			// registry that hangs.
+			l.at = time.Now().Add(min(e.cfg.Refresh, refreshRetry) - e.cfg.Refresh)
 			return l.p, record, nil
 		}
 		return nil, "", err
@@ -244,6 +248,10 @@ func (e *Encoder) schemaFor(ctx context.Context, source string, rec *router.Reco
 	e.latest[subject] = &latest{p: p, at: time.Now()}
 	return p, record, nil
 }
+
+// refreshRetry is the wait before a failed refresh of a subject's latest
+// version is tried again.
+const refreshRetry = 10 * time.Second
 
 func header(hs []router.Header, key string) string {
 	for _, h := range hs {

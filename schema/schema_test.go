@@ -274,10 +274,16 @@ func TestCacheAndRegistryOutage(t *testing.T) {
 	if n := f.requests.Load(); n != 1 {
 		t.Fatalf("%d registry requests for 100 events, want 1", n)
 	}
-	e.cfg.Refresh = time.Nanosecond
+	e.cfg.Refresh = time.Hour
+	e.latest["orders-value"].at = time.Now().Add(-2 * time.Hour) // due for a refresh
 	f.down.Store(true)
-	if err := e.Encode(context.Background(), "t", record("orders", "", order)); err != nil {
-		t.Fatalf("cached subject with the registry down: %v", err)
+	for range 100 {
+		if err := e.Encode(context.Background(), "t", record("orders", "", order)); err != nil {
+			t.Fatalf("cached subject with the registry down: %v", err)
+		}
+	}
+	if n := f.requests.Load(); n != 2 {
+		t.Fatalf("%d registry requests, want 2: one refresh tried, then none for a while", n)
 	}
 	err := e.Encode(context.Background(), "t", record("invoices", "", `{"id":"i"}`))
 	var re *RegistryError
