@@ -1,7 +1,9 @@
 package schema
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
@@ -112,5 +114,15 @@ func decodeProto(fd protoreflect.FileDescriptor, body []byte) ([]byte, error) {
 	if err := proto.Unmarshal(rest, msg); err != nil {
 		return nil, err
 	}
-	return protojson.MarshalOptions{UseProtoNames: true}.Marshal(msg)
+	out, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(msg)
+	if err != nil {
+		return nil, err
+	}
+	// protojson varies its whitespace on purpose; the Decoder's output is
+	// compact, the same bytes for the same message.
+	var b bytes.Buffer
+	if err := json.Compact(&b, out); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
 }
