@@ -9,10 +9,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bufbuild/protocompile"
 	"github.com/hamba/avro/v2"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sr"
 	"github.com/twmb/franz-go/pkg/sr/srfake"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/dynamicpb"
 
 	"github.com/outboxd/outboxd/test/harness"
 )
@@ -89,6 +92,39 @@ type invoice struct {
 	Total   float64 `json:"total"`
 }
 
+const shipmentProto = `syntax = "proto3";
+package acme;
+message Shipment { string sku = 1; int64 count = 2; }
+`
+
+// shipment is the Protobuf message as the test's own reader sees it.
+type shipment struct {
+	SKU   string
+	Count int64
+}
+
+// shipmentDecoder reads a Shipment with a descriptor compiled here and
+// dynamicpb: outside outboxd's code, as a consumer with the .proto would.
+func shipmentDecoder(t *testing.T) func([]byte, any) error {
+	t.Helper()
+	files, err := (&protocompile.Compiler{Resolver: &protocompile.SourceResolver{
+		Accessor: protocompile.SourceAccessorFromMap(map[string]string{"s.proto": shipmentProto})}}).Compile(context.Background(), "s.proto")
+	if err != nil {
+		t.Fatal(err)
+	}
+	md := files[0].Messages().Get(0)
+	return func(b []byte, v any) error {
+		msg := dynamicpb.NewMessage(md)
+		if err := proto.Unmarshal(b, msg); err != nil {
+			return err
+		}
+		s := v.(*shipment)
+		s.SKU = msg.Get(md.Fields().ByName("sku")).String()
+		s.Count = msg.Get(md.Fields().ByName("count")).Int()
+		return nil
+	}
+}
+
 // registrySetup registers the Avro schema under the fixture topic's subject
 // and the JSON schema under "<agg>-invoice", and returns a serde that
 // decodes both by the ids the registry gave.
@@ -109,13 +145,18 @@ func registrySetup(t *testing.T, f *fixture, reg schemaRegistry) (invoiceSubject
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.ID == inv.ID {
-		t.Fatalf("both schemas have id %d", o.ID)
+	ship, err := cl.CreateSchema(ctx, f.agg+"-shipment", sr.Schema{Schema: shipmentProto, Type: sr.TypeProtobuf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.ID == inv.ID || o.ID == ship.ID || inv.ID == ship.ID {
+		t.Fatalf("schema ids %d, %d, %d", o.ID, inv.ID, ship.ID)
 	}
 	avroSchema := avro.MustParse(orderSchema)
 	serde = sr.NewSerde()
 	serde.Register(o.ID, order{}, sr.DecodeFn(func(b []byte, v any) error { return avro.Unmarshal(avroSchema, b, v) }))
 	serde.Register(inv.ID, invoice{}, sr.DecodeFn(json.Unmarshal))
+	serde.Register(ship.ID, shipment{}, sr.Index(0), sr.DecodeFn(shipmentDecoder(t)))
 	return invoiceSubject, serde
 }
 
@@ -137,13 +178,15 @@ func decodeAll(t *testing.T, serde *sr.Serde, recs []*kgo.Record) []any {
 }
 
 func registryArgs(reg schemaRegistry, invoiceSubject string, extra ...string) []string {
-	return append([]string{"--schema-registry-url", reg.URL(), "--schema-pin", "type:Invoice=" + invoiceSubject}, extra...)
+	return append([]string{"--schema-registry-url", reg.URL(), "--schema-pin", "type:Invoice=" + invoiceSubject,
+		"--schema-pin", "type:Shipment=" + strings.TrimSuffix(invoiceSubject, "-invoice") + "-shipment"}, extra...)
 }
 
-// Avro and JSON Schema values in the Confluent wire format, read back with
-// sr.Serde; a payload that breaks its schema is dead-lettered in its place
+// Avro, JSON Schema and Protobuf values in the Confluent wire format, read
+// back with sr.Serde (a 64-bit Protobuf integer beyond float64's exact
+// range, as a JSON string, arrives whole); a payload that breaks its schema is dead-lettered in its place
 // with the field named, and the events after it go on, in order.
-func TestRegistryAvroJSON(t *testing.T) {
+func TestRegistryFormats(t *testing.T) {
 	eachRegistry(t, func(t *testing.T, reg schemaRegistry) {
 		f := newFixture(t)
 		invoiceSubject, serde := registrySetup(t, f, reg)
@@ -154,6 +197,7 @@ func TestRegistryAvroJSON(t *testing.T) {
 			event{2, "k", "Invoice", `{"invoice":"i-1","total":12.5}`},
 			event{3, "k", "OrderCreated", `{"id":"o-2","qty":"three"}`},
 			event{4, "k", "OrderCreated", `{"id":"o-3","qty":1,"note":"gift"}`},
+			event{5, "k", "Shipment", `{"sku":"a","count":"9007199254740993"}`},
 		)
 		f.waitConfirmed(end, 60*time.Second)
 		recs := f.records()
@@ -161,7 +205,7 @@ func TestRegistryAvroJSON(t *testing.T) {
 		for _, rec := range recs {
 			ids = append(ids, headerMap(rec)["id"])
 		}
-		if got, want := strings.Join(ids, ","), eventID(1)+","+eventID(2)+","+eventID(4); got != want {
+		if got, want := strings.Join(ids, ","), eventID(1)+","+eventID(2)+","+eventID(4)+","+eventID(5); got != want {
 			t.Fatalf("topic holds %s, want %s", got, want)
 		}
 		got := decodeAll(t, serde, recs)
@@ -174,6 +218,9 @@ func TestRegistryAvroJSON(t *testing.T) {
 		}
 		if o := got[2].(*order); o.ID != "o-3" || o.Qty != 1 || o.Note == nil || *o.Note != gift {
 			t.Errorf("event 4 decoded as %+v", o)
+		}
+		if sh := got[3].(*shipment); *sh != (shipment{SKU: "a", Count: 9007199254740993}) {
+			t.Errorf("event 5 decoded as %+v", sh)
 		}
 		if string(recs[1].Value[5:]) != `{"total": 12.5, "invoice": "i-1"}` { // jsonb's text, as without a registry
 			t.Errorf("JSON Schema body %q, want the payload's bytes", recs[1].Value[5:])
