@@ -107,8 +107,8 @@ type Config struct {
 }
 
 // Encoder encodes record values for the registry. It is the sink.Encoder of
-// the relay, called from its single streaming goroutine; the caches are
-// locked all the same, so a Decoder may share them (NewDecoder).
+// the relay, called from its single streaming goroutine; its caches are
+// locked all the same (uncontended, so cheap), making it safe to share.
 type Encoder struct {
 	cfg Config
 	reg *registry
@@ -151,8 +151,8 @@ func New(cfg Config) (*Encoder, error) {
 	return &Encoder{cfg: cfg, reg: newRegistry(cfg.Client, cfg.Timeout), latest: map[string]*latest{}, exact: map[exactKey]*parsed{}}, nil
 }
 
-// Check asks the registry for its supported schema types: a wrong URL,
-// credentials or certificate fail here, at startup, with the reason.
+// Check lists the registry's subjects: a wrong URL, credentials or
+// certificate fail here, at startup, with the reason.
 func (e *Encoder) Check(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
 	defer cancel()
