@@ -72,6 +72,11 @@ type Config struct {
 	Warnings           []string       // insecure settings found at startup, shown on /status
 	SlotFailover       SlotFailover   // create the slot as a failover slot (PostgreSQL 17+): SlotFailoverAuto (default), SlotFailoverTrue, SlotFailoverFalse
 	PgoutputBinary     PgoutputBinary // PgoutputBinaryOff (default): text; PgoutputBinaryAuto: pgoutput's binary mode where the router renders every published column type (binary.go)
+	// Encoder, if set, rewrites each routed record's value before the sink
+	// gets it (the schema registry: package schema). A payload it cannot
+	// encode takes the OnInvalid path; any other error of it holds delivery
+	// at the event, as a broker outage does.
+	Encoder sink.Encoder
 
 	// Delivery is the promise to consumers: AtLeastOnce (the default) or
 	// ExactlyOnce, which needs TxnSink and Checkpoints. In ExactlyOnce,

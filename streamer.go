@@ -389,6 +389,11 @@ func (src source) table() string {
 // routing failed, the broker would refuse the record, or the broker refused
 // this event in an earlier session.
 func (s *streamer) publish(ctx context.Context, pos eventPos, src source, rec router.Record, err error, deadLetter func(error) router.Record) error {
+	if err == nil && s.cfg.Encoder != nil {
+		if err = s.cfg.Encoder.Encode(ctx, src.table(), &rec); err != nil && !errors.Is(err, router.ErrInvalid) {
+			return err // the registry is away: end the session like a broker outage, resuming at this event
+		}
+	}
 	if err == nil {
 		err = s.sink.Check(ctx, &rec)
 	}

@@ -59,6 +59,7 @@ type runOptions struct {
 	OnInvalid             string
 	DeadLetterTopic       string
 	Kafka                 kafkaAuth
+	Schema                schemaOptions // --schema-registry-* (schema.go)
 	ExactlyOnce           bool
 	CheckpointTopic       string
 	TopicAllow            listValue
@@ -155,6 +156,7 @@ func (o *runOptions) register(s *optionSet) {
 	o.Topics.register(fs)
 	o.CloudEvents.register(s)
 	o.registerBrokers(s)
+	o.Schema.register(s)
 }
 
 func (o *runOptions) validate() error {
@@ -342,6 +344,9 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 		Warnings: warnings, AcceptGap: o.AcceptGap, IgnoreTables: o.IgnoreTables,
 	}
 	if err := engineChoices(o, &cfg); err != nil {
+		return err
+	}
+	if cfg.Encoder, err = o.Schema.encoder(ctx, log); err != nil {
 		return err
 	}
 	switch {

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Build Apicurio Registry (test/apicurio/pom.xml: the registry's Quarkus
+# application from its Maven Central jars) into the harness's cache, once,
+# for the schema-registry tests (test/e2e/schema_test.go, test/harness/
+# apicurio.go). Java and Maven come from .ci/kafka.sh, which runs first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+pom=test/apicurio/pom.xml
+version="$(sed -n '/<parent>/,/<\/parent>/s:.*<version>\(.*\)</version>.*:\1:p' "$pom")"
+cache="${OUTBOXD_KAFKA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/outboxd}"
+dest="$cache/apicurio-$version"
+[ -f "$dest/app/outboxd-apicurio-runner.jar" ] && exit 0
+
+mkdir -p "$cache"
+tmp="$(mktemp -d "$cache/apicurio-build-XXXXXX")"
+trap 'rm -rf "$tmp"' EXIT
+# Build in a copy: target/ stays out of the work tree.
+cp -r test/apicurio/. "$tmp/src"
+# Quiet on success (mvn -q still prints colour codes); everything on failure.
+if ! out="$(mvn -q -B -f "$tmp/src/pom.xml" package -DskipTests 2>&1)"; then
+  echo "$out" >&2
+  exit 1
+fi
+mkdir -p "$tmp/app"
+mv "$tmp/src/target/lib" "$tmp/app/lib"
+mv "$tmp/src/target/outboxd-apicurio-$version-runner.jar" "$tmp/app/outboxd-apicurio-runner.jar"
+rm -rf "$dest"
+mkdir -p "$dest"
+mv "$tmp/app" "$dest/app"
