@@ -16,7 +16,7 @@ E2E_CORE    := TestStartupCheck|TestSlotHeldByAnotherProcess|TestRoutingAndSkipp
 DOCKER_SKIP := ^$$
 
 # Packages that need no PostgreSQL, Kafka or JVM: make check's unit tests.
-UNIT_PKGS := . ./wal/... ./router/... ./sink/... ./slot/... ./migrations/... ./pgquote/... ./cmd/outboxd/ ./results/
+UNIT_PKGS := . ./wal/... ./router/... ./schema/... ./sink/... ./slot/... ./migrations/... ./pgquote/... ./cmd/outboxd/ ./results/
 
 .PHONY: all build run check test test-short test-docker test-pg-versions test-apache vet bench soak parity docker clean
 
