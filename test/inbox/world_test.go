@@ -294,8 +294,9 @@ func (w *world) produce(ctx context.Context, accounts int) {
 			continue
 		case err != nil:
 			if ctx.Err() != nil {
-				// Stopped mid-commit: the order may have committed.
-				if exists, _ := w.orderExists(w.ctx, id); exists && !rollback {
+				// Stopped mid-commit: the order may have committed, and
+				// the server may still be finishing that COMMIT.
+				if !rollback && w.committedLate(id) {
 					w.mu.Lock()
 					w.committed = append(w.committed, o)
 					w.mu.Unlock()
@@ -323,6 +324,19 @@ func (w *world) produce(ctx context.Context, accounts int) {
 		w.mu.Unlock()
 		time.Sleep(2 * time.Millisecond)
 	}
+}
+
+// committedLate reports whether order id, whose commit was interrupted by
+// the end of the run, committed after all: it looks for 2s, long enough for
+// a COMMIT the server had started to become visible.
+func (w *world) committedLate(id int64) bool {
+	for range 40 {
+		if exists, ok := w.orderExists(w.ctx, id); ok && exists {
+			return true
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return false
 }
 
 var errRollback = errors.New("rolled back on purpose")
