@@ -65,6 +65,7 @@ func main() {
 	batch := flag.Int("batch", 1, "events per database transaction")
 	delay := flag.Duration("handler-delay", 0, "sleep inside each effect's transaction (tests: widen the window for a kill mid-transaction)")
 	httpAddr := flag.String("http-addr", "", "serve /metrics here (e.g. 127.0.0.1:9188)")
+	keyWorkers := flag.Int("key-workers", 1, "keys applied at once per partition (inbox.Config.KeyWorkers)")
 	ackWait := flag.Duration("ack-wait", 0, "NATS AckWait (0: 30s): how long a killed instance's in-flight events wait before they are redelivered")
 	session := flag.Duration("session-timeout", 0, "Kafka group session timeout (0: franz-go's 45s); how long a killed instance keeps its partitions")
 	flag.Parse()
@@ -76,13 +77,13 @@ func main() {
 	if *broker != "" {
 		*brokers = ""
 	}
-	if err := run(*dsn, *broker, *brokers, *topic, *group, *batch, *delay, *ackWait, *httpAddr, kopts, log); err != nil {
+	if err := run(*dsn, *broker, *brokers, *topic, *group, *batch, *keyWorkers, *delay, *ackWait, *httpAddr, kopts, log); err != nil {
 		log.Error("billing: " + err.Error())
 		os.Exit(1)
 	}
 }
 
-func run(dsn, broker, brokers, topic, group string, batch int, delay, ackWait time.Duration, httpAddr string, kopts []kgo.Opt, log *slog.Logger) error {
+func run(dsn, broker, brokers, topic, group string, batch, keyWorkers int, delay, ackWait time.Duration, httpAddr string, kopts []kgo.Opt, log *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	pool, err := pgxpool.New(ctx, dsn)
@@ -108,6 +109,7 @@ func run(dsn, broker, brokers, topic, group string, batch int, delay, ackWait ti
 		Topics:     []string{topic},
 		DB:         pool,
 		BatchSize:  batch,
+		KeyWorkers: keyWorkers,
 		Registerer: reg,
 		KafkaOpts:  kopts,
 		Logger:     log,

@@ -25,7 +25,7 @@ type world struct {
 	t                     *testing.T
 	ctx                   context.Context
 	ordersPG, billingPG   *harness.Postgres
-	broker                string // kafka, nats, rabbitmq, rabbitmq-sac, rabbitmq-quorum
+	broker                string // kafka, kafka-keyworkers, nats, rabbitmq, rabbitmq-sac, rabbitmq-quorum
 	kafka                 *harness.Kafka
 	nats                  *harness.NATS
 	rabbit                *harness.RabbitMQ
@@ -64,7 +64,7 @@ func newWorld(t *testing.T, within time.Duration, broker string) *world {
 	wg.Go(func() { w.billingPG = harness.PostgresForTest(t) })
 	wg.Wait()
 	switch broker {
-	case "kafka":
+	case "kafka", "kafka-keyworkers":
 		w.kafka = harness.KafkaForTest(t)
 	case "nats":
 		w.nats = harness.NATSForTest(t)
@@ -72,7 +72,7 @@ func newWorld(t *testing.T, within time.Duration, broker string) *world {
 		w.rabbit = harness.RabbitMQForTest(t)
 		w.declareQueue(broker != "rabbitmq", broker == "rabbitmq-quorum")
 	default:
-		t.Fatalf("broker %q: want kafka, nats, rabbitmq, rabbitmq-sac or rabbitmq-quorum", broker)
+		t.Fatalf("broker %q: want kafka, kafka-keyworkers, nats, rabbitmq, rabbitmq-sac or rabbitmq-quorum", broker)
 	}
 	var err error
 	if w.ordersDSN, err = w.ordersPG.NewDatabase(ctx, "orders"); err != nil {
@@ -158,6 +158,9 @@ func (w *world) startConsumer(name string, batch int) {
 	w.t.Helper()
 	dsn := w.billingDSN + "&application_name=" + name
 	args := []string{"-postgres", dsn, "-batch", fmt.Sprint(batch), "-handler-delay", "2ms"}
+	if w.broker == "kafka-keyworkers" {
+		args = append(args, "-key-workers", "4")
+	}
 	switch {
 	case w.kafka != nil:
 		args = append(args, "-brokers", strings.Join(w.kafka.Brokers(), ","), "-session-timeout", "6s")
