@@ -154,7 +154,7 @@ func (w *world) startRelay(extra ...string) {
 
 // startConsumer runs a billing instance named name (its application_name in
 // the billing database, so a kill can be timed to land mid-transaction).
-func (w *world) startConsumer(name string, batch int) {
+func (w *world) startConsumer(name string, batch int, extra ...string) {
 	w.t.Helper()
 	dsn := w.billingDSN + "&application_name=" + name
 	args := []string{"-postgres", dsn, "-batch", fmt.Sprint(batch), "-handler-delay", "2ms"}
@@ -171,6 +171,7 @@ func (w *world) startConsumer(name string, batch int) {
 	default:
 		args = append(args, "-broker", w.rabbit.URL(), "-topic", billingQueue)
 	}
+	args = append(args, extra...)
 	p, err := harness.StartProc(w.ctx, name, billingBin, args, nil, w.logs)
 	if err != nil {
 		w.t.Fatal(err)
