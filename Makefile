@@ -96,7 +96,7 @@ bench: ## throughput/latency/resources beside baselines and Debezium, on kfake, 
 parity: ## Debezium 3.6 (Kafka Connect) beside outboxd: the full corpus in six converter setups, docs/debezium.md's difference table checked, the cutover, and the Debezium facts README quotes (results/debezium-facts-*.json) (Java; jars from .ci/debezium.sh or fetched on demand)
 	$(GO) test -count=1 -timeout 60m -v -run 'TestParity|TestCutover|TestDebeziumFacts' ./test/parity/ -full
 
-soak: ## fault-injection soak under load on kfake and on a 3-node Apache cluster, at-least-once then exactly-once (4 runs of 9-13 min), then the inbox effect soak per broker (Kafka, NATS, RabbitMQ classic, classic with single active consumer, quorum: 5 x 5 min) and on Kafka exactly-once (5 min); writes results/fault-*.json
+soak: ## fault-injection soak under load on kfake and on a 3-node Apache cluster, at-least-once then exactly-once (4 runs of 9-13 min), then the inbox effect soak per broker (Kafka, Kafka with 4 key workers, NATS, RabbitMQ classic, classic with single active consumer, quorum: 6 x 5 min) and on Kafka exactly-once (5 min); writes results/fault-*.json
 	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -results $(CURDIR)/results -mode at-least-once
 	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -results $(CURDIR)/results -mode exactly-once
 	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -results $(CURDIR)/results -mode at-least-once -kafka apache-cluster

@@ -36,7 +36,7 @@ type memTxn struct {
 func (d *memDB) begin(context.Context) (txn, error) { return &memTxn{db: d}, nil }
 func (d *memDB) healthy(context.Context) error      { return nil }
 
-func (d *memDB) countStarts(_ context.Context, evs []*Event) ([]int, error) {
+func (d *memDB) countStarts(_ context.Context, evs []*Event, _ bool) ([]int, error) {
 	return make([]int, len(evs)), nil
 }
 func (t *memTxn) parkBehind(context.Context, *Event) (bool, error) { return false, nil }

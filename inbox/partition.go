@@ -21,10 +21,13 @@ type store interface {
 	// it does not is an outage, not a poison event.
 	healthy(ctx context.Context) error
 	// countStarts records durably, in a transaction of its own committed
-	// before any handler runs, that this process starts applying evs, and
-	// returns for each how many processes have started it without
-	// finishing (this one included): more than 1 means a process died on it.
-	countStarts(ctx context.Context, evs []*Event) ([]int, error)
+	// before any handler runs, that this process starts applying evs. For
+	// a batch (individual false) it returns 1 for each event that already
+	// had a row (an earlier process started it and died) and 0 for the
+	// others, and leaves a row with no attempt for each; for one event
+	// (individual true) it counts an attempt and returns the count, this
+	// one included.
+	countStarts(ctx context.Context, evs []*Event, individual bool) ([]int, error)
 }
 
 // txn is one database transaction.
@@ -117,7 +120,7 @@ type partition struct {
 	order    []*Event             // taken and not yet done, in lane order (offsets only)
 	finished map[*Event]bool      // done events in order, waiting for the prefix
 	blocked  map[string]*keyRetry // keys waiting for a retry, with their queued events
-	// cautious: count process starts durably before applying (see
+	// cautious: record process starts durably before applying (see
 	// countStarts) until a batch commits that no earlier process died on.
 	cautious bool
 }
@@ -264,6 +267,9 @@ func (p *partition) run(ctx context.Context) {
 		if timer != nil {
 			timer.Stop()
 		}
+		if ctx.Err() != nil {
+			return
+		}
 	}
 }
 
@@ -352,19 +358,23 @@ func (p *partition) apply(ctx context.Context, batch []*Event) error {
 	if len(ready) == 0 {
 		return nil
 	}
-	oneByOne := false
-	var starts []int
+	// Crash counting: a lane starts cautious and records that it starts the
+	// batch. If an earlier process had started one of its events and died
+	// (its row is there), the lane is suspicious: it applies the batch one
+	// event at a time, counting an attempt before each, and parks an event
+	// whose attempts pass MaxAttempts without running it. Events after the
+	// one a process died on are not counted for it: only attempts are. A
+	// batch that no earlier process died on ends the cautious start.
+	suspicious := false
 	if p.cautious {
-		var err error
-		if starts, err = p.countStarts(ctx, ready); err != nil {
+		seen, err := p.countStarts(ctx, ready, false)
+		if err != nil {
 			return err
 		}
-		// More than one start: an earlier process died applying these;
-		// find the one it died on, one event at a time.
-		oneByOne = slices.ContainsFunc(starts, func(n int) bool { return n > 1 })
-		p.cautious = oneByOne
+		suspicious = slices.Contains(seen, 1)
+		p.cautious = suspicious
 	}
-	if len(ready) > 1 && !oneByOne {
+	if len(ready) > 1 && !suspicious {
 		err := p.try(ctx, ready)
 		if err == nil {
 			p.finish(ready...)
@@ -375,17 +385,23 @@ func (p *partition) apply(ctx context.Context, batch []*Event) error {
 		}
 		p.log.Info("inbox: batch failed; applying its events one at a time", "first_offset", ready[0].Offset, "events", len(ready), "error", err)
 	}
-	for i, ev := range ready {
+	for _, ev := range ready {
 		if r := p.blocked[blockKey(ev)]; r != nil {
 			r.evs = append(r.evs, ev)
 			continue
 		}
-		if starts != nil && starts[i] > p.s.maxAttempts {
-			cause := Permanent(fmt.Errorf("the consumer process ended %d times while applying this event (a crash, an OOM kill, a kill -9): parked so that it stops crash-looping", starts[i]-1))
-			if err := p.poison(ctx, ev, starts[i]-1, cause); err != nil {
+		if suspicious && ev.ID != "" {
+			n, err := p.countStarts(ctx, []*Event{ev}, true)
+			if err != nil {
 				return err
 			}
-			continue
+			if died := n[0] - 1; died >= p.s.maxAttempts {
+				cause := Permanent(fmt.Errorf("the consumer process ended %d times while applying this event (a crash, an OOM kill, a kill -9): parked so that it stops crash-looping", died))
+				if err := p.poison(ctx, ev, died, cause); err != nil {
+					return err
+				}
+				continue
+			}
 		}
 		if err := p.applyOne(ctx, ev, 0); err != nil {
 			return err
@@ -395,9 +411,9 @@ func (p *partition) apply(ctx context.Context, batch []*Event) error {
 }
 
 // countStarts asks the store, retrying through an outage.
-func (p *partition) countStarts(ctx context.Context, evs []*Event) ([]int, error) {
+func (p *partition) countStarts(ctx context.Context, evs []*Event, individual bool) ([]int, error) {
 	for waits := 1; ; waits++ {
-		n, err := p.db.countStarts(ctx, evs)
+		n, err := p.db.countStarts(ctx, evs, individual)
 		if err == nil {
 			for _, ev := range evs {
 				ev.counted = true

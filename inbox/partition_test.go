@@ -26,7 +26,7 @@ type fakeDB struct {
 	inbox   map[string]bool
 	parked  map[string]string   // id -> error
 	keys    map[string][]string // key -> its parked ids in order (ParkKey)
-	starts  map[string]int      // id -> process starts counted (countStarts)
+	starts  map[string]int      // id -> attempts a process started (countStarts); 0: started in a batch
 	effects []string            // ids, in commit order
 	ops     []string
 	cur     *fakeTxn
@@ -49,13 +49,21 @@ func newFakeDB() *fakeDB {
 	return &fakeDB{inbox: map[string]bool{}, parked: map[string]string{}, keys: map[string][]string{}, starts: map[string]int{}}
 }
 
-func (d *fakeDB) countStarts(_ context.Context, evs []*Event) ([]int, error) {
+func (d *fakeDB) countStarts(_ context.Context, evs []*Event, individual bool) ([]int, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	out := make([]int, len(evs))
 	for i, ev := range evs {
-		d.starts[ev.ID]++
-		out[i] = d.starts[ev.ID]
+		n, seen := d.starts[ev.ID]
+		switch {
+		case individual:
+			d.starts[ev.ID] = n + 1
+			out[i] = n + 1
+		case seen:
+			out[i] = 1
+		default:
+			d.starts[ev.ID] = 0
+		}
 	}
 	return out, nil
 }

@@ -3,6 +3,8 @@ package inbox
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -112,7 +114,7 @@ func TestCrashLoopParksAfterMaxAttempts(t *testing.T) {
 			return apply(db, ev)
 		})
 		h.db.starts["oom"] = 3 // three processes died on it
-		h.db.starts["a"] = 1   // in the same batch as it once
+		h.db.starts["a"] = 0   // in the same batch as it once
 		h.run(t, keyed("k1:a", "k2:oom", "k3:b"))
 		ops, effects := h.db.snapshot()
 		if !slices.Equal(effects, []string{"a", "b"}) {
@@ -227,3 +229,54 @@ func TestBrokerURL(t *testing.T) {
 
 type pgxTx = pgx.Tx
 type jsConsumerInfo = jetstream.ConsumerInfo
+
+// A process that dies on an event, start after start (here: its context
+// ends while the handler runs), gets it parked once MaxAttempts attempts
+// died on it; the events after it in the same batches, never attempted by
+// the dead processes, are applied, not parked.
+func TestCrashLoopCountsOnlyAttempts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		db := newFakeDB()
+		dying := make(chan struct{}, 1)
+		s := &settings{name: "t", batch: 10, maxAttempts: 3, minBackoff: time.Millisecond, maxBackoff: time.Second,
+			handler: func(ctx context.Context, _ pgx.Tx, ev *Event) error {
+				if ev.ID == "oom" {
+					dying <- struct{}{}
+					<-ctx.Done() // the process dies here
+					return ctx.Err()
+				}
+				db.effect(ev)
+				return nil
+			}}
+		log := slog.New(slog.NewTextHandler(io.Discard, nil))
+		deaths := 0
+		for ; deaths < 10; deaths++ {
+			p := newPartition("orders", 0, s, db, func(*Event) {}, nil, log)
+			ctx, die := context.WithCancel(t.Context())
+			go p.run(ctx)
+			p.push(keyed("k1:a", "k2:oom", "k3:b", "k4:c"), 4)
+			synctest.Wait()
+			died := false
+			select {
+			case <-dying:
+				died = true
+			default:
+			}
+			die()
+			synctest.Wait()
+			if !died {
+				break
+			}
+		}
+		_, effects := db.snapshot()
+		if !slices.Equal(effects, []string{"a", "b", "c"}) {
+			t.Fatalf("effects %q, want a b c once each", effects)
+		}
+		if len(db.parked) != 1 || !strings.Contains(db.parked["oom"], "ended 3 times") {
+			t.Fatalf("parked %v, want only oom, after 3 attempts died", db.parked)
+		}
+		if deaths != s.maxAttempts+1 {
+			t.Fatalf("%d processes died before oom was parked, want MaxAttempts+1 (%d): one on the batch, then one per counted attempt", deaths, s.maxAttempts+1)
+		}
+	})
+}

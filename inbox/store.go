@@ -17,7 +17,7 @@ type pgStore struct {
 	inboxT, parkedT, attemptsT      string
 	claimSQL, claimKeySQL, parkSQL  string
 	parkKeySQL, behindSQL, countSQL string
-	clearSQL, lockSQL               string
+	clearSQL, lockSQL, startSQL     string
 }
 
 func newPGStore(pool *pgxpool.Pool, name, inboxTable, parkedTable, attemptsTable string) *pgStore {
@@ -41,9 +41,12 @@ SELECT $1, $2, $3, $4, $5, $6, $7, $8, 0, 'waiting behind ' || (array_agg(event_
 FROM ` + parkedTable + ` WHERE consumer = $1 AND key = $6 AND seq IS NOT NULL
 HAVING count(*) > 0
 ON CONFLICT DO NOTHING`,
-		countSQL: `INSERT INTO ` + attemptsTable + ` (consumer, event_id, attempts) SELECT $1, unnest($2::text[]), 1
+		countSQL: `INSERT INTO ` + attemptsTable + ` (consumer, event_id, attempts) VALUES ($1, $2, 1)
 ON CONFLICT (consumer, event_id) DO UPDATE SET attempts = ` + attemptsTable + `.attempts + 1, updated_at = now()
-RETURNING event_id, attempts`,
+RETURNING attempts`,
+		startSQL: `WITH seen AS (SELECT event_id FROM ` + attemptsTable + ` WHERE consumer = $1 AND event_id = ANY ($2::text[])),
+ins AS (INSERT INTO ` + attemptsTable + ` (consumer, event_id, attempts) SELECT $1, unnest($2::text[]), 0 ON CONFLICT DO NOTHING)
+SELECT event_id FROM seen`,
 		clearSQL: `DELETE FROM ` + attemptsTable + ` WHERE consumer = $1 AND event_id = ANY ($2::text[])`,
 		lockSQL:  `SELECT pg_advisory_xact_lock(hashtextextended('outboxd.inbox.key/' || $1 || '/' || encode($2::bytea, 'hex'), 0))`,
 	}
@@ -59,11 +62,11 @@ func (s *pgStore) begin(ctx context.Context) (txn, error) {
 
 func (s *pgStore) healthy(ctx context.Context) error { return s.pool.Ping(ctx) }
 
-// countStarts commits with synchronous_commit off: the count is for a
+// countStarts commits with synchronous_commit off: the rows are for a
 // consumer process that dies while PostgreSQL lives on (an asynchronous
 // commit is visible at once and lost only if PostgreSQL itself crashes
-// within a fraction of a second), and costs no WAL flush.
-func (s *pgStore) countStarts(ctx context.Context, evs []*Event) ([]int, error) {
+// within a fraction of a second), and cost no WAL flush.
+func (s *pgStore) countStarts(ctx context.Context, evs []*Event, individual bool) ([]int, error) {
 	ids := make([]string, 0, len(evs))
 	for _, ev := range evs {
 		if ev.ID != "" {
@@ -71,33 +74,35 @@ func (s *pgStore) countStarts(ctx context.Context, evs []*Event) ([]int, error) 
 		}
 	}
 	slices.Sort(ids)
-	ids = slices.Compact(ids) // ON CONFLICT DO UPDATE cannot touch a row twice
-	counts := map[string]int{}
+	ids = slices.Compact(ids)
+	out := make([]int, len(evs))
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = off`); err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, s.countSQL, s.name, ids)
+		if individual {
+			if len(ids) == 0 {
+				return nil
+			}
+			return tx.QueryRow(ctx, s.countSQL, s.name, ids[0]).Scan(&out[0])
+		}
+		rows, err := tx.Query(ctx, s.startSQL, s.name, ids)
 		if err != nil {
 			return err
 		}
-		defer rows.Close()
-		for rows.Next() {
-			var id string
-			var n int
-			if err := rows.Scan(&id, &n); err != nil {
-				return err
-			}
-			counts[id] = n
+		seen, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return err
 		}
-		return rows.Err()
+		for i, ev := range evs {
+			if slices.Contains(seen, ev.ID) {
+				out[i] = 1
+			}
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, err
-	}
-	out := make([]int, len(evs))
-	for i, ev := range evs {
-		out[i] = max(counts[ev.ID], 1)
 	}
 	return out, nil
 }

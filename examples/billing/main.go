@@ -65,6 +65,9 @@ func main() {
 	batch := flag.Int("batch", 1, "events per database transaction")
 	delay := flag.Duration("handler-delay", 0, "sleep inside each effect's transaction (tests: widen the window for a kill mid-transaction)")
 	httpAddr := flag.String("http-addr", "", "serve /metrics here (e.g. 127.0.0.1:9188)")
+	exitOn := flag.Int64("exit-on-order", 0, "tests: exit the process (status 3, as an OOM kill would end it) when applying this order")
+	maxAttempts := flag.Int("max-attempts", 0, "handler attempts, and consumer processes that may die on one event, before it is parked (0: inbox's 5)")
+	keyWorkers := flag.Int("key-workers", 1, "keys applied at once per partition (inbox.Config.KeyWorkers)")
 	ackWait := flag.Duration("ack-wait", 0, "NATS AckWait (0: 30s): how long a killed instance's in-flight events wait before they are redelivered")
 	session := flag.Duration("session-timeout", 0, "Kafka group session timeout (0: franz-go's 45s); how long a killed instance keeps its partitions")
 	flag.Parse()
@@ -76,13 +79,13 @@ func main() {
 	if *broker != "" {
 		*brokers = ""
 	}
-	if err := run(*dsn, *broker, *brokers, *topic, *group, *batch, *delay, *ackWait, *httpAddr, kopts, log); err != nil {
+	if err := run(*dsn, *broker, *brokers, *topic, *group, *batch, *keyWorkers, *maxAttempts, *exitOn, *delay, *ackWait, *httpAddr, kopts, log); err != nil {
 		log.Error("billing: " + err.Error())
 		os.Exit(1)
 	}
 }
 
-func run(dsn, broker, brokers, topic, group string, batch int, delay, ackWait time.Duration, httpAddr string, kopts []kgo.Opt, log *slog.Logger) error {
+func run(dsn, broker, brokers, topic, group string, batch, keyWorkers, maxAttempts int, exitOn int64, delay, ackWait time.Duration, httpAddr string, kopts []kgo.Opt, log *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	pool, err := pgxpool.New(ctx, dsn)
@@ -101,20 +104,25 @@ func run(dsn, broker, brokers, topic, group string, batch int, delay, ackWait ti
 	}
 
 	c, err := inbox.New(inbox.Config{
-		Broker:     broker,
-		AckWait:    ackWait,
-		Brokers:    splitComma(brokers),
-		Group:      group,
-		Topics:     []string{topic},
-		DB:         pool,
-		BatchSize:  batch,
-		Registerer: reg,
-		KafkaOpts:  kopts,
-		Logger:     log,
+		Broker:      broker,
+		AckWait:     ackWait,
+		Brokers:     splitComma(brokers),
+		Group:       group,
+		Topics:      []string{topic},
+		DB:          pool,
+		BatchSize:   batch,
+		KeyWorkers:  keyWorkers,
+		MaxAttempts: maxAttempts,
+		Registerer:  reg,
+		KafkaOpts:   kopts,
+		Logger:      log,
 		Handler: func(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
 			var o Order
 			if err := json.Unmarshal(ev.Value, &o); err != nil {
-				return fmt.Errorf("payload of event %s: %w", ev.ID, err)
+				return inbox.Permanent(fmt.Errorf("payload of event %s: %w", ev.ID, err))
+			}
+			if exitOn != 0 && o.OrderID == exitOn {
+				os.Exit(3)
 			}
 			if _, err := tx.Exec(ctx, `INSERT INTO ledger (event_id, order_id, account, seq, cents) VALUES ($1, $2, $3, $4, $5)`,
 				ev.ID, o.OrderID, o.Account, o.Seq, o.Cents); err != nil {

@@ -10,11 +10,11 @@ import (
 // TestEffectsExactlyOnce: orders committed while every part of the pipeline
 // is killed or restarted once; every committed order charged exactly once, in
 // per-account order, no rolled-back order charged; on each broker (Kafka,
-// NATS JetStream, RabbitMQ: a classic queue, one with
-// x-single-active-consumer, a quorum queue with it). With -soak
+// also with 4 key workers per partition, NATS JetStream, RabbitMQ: a
+// classic queue, one with x-single-active-consumer, a quorum queue with it). With -soak
 // the fault round repeats until the duration has passed.
 func TestEffectsExactlyOnce(t *testing.T) {
-	for _, broker := range []string{"kafka", "nats", "rabbitmq", "rabbitmq-sac", "rabbitmq-quorum"} {
+	for _, broker := range []string{"kafka", "kafka-keyworkers", "nats", "rabbitmq", "rabbitmq-sac", "rabbitmq-quorum"} {
 		t.Run(broker, func(t *testing.T) { testEffectsExactlyOnce(t, broker) })
 	}
 }

@@ -25,7 +25,7 @@ type world struct {
 	t                     *testing.T
 	ctx                   context.Context
 	ordersPG, billingPG   *harness.Postgres
-	broker                string // kafka, nats, rabbitmq, rabbitmq-sac, rabbitmq-quorum
+	broker                string // kafka, kafka-keyworkers, nats, rabbitmq, rabbitmq-sac, rabbitmq-quorum
 	kafka                 *harness.Kafka
 	nats                  *harness.NATS
 	rabbit                *harness.RabbitMQ
@@ -67,7 +67,7 @@ func newWorld(t *testing.T, within time.Duration, broker string) *world {
 	wg.Go(func() { w.billingPG = harness.PostgresForTest(t) })
 	wg.Wait()
 	switch broker {
-	case "kafka":
+	case "kafka", "kafka-keyworkers":
 		w.kafka = harness.KafkaForTest(t)
 	case "nats":
 		w.nats = harness.NATSForTest(t)
@@ -75,7 +75,7 @@ func newWorld(t *testing.T, within time.Duration, broker string) *world {
 		w.rabbit = harness.RabbitMQForTest(t)
 		w.declareQueue(broker != "rabbitmq", broker == "rabbitmq-quorum")
 	default:
-		t.Fatalf("broker %q: want kafka, nats, rabbitmq, rabbitmq-sac or rabbitmq-quorum", broker)
+		t.Fatalf("broker %q: want kafka, kafka-keyworkers, nats, rabbitmq, rabbitmq-sac or rabbitmq-quorum", broker)
 	}
 	var err error
 	if w.ordersDSN, err = w.ordersPG.NewDatabase(ctx, "orders"); err != nil {
@@ -157,10 +157,13 @@ func (w *world) startRelay(extra ...string) {
 
 // startConsumer runs a billing instance named name (its application_name in
 // the billing database, so a kill can be timed to land mid-transaction).
-func (w *world) startConsumer(name string, batch int) {
+func (w *world) startConsumer(name string, batch int, extra ...string) {
 	w.t.Helper()
 	dsn := w.billingDSN + "&application_name=" + name
 	args := []string{"-postgres", dsn, "-batch", fmt.Sprint(batch), "-handler-delay", "2ms"}
+	if w.broker == "kafka-keyworkers" {
+		args = append(args, "-key-workers", "4")
+	}
 	switch {
 	case w.kafka != nil:
 		args = append(args, "-brokers", strings.Join(w.kafka.Brokers(), ","), "-session-timeout", "6s")
@@ -171,6 +174,7 @@ func (w *world) startConsumer(name string, batch int) {
 	default:
 		args = append(args, "-broker", w.rabbit.URL(), "-topic", billingQueue)
 	}
+	args = append(args, extra...)
 	w.spawn(name, billingBin, args)
 }
 
@@ -326,8 +330,9 @@ func (w *world) produce(ctx context.Context, accounts int) {
 			continue
 		case err != nil:
 			if ctx.Err() != nil {
-				// Stopped mid-commit: the order may have committed.
-				if exists, _ := w.orderExists(w.ctx, id); exists && !rollback {
+				// Stopped mid-commit: the order may have committed, and
+				// the server may still be finishing that COMMIT.
+				if !rollback && w.committedLate(id) {
 					w.mu.Lock()
 					w.committed = append(w.committed, o)
 					w.mu.Unlock()
@@ -355,6 +360,19 @@ func (w *world) produce(ctx context.Context, accounts int) {
 		w.mu.Unlock()
 		time.Sleep(2 * time.Millisecond)
 	}
+}
+
+// committedLate reports whether order id, whose commit was interrupted by
+// the end of the run, committed after all: it looks for 2s, long enough for
+// a COMMIT the server had started to become visible.
+func (w *world) committedLate(id int64) bool {
+	for range 40 {
+		if exists, ok := w.orderExists(w.ctx, id); ok && exists {
+			return true
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return false
 }
 
 var errRollback = errors.New("rolled back on purpose")
