@@ -59,9 +59,6 @@ func transportWarnings(o runOptions, getenv func(string) string) []string {
 		out = append(out, fmt.Sprintf("PostgreSQL sslmode is %s: the connection (events, and the password) can be read or altered on the network, "+
 			"and the server is not authenticated; use sslmode=verify-full&sslrootcert=<CA file> (or --postgres-allow-insecure to accept this)", mode))
 	}
-	if o.Kafka.SASLMechanism != "" && !o.Kafka.tlsOn() {
-		out = append(out, "Kafka SASL "+o.Kafka.SASLMechanism+" without TLS: the session (and the events) cross the network in the clear; add --kafka-tls or --kafka-tls-ca")
-	}
 	return out
 }
 

@@ -19,8 +19,6 @@ import (
 	"github.com/outboxd/outboxd/internal/redact"
 	"github.com/outboxd/outboxd/pgquote"
 	"github.com/outboxd/outboxd/router"
-	"github.com/outboxd/outboxd/sink"
-	"github.com/outboxd/outboxd/sink/kafka"
 	"github.com/outboxd/outboxd/slot"
 )
 
@@ -36,7 +34,6 @@ type runOptions struct {
 	PostgresAllowInsecure bool
 	Publication           string
 	Slot                  string
-	KafkaBrokers          listValue
 	HTTPAddr              string
 	LogFormat             string
 	LogLevel              string
@@ -46,8 +43,6 @@ type runOptions struct {
 	ReplicationTimeout    time.Duration
 	MaxInflightEvents     int
 	MaxInflightBytes      byteSize
-	KafkaLinger           time.Duration
-	Compression           string
 	MaxMessageBytes       byteSize
 	HeartbeatInterval     time.Duration
 	MaxSlotLag            byteSize
@@ -58,51 +53,17 @@ type runOptions struct {
 	MessagePrefix         string
 	OnInvalid             string
 	DeadLetterTopic       string
-	Kafka                 kafkaAuth
 	ExactlyOnce           bool
-	CheckpointTopic       string
 	TopicAllow            listValue
 	ReservedPrefixes      listValue
 	MaxHeaders            int
-	TransactionTimeout    time.Duration
-	TransactionalIDPrefix string
 	SlotFailover          string
 	PgoutputBinary        string
-	ProgressTopic         string
 	AcceptGap             bool
-	IgnoreTables          appendList // --ignore-table (ignoretable.go)
-	Topics                topicOptions
+	IgnoreTables          appendList               // --ignore-table (ignoretable.go)
 	CloudEvents           cloudEventsOptions       // --envelope, --cloudevents-* (cloudevents.go)
-	Broker                string                   // --broker: a broker other than Kafka (broker.go)
-	BrokerOpts            map[string]brokerOptions // by URL scheme
-}
-
-// topicOptions: how outboxd creates the topics it writes to (sink/kafka/topics.go).
-type topicOptions struct {
-	Create            bool
-	Partitions        int
-	ReplicationFactor int
-	Configs           keyValues
-}
-
-func (t *topicOptions) register(fs *flag.FlagSet) {
-	fs.BoolVar(&t.Create, "create-topics", true, "create a missing topic through the admin API before its first event (like Kafka Connect's topic.creation.default.*); false: hold its events until someone creates it")
-	fs.IntVar(&t.Partitions, "topic-partitions", -1, "partitions of topics outboxd creates (-1: the broker's num.partitions)")
-	fs.IntVar(&t.ReplicationFactor, "topic-replication-factor", -1, "replication factor of topics outboxd creates (-1: the broker's default.replication.factor)")
-	t.Configs = keyValues{}
-	fs.Var(t.Configs, "topic-config", "key=value config of topics outboxd creates, repeatable (e.g. --topic-config min.insync.replicas=2)")
-}
-
-func (t *topicOptions) validate() error {
-	if t.Partitions == 0 || t.Partitions < -1 || t.ReplicationFactor == 0 || t.ReplicationFactor < -1 || t.ReplicationFactor > 32767 {
-		return errors.New("--topic-partitions and --topic-replication-factor must be positive or -1 (the broker's default)")
-	}
-	return nil
-}
-
-func (t *topicOptions) sinkConfig(onHold func(topic string, err error), durability func(dest, warning string)) kafka.TopicConfig {
-	return kafka.TopicConfig{Create: t.Create, Partitions: int32(t.Partitions), ReplicationFactor: int16(t.ReplicationFactor),
-		Configs: t.Configs, OnHold: onHold, Durability: durability}
+	Broker                string                   // --broker: the broker's URL (broker.go)
+	BrokerOpts            map[string]brokerOptions // each broker's own options, by URL scheme
 }
 
 func (o *runOptions) register(s *optionSet) {
@@ -115,7 +76,6 @@ func (o *runOptions) register(s *optionSet) {
 	fs.StringVar(&o.Slot, "slot", "outboxd", "logical replication slot (pgoutput); created if missing")
 	s.choice(&o.SlotFailover, "slot-failover", "auto", "make the slot a failover slot that PostgreSQL 17+ copies to standbys (sync_replication_slots) so it survives a promotion: auto (when the server supports it), true (required) or false", "auto", "true", "false")
 	s.choice(&o.PgoutputBinary, "pgoutput-binary", "off", "stream pgoutput's binary form (PostgreSQL 14+), which costs the walsender about 5% less CPU, when outboxd renders every column type of the publication's tables exactly as their text (auto), or always text (off, the default until a quiet bench shows binary drains faster); the records are the same bytes either way", "auto", "off")
-	fs.Var(&o.KafkaBrokers, "kafka-brokers", "Kafka bootstrap brokers, comma-separated host:port")
 	fs.StringVar(&o.HTTPAddr, "http-addr", "127.0.0.1:9187", "address for /metrics, /healthz, /readyz and /status, which have no authentication (empty disables; :9187 for every interface, as in the container)")
 	s.choice(&o.LogFormat, "log-format", "text", "log format", "text", "json")
 	s.choice(&o.LogLevel, "log-level", "info", "log level", "debug", "info", "warn", "error")
@@ -126,8 +86,6 @@ func (o *runOptions) register(s *optionSet) {
 	fs.IntVar(&o.MaxInflightEvents, "max-inflight-events", 50000, "events handed to the broker and not yet acked before reading pauses (RabbitMQ: 8192 unless set)")
 	o.MaxInflightBytes = 32 << 20
 	fs.Var(&o.MaxInflightBytes, "max-inflight-bytes", "bytes handed to the broker and not yet acked before reading pauses")
-	fs.DurationVar(&o.KafkaLinger, "kafka-linger", 2*time.Millisecond, "how long a partition waits to fill a batch: make bench measured about 40% less outboxd CPU per event at 2k ev/s with 2ms (0: send at once)")
-	s.choice(&o.Compression, "compression", "none", "producer compression", "none", "gzip", "snappy", "lz4", "zstd")
 	o.MaxMessageBytes = 1000012
 	fs.Var(&o.MaxMessageBytes, "max-message-bytes", "largest record batch the producer sends (smaller for a topic whose max.message.bytes is smaller); a larger event is invalid (--on-invalid). Keep it at most the topics' max.message.bytes (Kafka's own limit, 1,048,588 by default): raise both together")
 	fs.DurationVar(&o.HeartbeatInterval, "heartbeat-interval", 10*time.Second, "emit a pg_logical_emit_message heartbeat this often to measure replication delay (0 disables; no table needed)")
@@ -140,19 +98,13 @@ func (o *runOptions) register(s *optionSet) {
 	fs.StringVar(&o.MessagePrefix, "message-prefix", "", "route transactional pg_logical_emit_message messages with this prefix as outbox events (table-less outbox; empty disables)")
 	s.choice(&o.OnInvalid, "on-invalid", "fail", "an event that cannot be published: fail (hold the slot before it and report) or dead-letter (publish it to --dead-letter-topic and go on)", "fail", "dead-letter")
 	fs.StringVar(&o.DeadLetterTopic, "dead-letter-topic", "outboxd.deadletter", "topic for events that cannot be published, with --on-invalid dead-letter")
-	o.Kafka.register(s)
 	fs.BoolVar(&o.ExactlyOnce, "exactly-once", false, "transactional producer: whole PostgreSQL transactions per Kafka transaction with a checkpoint; read_committed consumers see each event once")
-	fs.StringVar(&o.CheckpointTopic, "checkpoint-topic", "outboxd.checkpoints", "compacted topic holding the last committed LSN per slot, with --exactly-once")
-	fs.DurationVar(&o.TransactionTimeout, "transaction-timeout", time.Minute, "Kafka transaction timeout with --exactly-once (at most the brokers' transaction.max.timeout.ms, 15m by default); a PostgreSQL transaction that streams for longer than a quarter of it is split over several Kafka transactions")
-	fs.StringVar(&o.TransactionalIDPrefix, "transactional-id-prefix", kafka.DefaultTransactionalIDPrefix, "with --exactly-once, the Kafka transactional id is this prefix, the PostgreSQL system identifier, '.', and the slot (outboxd.<system id>.<slot>): what a prefixed transactional-id ACL names")
 	fs.Var(&o.TopicAllow, "topic-allow", "comma-separated topic prefixes events may be routed to; an event routed elsewhere is invalid (--on-invalid). Empty: any topic")
 	o.ReservedPrefixes = listValue{"outboxd.", "__"}
 	fs.Var(&o.ReservedPrefixes, "reserved-topic-prefixes", "comma-separated topic prefixes no event may be routed to (the checkpoint, progress and dead-letter topics always are)")
 	fs.IntVar(&o.MaxHeaders, "max-headers", router.DefaultMaxHeaders, "most headers one record may have; an event with more is invalid (--on-invalid)")
-	fs.StringVar(&o.ProgressTopic, "progress-topic", "outboxd.progress", "compacted topic holding the last confirmed LSN, system identifier and timeline per slot, keyed <system id>/<slot> (at-least-once mode; --exactly-once uses the checkpoint): it outlives the slot, so a lost or re-created slot or a server behind it is reported as a gap")
 	fs.BoolVar(&o.AcceptGap, "accept-gap", false, "continue past a reported gap (a missing slot outboxd confirmed before, another cluster, a server behind what was published): set it once after checking, then remove it")
 	fs.Var(&o.IgnoreTables, "ignore-table", ignoreTableUsage)
-	o.Topics.register(fs)
 	o.CloudEvents.register(s)
 	o.registerBrokers(s)
 }
@@ -164,9 +116,6 @@ func (o *runOptions) validate() error {
 		errs = append(errs, errors.New("--postgres and --postgres-file exclude each other"))
 	case o.Postgres == "" && o.PostgresFile == "":
 		errs = append(errs, errors.New("--postgres (OUTBOXD_POSTGRES) or --postgres-file is required, or libpq's PGHOST/PGDATABASE/PGUSER/PGSERVICE variables"))
-	}
-	if len(o.KafkaBrokers) == 0 && o.Broker == "" {
-		errs = append(errs, errors.New("--kafka-brokers (OUTBOXD_KAFKA_BROKERS) or --broker is required"))
 	}
 	if err := o.validateBroker(); err != nil {
 		errs = append(errs, err)
@@ -192,26 +141,14 @@ func (o *runOptions) validate() error {
 	if o.StatusInterval <= 0 || o.ConfirmInterval <= 0 || o.PollInterval <= 0 {
 		errs = append(errs, errors.New("--status-interval, --confirm-interval and --poll-interval must be positive"))
 	}
-	if err := router.ValidTopic(o.ProgressTopic); err != nil {
-		errs = append(errs, fmt.Errorf("--progress-topic: %w", err))
-	}
 	if err := router.ValidTopic(o.DeadLetterTopic); err != nil {
 		errs = append(errs, fmt.Errorf("--dead-letter-topic: %w", err))
-	}
-	if o.ExactlyOnce && (o.TransactionTimeout < time.Second || o.TransactionTimeout > 15*time.Minute) {
-		errs = append(errs, errors.New("--transaction-timeout must be between 1s and 15m (the brokers' default transaction.max.timeout.ms)"))
-	}
-	if err := router.ValidTopic(o.CheckpointTopic); err != nil {
-		errs = append(errs, fmt.Errorf("--checkpoint-topic: %w", err))
 	}
 	if o.MaxHeaders < 4 || o.MaxHeaders > 100000 {
 		errs = append(errs, errors.New("--max-headers must be between 4 and 100000"))
 	}
 	if o.HeartbeatInterval < 0 {
 		errs = append(errs, errors.New("--heartbeat-interval must not be negative"))
-	}
-	if err := o.Topics.validate(); err != nil {
-		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
@@ -265,44 +202,20 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 	if err != nil {
 		return fmt.Errorf("router options: %w", err)
 	}
-	tlsCfg, err := o.Kafka.tlsConfig()
-	if err != nil {
-		return err
-	}
-	mech, err := o.Kafka.mechanism()
-	if err != nil {
-		return err
-	}
 	// The sink reports topics it must hold before the relay exists (it is
 	// built with the sink): forward once it does.
 	var held heldTopics
 	// Destinations that can lose acknowledged events: logged, on /status.
 	durable := &durabilityWarnings{log: log}
-	other, err := openBroker(ctx, &o, log, held.set, durable) // nil: Kafka
+	broker, err := openBroker(ctx, &o, log, held.set, durable)
 	if err != nil {
 		return err
 	}
-	if other != nil {
-		defer other.Close()
+	defer broker.Close()
+	for _, w := range broker.Insecure {
+		log.Warn("insecure transport: " + w)
 	}
-	sk, err := newKafkaSink(other, kafka.Config{
-		TLS:             tlsCfg,
-		SASL:            mech,
-		Brokers:         o.KafkaBrokers,
-		MaxMessageBytes: int32(o.MaxMessageBytes),
-		Compression:     o.Compression,
-		Linger:          o.KafkaLinger,
-		MaxBuffered:     o.MaxInflightEvents + 1000,
-		Logger:          log,
-		Transactional:   transactional(o),
-		Topics:          o.Topics.sinkConfig(held.set, durable.add),
-	})
-	if err != nil {
-		return err
-	}
-	if sk != nil {
-		defer sk.Close()
-	}
+	warnings = append(warnings, broker.Insecure...)
 
 	// HTTP first: /healthz answers while exactly-once mode waits for Kafka
 	// (a liveness probe must not kill a pod that only waits), and /readyz
@@ -344,32 +257,21 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 	if err := engineChoices(o, &cfg); err != nil {
 		return err
 	}
-	switch {
-	case other != nil:
-		cfg.Sink, cfg.ProgressStore = other.Sink, other.Progress
-	case o.ExactlyOnce:
-		cfg.Sink, cfg.TxnSink, cfg.SplitAge = sk, sk, o.TransactionTimeout/4
-		cfg.Delivery, cfg.Checkpoints = outboxd.ExactlyOnce, kafkaCheckpoints(log, sk, o)
-	default:
-		cfg.Sink = sk
-		// Keyed "<system id>/<slot>"; the slot-only key of older versions is
-		// read once, for an upgrade.
-		cfg.NewProgressStore = func(key string) sink.ProgressStore {
-			return kafka.ProgressStore{Sink: sk, Progress: kafka.Progress{Topic: o.ProgressTopic, Key: key, Legacy: o.Slot}}
-		}
+	if t := broker.Transactional; t != nil {
+		cfg.Delivery, cfg.TxnSink, cfg.Checkpoints, cfg.SplitAge = outboxd.ExactlyOnce, t.Sink, t.Checkpoints, t.SplitAge
+	} else {
+		cfg.NewProgressStore = broker.NewProgress
 	}
-	cfg.Sink = tr.wrap(cfg.Sink, messagingSystem(o.Broker))
+	cfg.Sink = tr.wrap(broker.Sink, messagingSystem(o.Broker))
 	relay, err := outboxd.New(cfg)
 	if err != nil {
 		return err
 	}
 	held.relay.Store(relay)
 	tr.register(relay)
-	if other != nil {
-		relay.MustRegister(other.Collectors...)
-	}
+	relay.MustRegister(broker.Collectors...)
 	handler.set(relay.Handler(o.Pprof))
-	log.Info("outboxd starting", "version", version, "slot", o.Slot, "publication", o.Publication, "kafka", o.KafkaBrokers.String(), "broker", redactBrokerURL(o.Broker))
+	log.Info("outboxd starting", "version", version, "slot", o.Slot, "publication", o.Publication, "broker", o.brokerShown())
 	if err := relay.Run(ctx); err != nil {
 		return err
 	}
@@ -386,37 +288,12 @@ func routerConfig(o runOptions, defaults router.Options, tables map[string]route
 		// at-least-once): another instance's checkpoints or progress
 		// records may live there, and a forged progress record would
 		// silence the missing-slot check (0/0) or stop outboxd (a high LSN).
-		ReservedTopics:        []string{o.CheckpointTopic, o.DeadLetterTopic, o.ProgressTopic},
+		ReservedTopics:        append([]string{o.DeadLetterTopic}, o.recordTopics()...),
 		ReservedTopicPrefixes: o.ReservedPrefixes,
 		MaxHeaders:            o.MaxHeaders,
 		TopicAllow:            o.TopicAllow,
 		MaxRecordBytes:        int(o.MaxMessageBytes), // a bound on memory; the sink checks the exact batch size
 		CloudEvents:           cloudEventsConfig(o),
-	}
-}
-
-func transactional(o runOptions) *kafka.Transactional {
-	if !o.ExactlyOnce {
-		return nil
-	}
-	// The id names the PostgreSQL system: set once it answered (Checkpoints).
-	return &kafka.Transactional{Timeout: o.TransactionTimeout}
-}
-
-// kafkaCheckpoints binds the Kafka sink to the checkpoint record the engine
-// names (outboxd.CheckpointBinding): the transactional id derives from its
-// key, and registering it fences any previous instance.
-func kafkaCheckpoints(log *slog.Logger, sk *kafka.Sink, o runOptions) func(ctx context.Context, b outboxd.CheckpointBinding) error {
-	return func(ctx context.Context, b outboxd.CheckpointBinding) error {
-		cp := kafka.Checkpoints{Topic: o.CheckpointTopic, Key: b.Key, Check: b.Check, TransactionalID: transactionalID(o, b.Key), MessagePrefix: o.MessagePrefix}
-		if !b.Register {
-			return sk.UseCheckpoints(cp)
-		}
-		if err := sk.InitTransactions(ctx, cp); err != nil {
-			return err
-		}
-		log.Info("exactly-once mode", "transactional_id", sk.TransactionalID(), "checkpoint_topic", cp.Topic, "transaction_timeout", o.TransactionTimeout.String())
-		return nil
 	}
 }
 

@@ -1,0 +1,100 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outboxd/outboxd/sink/kafka"
+)
+
+// openRun parses and validates run's options and opens the broker they
+// name (Kafka's sink contacts nothing until it is used).
+func openRun(t *testing.T, args ...string) *openedBroker {
+	t.Helper()
+	o, _, err := parseRun(t, append([]string{"--postgres", "postgres://u@db/app"}, args...), nil, "")
+	if err == nil {
+		err = o.validate()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	b, err := openBroker(t.Context(), &o, log, func(string, error) {}, &durabilityWarnings{log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	return b
+}
+
+// Kafka is opened like every other broker, from --broker kafka:// or from
+// --kafka-brokers alone; at least once it keeps the progress record on
+// --progress-topic under the key the engine reads, exactly once it hands
+// the engine its transactional sink instead.
+func TestKafkaOpensLikeEveryBroker(t *testing.T) {
+	for _, args := range [][]string{
+		{"--kafka-brokers", "k1:9092,k2:9092"},
+		{"--broker", "kafka://k1:9092,k2:9092", "--progress-topic", "acme.progress"},
+	} {
+		b := openRun(t, args...)
+		if _, ok := b.Sink.(*kafka.Sink); !ok || b.Transactional != nil || b.NewProgress == nil {
+			t.Fatalf("%v: sink %T, transactional %v, progress %v", args, b.Sink, b.Transactional, b.NewProgress != nil)
+		}
+		topic := "outboxd.progress"
+		if slices.Contains(args, "acme.progress") {
+			topic = "acme.progress"
+		}
+		ps := b.NewProgress("7312345678901234567/outboxd")
+		if got, want := fmt.Sprint(ps), "topic "+topic+", key 7312345678901234567/outboxd"; got != want {
+			t.Errorf("%v: progress record %q, want %q", args, got, want)
+		}
+		if p, ok := ps.(kafka.ProgressStore); !ok || p.Legacy != "outboxd" {
+			t.Errorf("%v: progress store %#v does not read the slot-only key of older versions", args, ps)
+		}
+	}
+	b := openRun(t, "--broker", "kafka://k1:9092", "--exactly-once", "--transaction-timeout", "2m")
+	if b.Transactional == nil || b.Transactional.Sink != b.Sink.(*kafka.Sink) || b.Transactional.SplitAge != 30*time.Second || b.Transactional.Checkpoints == nil || b.NewProgress != nil {
+		t.Fatalf("exactly-once: %+v", b)
+	}
+}
+
+// The Kafka SASL warning is Kafka's: it comes with the Kafka broker, and
+// Kafka's options given to another broker warn about nothing.
+func TestKafkaInsecureTransport(t *testing.T) {
+	sasl := []string{"--kafka-sasl-mechanism", "SCRAM-SHA-512", "--kafka-sasl-user", "u", "--kafka-sasl-password", "p"}
+	b := openRun(t, append([]string{"--kafka-brokers", "k:9092"}, sasl...)...)
+	if len(b.Insecure) != 1 || !strings.HasPrefix(b.Insecure[0], "Kafka SASL SCRAM-SHA-512 without TLS") {
+		t.Fatalf("insecure %q", b.Insecure)
+	}
+	if b := openRun(t, append([]string{"--kafka-brokers", "k:9092", "--kafka-tls"}, sasl...)...); len(b.Insecure) != 0 {
+		t.Fatalf("with TLS: insecure %q", b.Insecure)
+	}
+	o, _, err := parseRun(t, append([]string{"--postgres", "postgres://u@127.0.0.1/app", "--broker", "nats://127.0.0.1:4222"}, sasl...), nil, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := transportWarnings(o, noEnv); len(w) != 0 {
+		t.Fatalf("NATS warned about Kafka: %q", w)
+	}
+}
+
+// The broker's registration decides its spans' messaging.system and its
+// CloudEvents binding, whatever the scheme's case.
+func TestBrokerRegistration(t *testing.T) {
+	for _, scheme := range brokerSchemes() {
+		k := brokerKinds[scheme]
+		if k.name == "" || k.system == "" || k.cloudEvents.Prefix == "" || k.options == nil {
+			t.Errorf("%s:// registered without a name, messaging system, CloudEvents binding or options: %+v", scheme, k)
+		}
+	}
+	for url, want := range map[string]string{"": "ce_", "kafka://k:9092": "ce_", "nats://h": "ce-", "TLS://h": "ce-", "amqp://h": "cloudEvents:", "AMQPS://h": "cloudEvents:"} {
+		if got := cloudEventsConfig(runOptions{Broker: url}).Binding.Prefix; got != want {
+			t.Errorf("%q: CloudEvents prefix %q, want %q", url, got, want)
+		}
+	}
+}
