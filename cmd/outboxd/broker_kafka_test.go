@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxd/outboxd"
 	"github.com/outboxd/outboxd/sink/kafka"
 )
 
@@ -95,6 +96,36 @@ func TestBrokerRegistration(t *testing.T) {
 	for url, want := range map[string]string{"": "ce_", "kafka://k:9092": "ce_", "nats://h": "ce-", "TLS://h": "ce-", "amqp://h": "cloudEvents:", "AMQPS://h": "cloudEvents:"} {
 		if got := cloudEventsConfig(runOptions{Broker: url}).Binding.Prefix; got != want {
 			t.Errorf("%q: CloudEvents prefix %q, want %q", url, got, want)
+		}
+	}
+}
+
+// The engine gets the broker's guarantee: a transactional broker's sink
+// and checkpoints with --exactly-once, else the progress store's
+// constructor; never both.
+func TestEngineConfigDelivery(t *testing.T) {
+	for _, exactlyOnce := range []bool{false, true} {
+		args := []string{"--kafka-brokers", "k:9092"}
+		if exactlyOnce {
+			args = append(args, "--exactly-once")
+		}
+		b := openRun(t, args...)
+		o, _, err := parseRun(t, append([]string{"--postgres", "postgres://u@db/app"}, args...), nil, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := engineConfig(o, nil, slog.New(slog.DiscardHandler), []string{"w"}, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.Sink != b.Sink || len(cfg.Warnings) != 1 {
+			t.Fatalf("exactly-once %v: sink %v, warnings %q", exactlyOnce, cfg.Sink, cfg.Warnings)
+		}
+		if got := cfg.Delivery == outboxd.ExactlyOnce && cfg.TxnSink != nil && cfg.Checkpoints != nil && cfg.SplitAge == 15*time.Second; got != exactlyOnce {
+			t.Errorf("exactly-once %v: delivery %v, txn sink %v, split age %v", exactlyOnce, cfg.Delivery, cfg.TxnSink, cfg.SplitAge)
+		}
+		if (cfg.NewProgressStore != nil) == exactlyOnce || cfg.ProgressStore != nil {
+			t.Errorf("exactly-once %v: progress store constructor %v", exactlyOnce, cfg.NewProgressStore != nil)
 		}
 	}
 }

@@ -153,54 +153,25 @@ func (o *runOptions) validate() error {
 	return errors.Join(errs...)
 }
 
+// runCommand is outboxd run: the options, the startup checks, the router,
+// the broker, the HTTP endpoints, then the relay until ctx ends.
 func runCommand(ctx context.Context, e env, args []string) (err error) {
 	var o runOptions
 	defer func() { err = redact.Err(err, o.Postgres) }()
-	set := newOptionSet("run", "router", "tables")
-	o.register(set)
-	if err := set.parse(args, e.getenv); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			set.usage(e.stdout, runSummary)
-		}
+	set, err := o.load(e, args)
+	if err != nil {
 		return err
-	}
-	if o.Postgres == "" && o.PostgresFile == "" {
-		o.Postgres = libpqDSN(e.getenv) // as psql does (libpq.go)
-	}
-	if err := o.validate(); err != nil {
-		return err
-	}
-	if o.PostgresFile != "" {
-		if o.Postgres, err = readPostgresFile(o.PostgresFile); err != nil {
-			return err
-		}
 	}
 	log := newLogger(e.stderr, o.LogFormat, o.LogLevel)
-	for _, w := range set.unknownEnv(os.Environ()) {
-		log.Warn(w)
-	}
-	setMemoryLimit(log, e.getenv)
-	warnings := transportWarnings(o, e.getenv)
-	for _, w := range warnings {
-		log.Warn("insecure transport: " + w)
-	}
-	if w := pgsql.CheckEmitMessagePublic(ctx, log, o.Postgres, o.MessagePrefix); w != "" {
-		warnings = append(warnings, w)
-	}
-	defaults, tables, err := router.ConfigFromYAML(set.sections["router"], set.sections["tables"])
-	if err != nil {
-		return fmt.Errorf("config file: %w", err)
-	}
+	warnings := startupWarnings(ctx, &o, set, log, e.getenv)
 	tr, err := startTracing(ctx, e, log) // tracing.go
 	if err != nil {
 		return err
 	}
 	defer tr.stop()
-	rcfg := routerConfig(o, defaults, tables)
-	rcfg.Tracing = tr != nil
-	rt, err := router.New(rcfg)
+	rt, err := newRouter(o, set, tr != nil)
 	if err != nil {
-		return fmt.Errorf("router options: %w", err)
+		return err
 	}
 	// The sink reports topics it must hold before the relay exists (it is
 	// built with the sink): forward once it does.
@@ -219,50 +190,21 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 
 	// HTTP first: /healthz answers while exactly-once mode waits for Kafka
 	// (a liveness probe must not kill a pod that only waits), and /readyz
-	// says what it waits for.
+	// says what it waits for. Until the relay exists a starting handler
+	// answers; then the relay's, also while its startup waits.
 	var handler swapHandler
-	// Until the relay exists; then the relay's handler answers, also while
-	// its startup waits (exactly-once mode registering its producer).
 	handler.set(startingHandler("building the relay"))
-	if o.HTTPAddr != "" {
-		ln, err := net.Listen("tcp", o.HTTPAddr)
-		if err != nil {
-			return fmt.Errorf("--http-addr: %w", err)
-		}
-		srv := newHTTPServer(durable.handler(&handler))
-		log.Info("http listening", "addr", ln.Addr().String())
-		served := make(chan struct{})
-		go func() { // owned here: Close below ends it, and we wait for it
-			defer close(served)
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("http server", "err", err)
-			}
-		}()
-		defer func() {
-			srv.Close()
-			<-served
-		}()
-	}
-
-	cfg := outboxd.Config{
-		Postgres: o.Postgres, Slot: o.Slot, Publication: o.Publication,
-		Router: rt, Logger: log, Version: version,
-		MaxInflightEvents: o.MaxInflightEvents, MaxInflightBytes: int64(o.MaxInflightBytes),
-		StatusInterval: o.StatusInterval, ConfirmInterval: o.ConfirmInterval, ShutdownTimeout: o.ShutdownTimeout,
-		ReplicationTimeout: o.ReplicationTimeout, MaxMessageBytes: int(o.MaxMessageBytes),
-		DeadLetterTopic: o.DeadLetterTopic, MessagePrefix: o.MessagePrefix,
-		HeartbeatInterval: o.HeartbeatInterval, PollInterval: o.PollInterval, MaxSlotLag: int64(o.MaxSlotLag),
-		Warnings: warnings, AcceptGap: o.AcceptGap, IgnoreTables: o.IgnoreTables,
-	}
-	if err := engineChoices(o, &cfg); err != nil {
+	stopHTTP, err := serveHTTP(o.HTTPAddr, durable.handler(&handler), log)
+	if err != nil {
 		return err
 	}
-	if t := broker.Transactional; t != nil {
-		cfg.Delivery, cfg.TxnSink, cfg.Checkpoints, cfg.SplitAge = outboxd.ExactlyOnce, t.Sink, t.Checkpoints, t.SplitAge
-	} else {
-		cfg.NewProgressStore = broker.NewProgress
+	defer stopHTTP()
+
+	cfg, err := engineConfig(o, rt, log, warnings, broker)
+	if err != nil {
+		return err
 	}
-	cfg.Sink = tr.wrap(broker.Sink, messagingSystem(o.Broker))
+	cfg.Sink = tr.wrap(cfg.Sink, messagingSystem(o.Broker))
 	relay, err := outboxd.New(cfg)
 	if err != nil {
 		return err
@@ -277,6 +219,118 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 	}
 	log.Info("outboxd stopped")
 	return nil
+}
+
+// load parses run's options (command line, OUTBOXD_*, the --config file),
+// checks them, and reads --postgres-file; --help prints the usage.
+func (o *runOptions) load(e env, args []string) (*optionSet, error) {
+	set := newOptionSet("run", "router", "tables")
+	o.register(set)
+	if err := set.parse(args, e.getenv); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			set.usage(e.stdout, runSummary)
+		}
+		return nil, err
+	}
+	if o.Postgres == "" && o.PostgresFile == "" {
+		o.Postgres = libpqDSN(e.getenv) // as psql does (libpq.go)
+	}
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	if o.PostgresFile != "" {
+		var err error
+		if o.Postgres, err = readPostgresFile(o.PostgresFile); err != nil {
+			return nil, err
+		}
+	}
+	return set, nil
+}
+
+// startupWarnings logs what outboxd run found questionable before it
+// starts (misspelt OUTBOXD_* variables, the memory limit, an insecure
+// PostgreSQL transport, a public pg_logical_emit_message), and returns
+// the findings /status lists.
+func startupWarnings(ctx context.Context, o *runOptions, set *optionSet, log *slog.Logger, getenv func(string) string) []string {
+	for _, w := range set.unknownEnv(os.Environ()) {
+		log.Warn(w)
+	}
+	setMemoryLimit(log, getenv)
+	warnings := transportWarnings(*o, getenv)
+	for _, w := range warnings {
+		log.Warn("insecure transport: " + w)
+	}
+	if w := pgsql.CheckEmitMessagePublic(ctx, log, o.Postgres, o.MessagePrefix); w != "" {
+		warnings = append(warnings, w)
+	}
+	return warnings
+}
+
+// newRouter builds the router from the options and the config file's
+// router and tables sections.
+func newRouter(o runOptions, set *optionSet, tracing bool) (*router.Router, error) {
+	defaults, tables, err := router.ConfigFromYAML(set.sections["router"], set.sections["tables"])
+	if err != nil {
+		return nil, fmt.Errorf("config file: %w", err)
+	}
+	rcfg := routerConfig(o, defaults, tables)
+	rcfg.Tracing = tracing
+	rt, err := router.New(rcfg)
+	if err != nil {
+		return nil, fmt.Errorf("router options: %w", err)
+	}
+	return rt, nil
+}
+
+// serveHTTP serves h on addr ("" serves nothing) until stop, which waits
+// for the server's goroutine.
+func serveHTTP(addr string, h http.Handler, log *slog.Logger) (stop func(), err error) {
+	if addr == "" {
+		return func() {}, nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--http-addr: %w", err)
+	}
+	srv := newHTTPServer(h)
+	log.Info("http listening", "addr", ln.Addr().String())
+	served := make(chan struct{})
+	go func() { // owned by stop: Close ends it, and stop waits for it
+		defer close(served)
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("http server", "err", err)
+		}
+	}()
+	return func() {
+		srv.Close()
+		<-served
+	}, nil
+}
+
+// engineConfig is the engine's configuration: the options, the router,
+// and the broker's sink with its delivery guarantee (exactly once when the
+// broker is transactional, else at least once with its progress record).
+func engineConfig(o runOptions, rt *router.Router, log *slog.Logger, warnings []string, broker *openedBroker) (outboxd.Config, error) {
+	cfg := outboxd.Config{
+		Postgres: o.Postgres, Slot: o.Slot, Publication: o.Publication,
+		Router: rt, Logger: log, Version: version,
+		MaxInflightEvents: o.MaxInflightEvents, MaxInflightBytes: int64(o.MaxInflightBytes),
+		StatusInterval: o.StatusInterval, ConfirmInterval: o.ConfirmInterval, ShutdownTimeout: o.ShutdownTimeout,
+		ReplicationTimeout: o.ReplicationTimeout, MaxMessageBytes: int(o.MaxMessageBytes),
+		DeadLetterTopic: o.DeadLetterTopic, MessagePrefix: o.MessagePrefix,
+		HeartbeatInterval: o.HeartbeatInterval, PollInterval: o.PollInterval, MaxSlotLag: int64(o.MaxSlotLag),
+		Warnings: warnings, AcceptGap: o.AcceptGap, IgnoreTables: o.IgnoreTables,
+		Sink: broker.Sink,
+	}
+	if err := engineChoices(o, &cfg); err != nil {
+		return cfg, err
+	}
+	if t := broker.Transactional; t != nil {
+		cfg.Delivery, cfg.TxnSink, cfg.Checkpoints, cfg.SplitAge = outboxd.ExactlyOnce, t.Sink, t.Checkpoints, t.SplitAge
+	} else {
+		cfg.NewProgressStore = broker.NewProgress
+	}
+	return cfg, nil
 }
 
 // routerConfig is the router's configuration: the router options, and the
