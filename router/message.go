@@ -123,41 +123,67 @@ func scalarText(dst, v []byte) []byte {
 // its members (messageFields), its topic, its size (refused before the
 // record's one allocation), then the record.
 func (r *Router) routeMessage(content []byte, tx Tx) (Record, error) {
-	f, nHdr, err := r.messageFields(content)
-	if err != nil {
+	var ev msgEvent
+	var err error
+	if ev.f, ev.nHdr, err = r.messageFields(content); err != nil {
 		return Record{}, err
 	}
-	topic, err := r.messageTopic(&f)
-	if err != nil {
+	if ev.topic, err = r.messageTopic(&ev.f); err != nil {
 		return Record{}, err
 	}
-	typeAlias, typeHeader := r.defaults.typeHeader()
-	typeHeader = typeHeader && f.typ != nil
-	n := len(content) + 6*len(f.aggID) + 2
-	nh := 1 + nHdr
+	ev.typeAlias, ev.typeHeader = r.defaults.typeHeader()
+	ev.typeHeader = ev.typeHeader && ev.f.typ != nil
+	if err := r.measureMessage(&ev, content); err != nil {
+		return Record{}, err
+	}
+	return r.buildMessage(&ev, tx)
+}
+
+// msgEvent is a message event as routeMessage reads it.
+type msgEvent struct {
+	f          msgFields
+	nHdr       int // entries of the headers member
+	topic      string
+	typeAlias  string // the header the "type" member fills,
+	typeHeader bool   // if the default placement has one and the event a type
+	n, nh      int    // the record's bytes and headers
+}
+
+// measureMessage bounds the record's bytes and counts its headers, and
+// refuses a record with too many headers or too large to publish.
+func (r *Router) measureMessage(ev *msgEvent, content []byte) error {
+	ev.n = len(content) + 6*len(ev.f.aggID) + 2
+	ev.nh = 1 + ev.nHdr
 	// What the record holds is taken from the content, but for the names
 	// and values outboxd adds.
-	size := len(content) + len(topic) + len("id")
-	if typeHeader {
-		nh++
-		size += len(typeAlias)
+	size := len(content) + len(ev.topic) + len("id")
+	if ev.typeHeader {
+		ev.nh++
+		size += len(ev.typeAlias)
 	}
 	if r.lsnHeaders {
-		n += lsnHeadersMax
-		nh += 3
+		ev.n += lsnHeadersMax
+		ev.nh += 3
 		size += lsnHeadersMax + lsnHeaderKeys
 	}
-	if nh > r.maxHeaders {
-		return Record{}, r.msgInvalid(f.id, "the record would have "+strconv.Itoa(nh)+" headers, more than "+strconv.Itoa(r.maxHeaders), "")
+	if ev.nh > r.maxHeaders {
+		return r.msgInvalid(ev.f.id, "the record would have "+strconv.Itoa(ev.nh)+" headers, more than "+strconv.Itoa(r.maxHeaders), "")
 	}
-	// Check before allocating; a header costs HeaderOverhead besides.
-	if size += nh * HeaderOverhead; r.maxRecord > 0 && size > r.maxRecord {
-		return Record{}, r.msgInvalid(f.id, tooLargeReason(size, r.maxRecord), "")
+	// A header costs HeaderOverhead besides.
+	if size += ev.nh * HeaderOverhead; r.maxRecord > 0 && size > r.maxRecord {
+		return r.msgInvalid(ev.f.id, tooLargeReason(size, r.maxRecord), "")
 	}
+	return nil
+}
 
-	buf := make([]byte, 0, n)
-	hdrs := make([]Header, 0, nh)
-	rec := Record{Topic: topic, Timestamp: tx.CommitTime, Partition: -1}
+// buildMessage writes the record into one allocation of the size
+// measureMessage found: key, value, then the headers ("id", "type", the
+// headers member's, outboxd's LSN headers).
+func (r *Router) buildMessage(ev *msgEvent, tx Tx) (Record, error) {
+	f := &ev.f
+	buf := make([]byte, 0, ev.n)
+	hdrs := make([]Header, 0, ev.nh)
+	rec := Record{Topic: ev.topic, Timestamp: tx.CommitTime, Partition: -1}
 	buf, rec.Key = r.appendMessageKey(buf, f.aggID)
 	var payload []byte
 	buf, payload = appendMessagePayload(buf, f.payload)
@@ -167,17 +193,17 @@ func (r *Router) routeMessage(content []byte, tx Tx) (Record, error) {
 	start := len(buf)
 	buf = scalarText(buf, f.id)
 	hdrs = append(hdrs, Header{Key: "id", Value: buf[start:len(buf):len(buf)]})
-	if typeHeader {
+	if ev.typeHeader {
 		if jsonKind(f.typ) == 'z' {
-			hdrs = append(hdrs, Header{Key: typeAlias})
+			hdrs = append(hdrs, Header{Key: ev.typeAlias})
 		} else {
 			start = len(buf)
 			buf = scalarText(buf, f.typ)
-			hdrs = append(hdrs, Header{Key: typeAlias, Value: buf[start:len(buf):len(buf)]})
+			hdrs = append(hdrs, Header{Key: ev.typeAlias, Value: buf[start:len(buf):len(buf)]})
 		}
 	}
 	colAt := len(hdrs)
-	if nHdr > 0 {
+	if ev.nHdr > 0 {
 		buf, hdrs = decodeHeaderObject(f.headers, buf, hdrs, r.internKey)
 	}
 	if r.tracing { // a message has no span context column: its headers' traceparent, if any
@@ -188,7 +214,7 @@ func (r *Router) routeMessage(content []byte, tx Tx) (Record, error) {
 	}
 	rec.Headers = hdrs
 	if r.defaults.ce.on {
-		if err := r.messageCloudEvent(&rec, &f); err != nil {
+		if err := r.messageCloudEvent(&rec, f); err != nil {
 			return Record{}, err
 		}
 	}
