@@ -174,7 +174,7 @@ func (o *runOptions) brokerURL() (string, error) {
 		}
 	}
 	if url == "" {
-		return "", fmt.Errorf("%s or --broker is required", strings.Join(required, " or "))
+		return "", fmt.Errorf("%s is required", strings.Join(append(required, "--broker"), " or "))
 	}
 	return url, nil
 }

@@ -22,9 +22,9 @@ import (
 	"github.com/outboxd/outboxd/slot"
 )
 
-const runSummary = `Streams committed outbox INSERTs from a pgoutput replication slot to a broker (Kafka,
-or NATS JetStream / RabbitMQ with --broker) and confirms the slot's flush LSN only after the
-broker has durably accepted every event up to it.`
+const runSummary = `Streams committed outbox INSERTs from a pgoutput replication slot to a broker (Kafka, NATS
+JetStream or RabbitMQ: --broker's scheme picks it; --kafka-brokers alone means Kafka) and
+confirms the slot's flush LSN only after the broker has durably accepted every event up to it.`
 
 // runOptions are the daemon's options.
 type runOptions struct {
