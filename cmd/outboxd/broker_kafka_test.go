@@ -129,3 +129,38 @@ func TestEngineConfigDelivery(t *testing.T) {
 		}
 	}
 }
+
+// A user's OUTBOXD_* variables keep their meaning: OUTBOXD_KAFKA_BROKERS
+// alone is Kafka, OUTBOXD_BROKER=kafka://… is too, and both together are
+// refused.
+func TestKafkaFromEnvironment(t *testing.T) {
+	pg := map[string]string{"OUTBOXD_POSTGRES": "postgres://u@db/app"}
+	for _, tc := range []struct {
+		env  map[string]string
+		want string // "" valid
+	}{
+		{map[string]string{"OUTBOXD_KAFKA_BROKERS": "k1:9092,k2:9092", "OUTBOXD_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512", "OUTBOXD_COMPRESSION": "zstd"}, ""},
+		{map[string]string{"OUTBOXD_BROKER": "kafka://k1:9092", "OUTBOXD_CHECKPOINT_TOPIC": "acme.cp", "OUTBOXD_EXACTLY_ONCE": "true"}, ""},
+		{map[string]string{"OUTBOXD_BROKER": "kafka://k1:9092", "OUTBOXD_KAFKA_BROKERS": "k:9092"}, "--broker and --kafka-brokers exclude each other"},
+	} {
+		for k, v := range pg {
+			tc.env[k] = v
+		}
+		o, _, err := parseRun(t, nil, tc.env, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = o.validate()
+		if tc.want == "" {
+			k := kafkaOf(o)
+			if err != nil || messagingSystem(o.Broker) != "kafka" || (tc.env["OUTBOXD_COMPRESSION"] != "" && k.Compression != "zstd") ||
+				(tc.env["OUTBOXD_CHECKPOINT_TOPIC"] != "" && k.CheckpointTopic != "acme.cp") {
+				t.Errorf("%v: %v, options %+v", tc.env, err, k)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want %q", tc.env, err, tc.want)
+		}
+	}
+}
