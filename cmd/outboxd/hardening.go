@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -85,14 +84,4 @@ func crossesNetwork(dsn string) bool {
 		return true
 	}
 	return false
-}
-
-// checkSASLPlain refuses SASL PLAIN without TLS: it sends the password
-// itself in the clear, to anyone on the path.
-func checkSASLPlain(a kafkaAuth) error {
-	if a.SASLMechanism == "PLAIN" && !a.tlsOn() && !a.SASLPlainAllowCleartext {
-		return errors.New("--kafka-sasl-mechanism PLAIN without TLS sends the password in the clear: add --kafka-tls (or --kafka-tls-ca), " +
-			"use SCRAM-SHA-512, or pass --kafka-sasl-plain-allow-cleartext to accept it")
-	}
-	return nil
 }
