@@ -119,50 +119,160 @@ func scalarText(dst, v []byte) []byte {
 	return append(dst, v...)
 }
 
+// routeMessage routes a message event's content in RouteMessage's steps:
+// its members (messageFields), its topic, its size (refused before the
+// record's one allocation), then the record.
 func (r *Router) routeMessage(content []byte, tx Tx) (Record, error) {
-	invalidD := func(id []byte, reason, detail string) error {
-		e := &InvalidError{Table: r.msgTable, Reason: reason, Detail: detail}
-		if id != nil {
-			e.EventID = idText(scalarText(nil, id))
-		}
-		return e
+	var ev msgEvent
+	var err error
+	if ev.f, ev.nHdr, err = r.messageFields(content); err != nil {
+		return Record{}, err
 	}
-	invalid := func(id []byte, reason string) error { return invalidD(id, reason, "") }
+	if ev.topic, err = r.messageTopic(&ev.f); err != nil {
+		return Record{}, err
+	}
+	ev.typeAlias, ev.typeHeader = r.defaults.typeHeader()
+	ev.typeHeader = ev.typeHeader && ev.f.typ != nil
+	if err := r.measureMessage(&ev, content); err != nil {
+		return Record{}, err
+	}
+	return r.buildMessage(&ev, tx)
+}
+
+// msgEvent is a message event as routeMessage reads it.
+type msgEvent struct {
+	f          msgFields
+	nHdr       int // entries of the headers member
+	topic      string
+	typeAlias  string // the header the "type" member fills,
+	typeHeader bool   // if the default placement has one and the event a type
+	n, nh      int    // the record's bytes and headers
+}
+
+// measureMessage bounds the record's bytes and counts its headers, and
+// refuses a record with too many headers or too large to publish.
+func (r *Router) measureMessage(ev *msgEvent, content []byte) error {
+	ev.n = len(content) + 6*len(ev.f.aggID) + 2
+	ev.nh = 1 + ev.nHdr
+	// What the record holds is taken from the content, but for the names
+	// and values outboxd adds.
+	size := len(content) + len(ev.topic) + len("id")
+	if ev.typeHeader {
+		ev.nh++
+		size += len(ev.typeAlias)
+	}
+	if r.lsnHeaders {
+		ev.n += lsnHeadersMax
+		ev.nh += 3
+		size += lsnHeadersMax + lsnHeaderKeys
+	}
+	if ev.nh > r.maxHeaders {
+		return r.msgInvalid(ev.f.id, "the record would have "+strconv.Itoa(ev.nh)+" headers, more than "+strconv.Itoa(r.maxHeaders), "")
+	}
+	// A header costs HeaderOverhead besides.
+	if size += ev.nh * HeaderOverhead; r.maxRecord > 0 && size > r.maxRecord {
+		return r.msgInvalid(ev.f.id, tooLargeReason(size, r.maxRecord), "")
+	}
+	return nil
+}
+
+// buildMessage writes the record into one allocation of the size
+// measureMessage found: key, value, then the headers ("id", "type", the
+// headers member's, outboxd's LSN headers).
+func (r *Router) buildMessage(ev *msgEvent, tx Tx) (Record, error) {
+	f := &ev.f
+	buf := make([]byte, 0, ev.n)
+	hdrs := make([]Header, 0, ev.nh)
+	rec := Record{Topic: ev.topic, Timestamp: tx.CommitTime, Partition: -1}
+	buf, rec.Key = r.appendMessageKey(buf, f.aggID)
+	var payload []byte
+	buf, payload = appendMessagePayload(buf, f.payload)
+	if !(r.defaults.tombstone && blankPayload(0, valueRef{data: payload, null: payload == nil})) {
+		rec.Value = payload
+	}
+	start := len(buf)
+	buf = scalarText(buf, f.id)
+	hdrs = append(hdrs, Header{Key: "id", Value: buf[start:len(buf):len(buf)]})
+	if ev.typeHeader {
+		if jsonKind(f.typ) == 'z' {
+			hdrs = append(hdrs, Header{Key: ev.typeAlias})
+		} else {
+			start = len(buf)
+			buf = scalarText(buf, f.typ)
+			hdrs = append(hdrs, Header{Key: ev.typeAlias, Value: buf[start:len(buf):len(buf)]})
+		}
+	}
+	colAt := len(hdrs)
+	if ev.nHdr > 0 {
+		buf, hdrs = decodeHeaderObject(f.headers, buf, hdrs, r.internKey)
+	}
+	if r.tracing { // a message has no span context column: its headers' traceparent, if any
+		rec.Trace = r.traceFor(&r.defaults.tracing, &spanContext{}, hdrs[colAt:], tx)
+	}
+	if r.lsnHeaders {
+		_, hdrs = appendLSNHeaders(buf, hdrs, tx)
+	}
+	rec.Headers = hdrs
+	if r.defaults.ce.on {
+		if err := r.messageCloudEvent(&rec, f); err != nil {
+			return Record{}, err
+		}
+	}
+	return rec, nil
+}
+
+// msgInvalid is a message event's *InvalidError; id is its "id" member
+// (nil: not known yet).
+func (r *Router) msgInvalid(id []byte, reason, detail string) error {
+	e := &InvalidError{Table: r.msgTable, Reason: reason, Detail: detail}
+	if id != nil {
+		e.EventID = idText(scalarText(nil, id))
+	}
+	return e
+}
+
+// messageMembers are the members of a message event RouteMessage reads as
+// scalars: each must be a string or a number, or, unless required, absent
+// or null. "id" comes first: the refusals after it name the event.
+var messageMembers = [...]struct {
+	name     string
+	required bool
+}{{"id", true}, {"aggregatetype", true}, {"aggregateid", false}, {"type", false}}
+
+// messageFields parses a message event's content and checks its members
+// (messageMembers, and the headers object, whose entries it counts).
+func (r *Router) messageFields(content []byte) (msgFields, int, error) {
 	f, reason := parseMessage(content)
 	if reason != "" {
-		return Record{}, invalid(nil, reason)
+		return f, 0, r.msgInvalid(nil, reason, "")
 	}
-	switch jsonKind(f.id) {
-	case 's', 'n':
-	case 0, 'z':
-		return Record{}, invalid(nil, `member "id" is missing or null`)
-	default:
-		return Record{}, invalid(nil, `member "id" is not a string or a number`)
-	}
-	switch jsonKind(f.aggType) {
-	case 's', 'n':
-	case 0, 'z':
-		return Record{}, invalid(f.id, `member "aggregatetype" is missing or null`)
-	default:
-		return Record{}, invalid(f.id, `member "aggregatetype" is not a string or a number`)
-	}
-	switch jsonKind(f.aggID) {
-	case 0, 'z', 's', 'n':
-	default:
-		return Record{}, invalid(f.id, `member "aggregateid" is not a string or a number`)
-	}
-	switch jsonKind(f.typ) {
-	case 0, 'z', 's', 'n':
-	default:
-		return Record{}, invalid(f.id, `member "type" is not a string or a number`)
-	}
-	nHdr := 0
-	if f.headers != nil {
-		var detail string
-		if nHdr, reason, detail = scanHeaderObject(f.headers, r.defaults.hdrGuard); reason != "" {
-			return Record{}, invalidD(f.id, `member "headers": `+reason, detail)
+	var id []byte // the event's id, once checked
+	for i, v := range [len(messageMembers)][]byte{f.id, f.aggType, f.aggID, f.typ} {
+		m := messageMembers[i]
+		switch jsonKind(v) {
+		case 's', 'n':
+		case 0, 'z':
+			if m.required {
+				return f, 0, r.msgInvalid(id, `member "`+m.name+`" is missing or null`, "")
+			}
+		default:
+			return f, 0, r.msgInvalid(id, `member "`+m.name+`" is not a string or a number`, "")
 		}
+		id = f.id
 	}
+	if f.headers == nil {
+		return f, 0, nil
+	}
+	nHdr, reason, detail := scanHeaderObject(f.headers, r.defaults.hdrGuard)
+	if reason != "" {
+		return f, 0, r.msgInvalid(f.id, `member "headers": `+reason, detail)
+	}
+	return f, nHdr, nil
+}
+
+// messageTopic is the topic of a message event's aggregatetype, by the
+// default topic rule.
+func (r *Router) messageTopic(f *msgFields) (string, error) {
 	s := r.defaults
 	route := f.aggType // a number's text
 	if jsonKind(route) == 's' {
@@ -175,109 +285,64 @@ func (r *Router) routeMessage(content []byte, tx Tx) (Record, error) {
 		}
 	}
 	if len(route) == 0 {
-		return Record{}, invalid(f.id, `member "aggregatetype" is empty`)
+		return "", r.msgInvalid(f.id, `member "aggregatetype" is empty`, "")
 	}
 	topic := s.topic.topic(route)
 	if topic == "" {
-		return Record{}, invalidD(f.id, invalidTopicReason, topicDetail(s.topic, route))
+		return "", r.msgInvalid(f.id, invalidTopicReason, topicDetail(s.topic, route))
 	}
 	if reason := r.topicRefusal(topic); reason != "" {
-		return Record{}, invalidD(f.id, reason, "topic "+strconv.Quote(topic))
+		return "", r.msgInvalid(f.id, reason, "topic "+strconv.Quote(topic))
 	}
+	return topic, nil
+}
 
-	typeAlias, typeHeader := "", false
+// typeHeader is the alias of the header the default placement puts a
+// "type" column in (ok false: none), which a message's "type" fills.
+func (s *settings) typeHeader() (alias string, ok bool) {
 	for _, fs := range s.fields {
 		if fs.col == "type" && fs.place == placeHeader {
-			typeAlias, typeHeader = fs.alias, true
-			break
+			return fs.alias, true
 		}
 	}
-	n := len(content) + 6*len(f.aggID) + 2
-	nh := 1 + nHdr
-	// What the record holds is taken from the content, but for the names
-	// and values outboxd adds.
-	size := len(content) + len(topic) + len("id")
-	if typeHeader && f.typ != nil {
-		nh++
-		size += len(typeAlias)
-	}
-	if r.lsnHeaders {
-		n += lsnHeadersMax
-		nh += 3
-		size += lsnHeadersMax + lsnHeaderKeys
-	}
-	if nh > r.maxHeaders {
-		return Record{}, invalid(f.id, "the record would have "+strconv.Itoa(nh)+" headers, more than "+strconv.Itoa(r.maxHeaders))
-	}
-	// Check before allocating; a header costs HeaderOverhead besides.
-	if size += nh * HeaderOverhead; r.maxRecord > 0 && size > r.maxRecord {
-		return Record{}, invalid(f.id, tooLargeReason(size, r.maxRecord))
-	}
-	buf := make([]byte, 0, n)
-	hdrs := make([]Header, 0, nh)
-	rec := Record{Topic: topic, Timestamp: tx.CommitTime, Partition: -1}
+	return "", false
+}
 
-	if k := jsonKind(f.aggID); k == 's' || k == 'n' {
-		start := len(buf)
-		switch {
-		case r.defaults.jsonKey && k == 'n':
-			buf = append(buf, f.aggID...)
-		case r.defaults.jsonKey:
-			buf = appendUnquoted(buf, f.aggID[1:len(f.aggID)-1])
-			plain := len(buf)
-			buf = appendJacksonString(buf, buf[start:plain])
-			buf = append(buf[:start], buf[plain:]...)
-		default:
-			buf = scalarText(buf, f.aggID)
-		}
-		rec.Key = buf[start:len(buf):len(buf)]
+// appendMessageKey appends the key of a message's aggregateid (nil: absent
+// or null), as --key-format asks.
+func (r *Router) appendMessageKey(buf, aggID []byte) ([]byte, []byte) {
+	k := jsonKind(aggID)
+	if k != 's' && k != 'n' {
+		return buf, nil
 	}
-
-	var payload []byte
-	switch jsonKind(f.payload) {
-	case 0, 'z':
-	case 's':
-		start := len(buf)
-		buf = appendUnquoted(buf, f.payload[1:len(f.payload)-1])
-		payload = buf[start:len(buf):len(buf)]
-	default:
-		start := len(buf)
-		buf = append(buf, f.payload...)
-		payload = buf[start:len(buf):len(buf)]
-	}
-	if !(s.tombstone && blankPayload(0, valueRef{data: payload, null: payload == nil})) {
-		rec.Value = payload
-	}
-
 	start := len(buf)
-	buf = scalarText(buf, f.id)
-	hdrs = append(hdrs, Header{Key: "id", Value: buf[start:len(buf):len(buf)]})
-	if typeHeader && f.typ != nil {
-		if jsonKind(f.typ) == 'z' {
-			hdrs = append(hdrs, Header{Key: typeAlias})
-		} else {
-			start = len(buf)
-			buf = scalarText(buf, f.typ)
-			hdrs = append(hdrs, Header{Key: typeAlias, Value: buf[start:len(buf):len(buf)]})
-		}
+	switch {
+	case r.defaults.jsonKey && k == 'n':
+		buf = append(buf, aggID...)
+	case r.defaults.jsonKey:
+		buf = appendUnquoted(buf, aggID[1:len(aggID)-1])
+		plain := len(buf)
+		buf = appendJacksonString(buf, buf[start:plain])
+		buf = append(buf[:start], buf[plain:]...)
+	default:
+		buf = scalarText(buf, aggID)
 	}
-	colAt := len(hdrs)
-	if nHdr > 0 {
-		buf, hdrs = decodeHeaderObject(f.headers, buf, hdrs, r.internKey)
+	return buf, buf[start:len(buf):len(buf)]
+}
+
+// appendMessagePayload appends a message's payload: a JSON string's
+// contents, any other JSON value's bytes (nil: absent or null).
+func appendMessagePayload(buf, v []byte) ([]byte, []byte) {
+	start := len(buf)
+	switch jsonKind(v) {
+	case 0, 'z':
+		return buf, nil
+	case 's':
+		buf = appendUnquoted(buf, v[1:len(v)-1])
+	default:
+		buf = append(buf, v...)
 	}
-	if r.tracing { // a message has no span context column: its headers' traceparent, if any
-		rec.Trace = r.traceFor(&s.tracing, &spanContext{}, hdrs[colAt:], tx)
-	}
-	if r.lsnHeaders {
-		_, hdrs = appendLSNHeaders(buf, hdrs, tx)
-	}
-	rec.Headers = hdrs
-	if s.ce.on {
-		if err := r.messageCloudEvent(&rec, &f); err != nil {
-			return Record{}, err
-		}
-	}
-	return rec, nil
+	return buf, buf[start:len(buf):len(buf)]
 }
 
 // messageEventID extracts the "id" of a message event for dead letters.

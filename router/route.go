@@ -189,227 +189,377 @@ func (p *plan) invalidD(id valueRef, reason, detail string) error {
 // bytes (one allocation holds them all): nothing aliases the row, whose
 // buffer the stream reuses. An event that cannot be routed yields an
 // *InvalidError (errors.Is(err, ErrInvalid)).
+//
+// It runs in four steps, each refusing what it finds invalid before the
+// next: where the event goes (identify), what else the row says (read),
+// how large the record will be (measure: a record too large is refused
+// before it costs its size in memory), and the record itself (build).
 func (r *Router) Route(row *wal.Row, tx Tx) (Record, error) {
+	ev := rowEvent{commitTime: tx.CommitTime}
+	if err := r.identify(row, &ev); err != nil {
+		return Record{}, err
+	}
+	if err := r.read(&ev); err != nil {
+		return Record{}, err
+	}
+	if err := r.measure(&ev); err != nil {
+		return Record{}, err
+	}
+	return r.build(&ev, tx)
+}
+
+// rowEvent is an outbox row as Route reads it: its plan, its values, and
+// what the steps found in them.
+type rowEvent struct {
+	p          *plan
+	vals       []wal.Value
+	commitTime time.Time
+
+	id, key, payload valueRef
+	topic            string
+	ts               time.Time
+	partition        int32
+	hdrCol           valueRef // the headers column's JSON object
+	nHdrCol          int      // its entries
+	sc               spanContext
+	tombstone        bool
+	expanded         []byte // table.expand.json.payload's JSON (expand.go); nil: none
+
+	n        int // bytes of the record's key, value and header values
+	nh       int // headers
+	keyBytes int // bytes of the header names
+}
+
+// identify finds the row's plan, event id and topic: the checks a row
+// fails in the order Debezium's router would (the id first, so that every
+// later refusal names the event).
+func (r *Router) identify(row *wal.Row, ev *rowEvent) error {
 	row, bad := r.textForm(row) // binary pgoutput: binary.go
 	p := r.planFor(row.Relation)
-	if bad != "" {
-		return Record{}, p.invalid(get(row.Values, p.id), bad)
+	ev.p, ev.vals = p, row.Values
+	switch {
+	case bad != "":
+		return p.invalid(get(row.Values, p.id), bad)
+	case row.Oversize > 0:
+		return p.invalid(get(row.Values, p.id), oversizeReason(row.Oversize))
+	case p.id < 0:
+		return p.invalid(valueRef{null: true}, p.noIDReason)
 	}
-	vals := row.Values
-	if row.Oversize > 0 {
-		return Record{}, p.invalid(get(vals, p.id), oversizeReason(row.Oversize))
+	ev.id = get(ev.vals, p.id)
+	switch {
+	case ev.id.null:
+		return p.invalid(ev.id, "event id column "+strconv.Quote(p.s.idCol)+" is NULL")
+	case p.err != "":
+		return p.invalid(ev.id, p.err)
 	}
-	if p.id < 0 {
-		return Record{}, p.invalid(valueRef{null: true}, p.noIDReason)
-	}
-	id := get(vals, p.id)
-	if id.null {
-		return Record{}, p.invalid(id, "event id column "+strconv.Quote(p.s.idCol)+" is NULL")
-	}
-	if p.err != "" {
-		return Record{}, p.invalid(id, p.err)
-	}
-	route := get(vals, p.route)
+	route := get(ev.vals, p.route)
 	if route.null || len(route.data) == 0 {
-		return Record{}, p.invalid(id, "routing column "+strconv.Quote(p.s.routeCol)+" is NULL or empty")
+		return p.invalid(ev.id, "routing column "+strconv.Quote(p.s.routeCol)+" is NULL or empty")
 	}
-	topic := p.s.topic.topic(route.data)
-	if topic == "" {
-		return Record{}, p.invalidD(id, invalidTopicReason, topicDetail(p.s.topic, route.data))
+	if ev.topic = p.s.topic.topic(route.data); ev.topic == "" {
+		return p.invalidD(ev.id, invalidTopicReason, topicDetail(p.s.topic, route.data))
 	}
-	if reason := r.topicRefusal(topic); reason != "" {
-		return Record{}, p.invalidD(id, reason, "topic "+strconv.Quote(topic))
+	if reason := r.topicRefusal(ev.topic); reason != "" {
+		return p.invalidD(ev.id, reason, "topic "+strconv.Quote(ev.topic))
 	}
+	return nil
+}
 
-	// Validate and size everything before the one allocation.
-	ts := tx.CommitTime
-	if p.ts >= 0 {
-		if v := get(vals, p.ts); !v.null {
-			var ok bool
-			if ts, ok = parseEventTime(p.tsOID, v.data); !ok {
-				return Record{}, p.invalidD(id, "cannot parse the value of "+
-					strconv.Quote(p.s.tsCol)+" ("+optEventTimestamp+") as a timestamp", quoteValue(v.data))
-			}
-		}
+// read takes the rest of the event from the row: its timestamp,
+// partition, headers column, span context, key and payload.
+func (r *Router) read(ev *rowEvent) error {
+	p := ev.p
+	if err := ev.readTimestamp(); err != nil {
+		return err
 	}
-	partition := int32(-1)
-	if p.partition >= 0 {
-		if v := get(vals, p.partition); !v.null {
-			n, ok := parseInt(v.data)
-			if !ok || n < 0 || n > math.MaxInt32 {
-				return Record{}, p.invalidD(id, "the partition column's value is not a partition number", quoteValue(v.data))
-			}
-			partition = int32(n)
-		}
+	if err := ev.readPartition(); err != nil {
+		return err
 	}
-	var hdrCol valueRef
-	nHdrCol := 0
-	if p.hdrs >= 0 {
-		if hdrCol = get(vals, p.hdrs); !hdrCol.null {
-			var reason string
-			var detail string
-			if nHdrCol, reason, detail = scanHeaderObject(hdrCol.data, p.s.hdrGuard); reason != "" {
-				return Record{}, p.invalidD(id, "headers column "+strconv.Quote(p.s.headersCol)+": "+reason, detail)
-			}
-		}
+	if err := ev.readHeaderColumn(); err != nil {
+		return err
 	}
-	var sc spanContext
 	if p.spanCtx >= 0 {
-		if v := get(vals, p.spanCtx); !v.null {
-			sc = parseSpanContext(v.data)
+		if v := get(ev.vals, p.spanCtx); !v.null {
+			ev.sc = parseSpanContext(v.data)
 		}
 	}
-	if !sc.present && p.s.tracing.all && nHdrCol == 0 {
+	if !ev.sc.present && p.s.tracing.all && ev.nHdrCol == 0 {
 		// tracing.with.context.field.only false: Debezium traces a row
 		// without a context too, a new trace's root (TestTracingParity).
 		// A headers column's entries keep their own meaning (a traceparent
 		// there is the parent).
-		sc.present = true
+		ev.sc.present = true
 	}
-	payload := get(vals, p.payload)
-	tombstone := p.s.tombstone && blankPayload(p.payloadOID, payload)
-	key := get(vals, p.key)
-	var expanded []byte // table.expand.json.payload's JSON (expand.go); nil: none
-	if p.s.expand && p.s.jsonValue && !tombstone && !payload.null && expandsOID(p.payloadOID) {
-		var reason string
-		if expanded, reason = expandPayload(r.exp[:0], payload.data, p.s.nullAsBytes, p.envelope); reason != "" {
-			return Record{}, p.invalid(id, reason)
-		}
-		if expanded != nil {
-			r.exp = expanded[:0]
-		}
-	}
+	ev.payload = get(ev.vals, p.payload)
+	ev.tombstone = p.s.tombstone && blankPayload(p.payloadOID, ev.payload)
+	ev.key = get(ev.vals, p.key)
+	return r.expandPayload(ev)
+}
 
-	n := rawLen(p.idOID, id.data)
-	if key.null && p.s.jsonKey {
-		n += len("null")
+// readTimestamp is table.field.event.timestamp's value, or the commit time.
+func (ev *rowEvent) readTimestamp() error {
+	p := ev.p
+	ev.ts = ev.commitTime
+	if p.ts < 0 {
+		return nil
 	}
-	if !key.null {
-		if p.s.jsonKey {
-			n += keyJSONLen(p.keyOID, key.data)
-		} else {
-			n += rawLen(p.keyOID, key.data)
-		}
+	v := get(ev.vals, p.ts)
+	if v.null {
+		return nil
 	}
-	if !tombstone {
-		switch {
-		case expanded != nil:
-			n += len(expanded)
-		case p.s.jsonValue:
-			n += jacksonValueLen(p.payloadOID, payload)
-		case p.envelope:
-			n += jsonValueLen(p.payloadOID, payload, false)
-		case !payload.null:
-			n += rawLen(p.payloadOID, payload.data)
-		}
-		if p.envelope {
-			n += len(`{"payload":}`)
-			for i := range p.fields {
-				if f := &p.fields[i]; f.place == placeEnvelope {
-					n += len(f.jsonName) + jsonValueLen(f.oid, get(vals, f.idx), true)
-				}
-			}
-		}
+	var ok bool
+	if ev.ts, ok = parseEventTime(p.tsOID, v.data); !ok {
+		return p.invalidD(ev.id, "cannot parse the value of "+
+			strconv.Quote(p.s.tsCol)+" ("+optEventTimestamp+") as a timestamp", quoteValue(v.data))
+	}
+	return nil
+}
+
+// readPartition is the partition placement's value (-1: none).
+func (ev *rowEvent) readPartition() error {
+	p := ev.p
+	ev.partition = -1
+	if p.partition < 0 {
+		return nil
+	}
+	v := get(ev.vals, p.partition)
+	if v.null {
+		return nil
+	}
+	n, ok := parseInt(v.data)
+	if !ok || n < 0 || n > math.MaxInt32 {
+		return p.invalidD(ev.id, "the partition column's value is not a partition number", quoteValue(v.data))
+	}
+	ev.partition = int32(n)
+	return nil
+}
+
+// readHeaderColumn checks the headers column's object and counts its
+// entries.
+func (ev *rowEvent) readHeaderColumn() error {
+	p := ev.p
+	if p.hdrs < 0 {
+		return nil
+	}
+	if ev.hdrCol = get(ev.vals, p.hdrs); ev.hdrCol.null {
+		return nil
+	}
+	var reason, detail string
+	if ev.nHdrCol, reason, detail = scanHeaderObject(ev.hdrCol.data, p.s.hdrGuard); reason != "" {
+		return p.invalidD(ev.id, "headers column "+strconv.Quote(p.s.headersCol)+": "+reason, detail)
+	}
+	return nil
+}
+
+// expandPayload parses the payload for table.expand.json.payload
+// (expand.go), into the router's reused buffer.
+func (r *Router) expandPayload(ev *rowEvent) error {
+	p := ev.p
+	if !p.s.expand || !p.s.jsonValue || ev.tombstone || ev.payload.null || !expandsOID(p.payloadOID) {
+		return nil
+	}
+	expanded, reason := expandPayload(r.exp[:0], ev.payload.data, p.s.nullAsBytes, p.envelope)
+	if reason != "" {
+		return p.invalid(ev.id, reason)
+	}
+	if expanded != nil {
+		r.exp = expanded[:0]
+	}
+	ev.expanded = expanded
+	return nil
+}
+
+// measure bounds the record's bytes and counts its headers, and refuses a
+// record with too many headers or too large to publish.
+func (r *Router) measure(ev *rowEvent) error {
+	p := ev.p
+	n := rawLen(p.idOID, ev.id.data) + ev.keyLen()
+	if !ev.tombstone {
+		n += ev.valueLen()
 	}
 	for i := range p.fields {
 		if f := &p.fields[i]; f.place == placeHeader {
-			n += rawLen(f.oid, get(vals, f.idx).data)
+			n += rawLen(f.oid, get(ev.vals, f.idx).data)
 		}
 	}
-	n += len(hdrCol.data)
-	nh := 1 + p.nHeaders + nHdrCol
+	n += len(ev.hdrCol.data)
+	nh := 1 + p.nHeaders + ev.nHdrCol
 	keyBytes := len("id") + p.aliasBytes // header names not counted in n
-	if scN, scSize := sc.headers(); scN > 0 {
+	if scN, scSize := ev.sc.headers(); scN > 0 {
 		nh += scN
 		n += scSize
-		keyBytes += sc.keyBytes()
+		keyBytes += ev.sc.keyBytes()
 	}
 	if r.lsnHeaders {
 		n += lsnHeadersMax
 		nh += 3
 		keyBytes += lsnHeaderKeys
 	}
+	ev.n, ev.nh, ev.keyBytes = n, nh, keyBytes
 	if nh > r.maxHeaders {
-		return Record{}, p.invalid(id, "the record would have "+strconv.Itoa(nh)+" headers, more than "+strconv.Itoa(r.maxHeaders))
+		return p.invalid(ev.id, "the record would have "+strconv.Itoa(nh)+" headers, more than "+strconv.Itoa(r.maxHeaders))
 	}
-	// The size check comes before the allocation: an event too large to
-	// publish must not cost its size in memory once more.
-	if size := n + len(topic) + nh*HeaderOverhead + keyBytes; r.maxRecord > 0 && size > r.maxRecord {
-		return Record{}, p.invalid(id, tooLargeReason(size, r.maxRecord))
+	if size := n + len(ev.topic) + nh*HeaderOverhead + keyBytes; r.maxRecord > 0 && size > r.maxRecord {
+		return p.invalid(ev.id, tooLargeReason(size, r.maxRecord))
 	}
+	return nil
+}
 
-	buf := make([]byte, 0, n)
-	hdrs := make([]Header, 0, nh)
-	rec := Record{Topic: topic, Timestamp: ts, Partition: partition}
-	var ok bool
-	start := 0
-	if key.null && p.s.jsonKey {
-		// JsonConverter writes a NULL key with a schema (the column's) as
-		// the JSON literal null, so these events share one partition.
-		buf = append(buf, "null"...)
-		rec.Key = buf[start:len(buf):len(buf)]
+// keyLen bounds what appendKey appends.
+func (ev *rowEvent) keyLen() int {
+	p, key := ev.p, ev.key
+	switch {
+	case key.null && p.s.jsonKey:
+		return len("null")
+	case key.null:
+		return 0
+	case p.s.jsonKey:
+		return keyJSONLen(p.keyOID, key.data)
 	}
-	if !key.null {
-		if p.s.jsonKey {
-			buf, ok = appendKeyJSON(buf, p.keyOID, key.data)
-		} else {
-			buf, ok = appendRaw(buf, p.keyOID, key.data)
-		}
-		if !ok {
-			return Record{}, p.invalid(id, "key column "+strconv.Quote(p.s.keyCol)+" holds malformed bytea text")
-		}
-		rec.Key = buf[start:len(buf):len(buf)]
+	return rawLen(p.keyOID, key.data)
+}
+
+// valueLen bounds what appendValue appends.
+func (ev *rowEvent) valueLen() int {
+	p, payload := ev.p, ev.payload
+	n := 0
+	switch {
+	case ev.expanded != nil:
+		n = len(ev.expanded)
+	case p.s.jsonValue:
+		n = jacksonValueLen(p.payloadOID, payload)
+	case p.envelope:
+		n = jsonValueLen(p.payloadOID, payload, false)
+	case !payload.null:
+		n = rawLen(p.payloadOID, payload.data)
 	}
-	if !tombstone {
-		start = len(buf)
-		switch {
-		case expanded != nil && !p.envelope:
-			buf = append(buf, expanded...)
-			rec.Value = buf[start:len(buf):len(buf)]
-		case p.s.jsonValue && !p.envelope:
-			if buf, ok = appendJacksonValue(buf, p.payloadOID, payload); !ok {
-				return Record{}, p.invalid(id, "payload column "+strconv.Quote(p.s.payloadCol)+" holds malformed bytea text")
+	if p.envelope {
+		n += len(`{"payload":}`)
+		for i := range p.fields {
+			if f := &p.fields[i]; f.place == placeEnvelope {
+				n += len(f.jsonName) + jsonValueLen(f.oid, get(ev.vals, f.idx), true)
 			}
-			rec.Value = buf[start:len(buf):len(buf)]
-		case p.envelope:
-			buf = append(buf, `{"payload":`...)
-			ok = true
-			switch {
-			case expanded != nil:
-				buf = append(buf, expanded...)
-			case p.s.jsonValue:
-				buf, ok = appendJacksonValue(buf, p.payloadOID, payload)
-			default:
-				buf, ok = appendJSONValue(buf, p.payloadOID, payload, false)
-			}
-			if !ok {
-				return Record{}, p.invalid(id, "payload column "+strconv.Quote(p.s.payloadCol)+" holds malformed bytea text")
-			}
-			for i := range p.fields {
-				f := &p.fields[i]
-				if f.place != placeEnvelope {
-					continue
-				}
-				buf = append(buf, f.jsonName...)
-				if buf, ok = appendJSONValue(buf, f.oid, get(vals, f.idx), true); !ok {
-					return Record{}, p.invalid(id, "column "+strconv.Quote(f.alias)+" holds malformed bytea text")
-				}
-			}
-			buf = append(buf, '}')
-			rec.Value = buf[start:len(buf):len(buf)]
-		case !payload.null:
-			if buf, ok = appendRaw(buf, p.payloadOID, payload.data); !ok {
-				return Record{}, p.invalid(id, "payload column "+strconv.Quote(p.s.payloadCol)+" holds malformed bytea text")
-			}
-			rec.Value = buf[start:len(buf):len(buf)]
+		}
+	}
+	return n
+}
+
+// build writes the record into one allocation of the size measure found:
+// key, value, then the headers in Debezium's order (tracing's, "id", the
+// header placements, the headers column's, outboxd's LSN headers).
+func (r *Router) build(ev *rowEvent, tx Tx) (Record, error) {
+	p := ev.p
+	buf := make([]byte, 0, ev.n)
+	hdrs := make([]Header, 0, ev.nh)
+	rec := Record{Topic: ev.topic, Timestamp: ev.ts, Partition: ev.partition}
+	var err error
+	if buf, rec.Key, err = ev.appendKey(buf); err != nil {
+		return Record{}, err
+	}
+	if !ev.tombstone {
+		if buf, rec.Value, err = ev.appendValue(buf); err != nil {
+			return Record{}, err
 		}
 	}
 	// Debezium's tracing runs before the router adds "id": its headers
 	// come first.
-	buf, hdrs = sc.appendHeaders(buf, hdrs)
-	start = len(buf)
-	if buf, ok = appendRaw(buf, p.idOID, id.data); !ok {
-		return Record{}, p.invalid(id, "event id column holds malformed bytea text")
+	buf, hdrs = ev.sc.appendHeaders(buf, hdrs)
+	if buf, hdrs, err = ev.appendHeaders(buf, hdrs); err != nil {
+		return Record{}, err
+	}
+	colAt := len(hdrs)
+	if ev.nHdrCol > 0 {
+		buf, hdrs = decodeHeaderObject(ev.hdrCol.data, buf, hdrs, r.internKey)
+		if ev.sc.present {
+			hdrs = dropTraceHeaders(hdrs, colAt)
+		}
+	}
+	if r.tracing {
+		rec.Trace = r.traceFor(&p.s.tracing, &ev.sc, hdrs[colAt:], tx)
+	}
+	if r.lsnHeaders {
+		_, hdrs = appendLSNHeaders(buf, hdrs, tx)
+	}
+	rec.Headers = hdrs
+	if p.s.ce.on {
+		if err := r.cloudEvent(&rec, p, ev.vals, tx); err != nil {
+			return Record{}, err
+		}
+	}
+	return rec, nil
+}
+
+// appendKey appends the record's key (nil: none).
+func (ev *rowEvent) appendKey(buf []byte) ([]byte, []byte, error) {
+	p, key := ev.p, ev.key
+	start := len(buf)
+	ok := true
+	switch {
+	case key.null && p.s.jsonKey:
+		// JsonConverter writes a NULL key with a schema (the column's) as
+		// the JSON literal null, so these events share one partition.
+		buf = append(buf, "null"...)
+	case key.null:
+		return buf, nil, nil
+	case p.s.jsonKey:
+		buf, ok = appendKeyJSON(buf, p.keyOID, key.data)
+	default:
+		buf, ok = appendRaw(buf, p.keyOID, key.data)
+	}
+	if !ok {
+		return buf, nil, p.invalid(ev.id, "key column "+strconv.Quote(p.s.keyCol)+" holds malformed bytea text")
+	}
+	return buf, buf[start:len(buf):len(buf)], nil
+}
+
+// appendValue appends the record's value: the payload as it is, as JSON
+// (table.expand.json.payload, value.converter JSON), or in the envelope
+// with the envelope placements. nil: a NULL payload outside an envelope.
+func (ev *rowEvent) appendValue(buf []byte) ([]byte, []byte, error) {
+	p, payload := ev.p, ev.payload
+	start := len(buf)
+	ok := true
+	if p.envelope {
+		buf = append(buf, `{"payload":`...)
+	}
+	switch {
+	case ev.expanded != nil:
+		buf = append(buf, ev.expanded...)
+	case p.s.jsonValue:
+		buf, ok = appendJacksonValue(buf, p.payloadOID, payload)
+	case p.envelope:
+		buf, ok = appendJSONValue(buf, p.payloadOID, payload, false)
+	case payload.null:
+		return buf, nil, nil
+	default:
+		buf, ok = appendRaw(buf, p.payloadOID, payload.data)
+	}
+	if !ok {
+		return buf, nil, p.invalid(ev.id, "payload column "+strconv.Quote(p.s.payloadCol)+" holds malformed bytea text")
+	}
+	if p.envelope {
+		for i := range p.fields {
+			f := &p.fields[i]
+			if f.place != placeEnvelope {
+				continue
+			}
+			buf = append(buf, f.jsonName...)
+			if buf, ok = appendJSONValue(buf, f.oid, get(ev.vals, f.idx), true); !ok {
+				return buf, nil, p.invalid(ev.id, "column "+strconv.Quote(f.alias)+" holds malformed bytea text")
+			}
+		}
+		buf = append(buf, '}')
+	}
+	return buf, buf[start:len(buf):len(buf)], nil
+}
+
+// appendHeaders appends "id" and the header placements.
+func (ev *rowEvent) appendHeaders(buf []byte, hdrs []Header) ([]byte, []Header, error) {
+	p := ev.p
+	start := len(buf)
+	var ok bool
+	if buf, ok = appendRaw(buf, p.idOID, ev.id.data); !ok {
+		return buf, hdrs, p.invalid(ev.id, "event id column holds malformed bytea text")
 	}
 	hdrs = append(hdrs, Header{Key: "id", Value: buf[start:len(buf):len(buf)]})
 	for i := range p.fields {
@@ -417,37 +567,18 @@ func (r *Router) Route(row *wal.Row, tx Tx) (Record, error) {
 		if f.place != placeHeader {
 			continue
 		}
-		v := get(vals, f.idx)
+		v := get(ev.vals, f.idx)
 		if v.null {
 			hdrs = append(hdrs, Header{Key: f.alias})
 			continue
 		}
 		start = len(buf)
 		if buf, ok = appendRaw(buf, f.oid, v.data); !ok {
-			return Record{}, p.invalid(id, "column "+strconv.Quote(f.alias)+" holds malformed bytea text")
+			return buf, hdrs, p.invalid(ev.id, "column "+strconv.Quote(f.alias)+" holds malformed bytea text")
 		}
 		hdrs = append(hdrs, Header{Key: f.alias, Value: buf[start:len(buf):len(buf)]})
 	}
-	colAt := len(hdrs)
-	if nHdrCol > 0 {
-		buf, hdrs = decodeHeaderObject(hdrCol.data, buf, hdrs, r.internKey)
-		if sc.present {
-			hdrs = dropTraceHeaders(hdrs, colAt)
-		}
-	}
-	if r.tracing {
-		rec.Trace = r.traceFor(&p.s.tracing, &sc, hdrs[colAt:], tx)
-	}
-	if r.lsnHeaders {
-		_, hdrs = appendLSNHeaders(buf, hdrs, tx)
-	}
-	rec.Headers = hdrs
-	if p.s.ce.on {
-		if err := r.cloudEvent(&rec, p, vals, tx); err != nil {
-			return Record{}, err
-		}
-	}
-	return rec, nil
+	return buf, hdrs, nil
 }
 
 // invalidTopicReason is the reason of a routing value that gives no valid

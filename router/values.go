@@ -2,6 +2,7 @@ package router
 
 import (
 	"encoding/base64"
+	"strings"
 	"time"
 )
 
@@ -255,110 +256,120 @@ func parseInt(b []byte) (int64, bool) {
 // offset "+02", "-05:30" or "+05:30:15" (also "Z"). A value without an offset
 // is taken as UTC. "infinity", "-infinity" and BC dates are rejected.
 func parseTimestamp(b []byte) (time.Time, bool) {
+	var v [len(timestampFields)]int
 	i := 0
-	num := func(min, max int) (int, bool) {
-		start := i
-		n := 0
-		for i < len(b) && isDigit(b[i]) && i-start < max {
-			n = n*10 + int(b[i]-'0')
-			i++
-		}
-		return n, i-start >= min
-	}
-	expect := func(c byte) bool {
-		if i < len(b) && b[i] == c {
-			i++
-			return true
-		}
-		return false
-	}
-	year, ok := num(4, 9)
-	if !ok || !expect('-') {
-		return time.Time{}, false
-	}
-	month, ok := num(2, 2)
-	if !ok || !expect('-') {
-		return time.Time{}, false
-	}
-	day, ok := num(2, 2)
-	if !ok {
-		return time.Time{}, false
-	}
-	if !expect(' ') && !expect('T') {
-		return time.Time{}, false
-	}
-	hour, ok := num(2, 2)
-	if !ok || !expect(':') {
-		return time.Time{}, false
-	}
-	minute, ok := num(2, 2)
-	if !ok || !expect(':') {
-		return time.Time{}, false
-	}
-	sec, ok := num(2, 2)
-	if !ok {
-		return time.Time{}, false
-	}
-	nsec := 0
-	if expect('.') {
-		start := i
-		for i < len(b) && isDigit(b[i]) {
-			if i-start < 9 {
-				nsec = nsec*10 + int(b[i]-'0')
+	for k, f := range timestampFields {
+		if f.sep != "" {
+			if i >= len(b) || strings.IndexByte(f.sep, b[i]) < 0 {
+				return time.Time{}, false
 			}
 			i++
 		}
-		digits := i - start
-		if digits == 0 {
+		var ok bool
+		if v[k], i, ok = readDigits(b, i, f.min, f.max); !ok || v[k] < f.lo || v[k] > f.hi {
 			return time.Time{}, false
 		}
-		for ; digits < 9; digits++ {
-			nsec *= 10
-		}
 	}
-	offset := 0
-	if i < len(b) {
-		switch b[i] {
-		case 'Z':
-			i++
-		case '+', '-':
-			sign := 1
-			if b[i] == '-' {
-				sign = -1
-			}
-			i++
-			oh, ok := num(2, 2)
-			if !ok {
-				return time.Time{}, false
-			}
-			om, os := 0, 0
-			if expect(':') {
-				if om, ok = num(2, 2); !ok {
-					return time.Time{}, false
-				}
-				if expect(':') {
-					if os, ok = num(2, 2); !ok {
-						return time.Time{}, false
-					}
-				}
-			}
-			if om > 59 || os > 59 {
-				return time.Time{}, false
-			}
-			offset = sign * (oh*3600 + om*60 + os)
-		}
-	}
-	if i != len(b) {
-		return time.Time{}, false // trailing text such as " BC"
-	}
-	if month < 1 || month > 12 || day < 1 || day > 31 || hour > 23 || minute > 59 || sec > 59 {
+	nsec, i, ok := fraction(b, i)
+	if !ok {
 		return time.Time{}, false
 	}
-	t := time.Date(year, time.Month(month), day, hour, minute, sec, nsec, time.UTC)
-	if t.Day() != day {
+	offset, i, ok := zoneOffset(b, i)
+	if !ok || i != len(b) { // trailing text such as " BC"
+		return time.Time{}, false
+	}
+	t := time.Date(v[0], time.Month(v[1]), v[2], v[3], v[4], v[5], nsec, time.UTC)
+	if t.Day() != v[2] {
 		return time.Time{}, false // e.g. February 30th
 	}
 	return t.Add(-time.Duration(offset) * time.Second), true
+}
+
+// timestampFields are the fields of PostgreSQL's ISO timestamp, in order:
+// the byte before each (one of sep), its digits, and its range.
+var timestampFields = [...]struct {
+	sep      string
+	min, max int // digits
+	lo, hi   int
+}{
+	{"", 4, 9, 0, 999999999}, // year
+	{"-", 2, 2, 1, 12},       // month
+	{"-", 2, 2, 1, 31},       // day; time.Date checks the month's length
+	{" T", 2, 2, 0, 23},      // hour
+	{":", 2, 2, 0, 59},       // minute
+	{":", 2, 2, 0, 59},       // second
+}
+
+// zoneFields are a zone offset's hours, minutes and seconds; the later two
+// are optional, each after a ':'.
+var zoneFields = [...]struct{ lo, hi int }{{0, 99}, {0, 59}, {0, 59}}
+
+// readDigits reads the decimal number at b[i:], of min to max digits.
+func readDigits(b []byte, i, min, max int) (n, next int, ok bool) {
+	start := i
+	for i < len(b) && isDigit(b[i]) && i-start < max {
+		n = n*10 + int(b[i]-'0')
+		i++
+	}
+	return n, i, i-start >= min
+}
+
+// fraction reads ".ddd" (any number of digits, nanoseconds kept) as
+// nanoseconds; none is 0.
+func fraction(b []byte, i int) (nsec, next int, ok bool) {
+	if i >= len(b) || b[i] != '.' {
+		return 0, i, true
+	}
+	i++
+	start := i
+	for ; i < len(b) && isDigit(b[i]); i++ {
+		if i-start < 9 {
+			nsec = nsec*10 + int(b[i]-'0')
+		}
+	}
+	n := i - start
+	for d := n; d < 9; d++ {
+		nsec *= 10
+	}
+	return nsec, i, n > 0
+}
+
+// zoneOffset reads "Z", or "+hh", "-hh:mm", "+hh:mm:ss", as seconds east
+// of UTC; none is 0.
+func zoneOffset(b []byte, i int) (offset, next int, ok bool) {
+	if i >= len(b) {
+		return 0, i, true
+	}
+	sign := 1
+	switch b[i] {
+	case 'Z':
+		return 0, i + 1, true
+	case '-':
+		sign = -1
+	case '+':
+	default:
+		return 0, i, true // trailing text: the caller refuses it
+	}
+	i++
+	parsed := 0
+	for k, f := range zoneFields {
+		if k > 0 {
+			if i >= len(b) || b[i] != ':' {
+				break
+			}
+			i++
+		}
+		var n int
+		if n, i, ok = readDigits(b, i, 2, 2); !ok || n < f.lo || n > f.hi {
+			return 0, i, false
+		}
+		offset = offset*60 + n
+		parsed++
+	}
+	for ; parsed < len(zoneFields); parsed++ {
+		offset *= 60 // "+02" is 2h
+	}
+	return sign * offset, i, true
 }
 
 // ---- header values for LSN / xid / commit time ----

@@ -9,11 +9,15 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
 	natssink "github.com/outboxd/outboxd/sink/nats"
 )
 
-func init() { registerBroker("nats", func() brokerOptions { return &natsOptions{} }) }
+func init() {
+	registerBroker("nats", brokerKind{name: "NATS JetStream", system: "nats", cloudEvents: router.CENATS,
+		options: func() brokerOptions { return &natsOptions{} }})
+}
 
 // natsOptions are the --nats-* flags (sink/nats, docs/nats.md).
 type natsOptions struct {
@@ -91,12 +95,8 @@ func (n *natsOptions) open(_ context.Context, b brokerRun) (*openedBroker, error
 		b.Durability("streams outboxd creates", why)
 	}
 	b.Log.Info("nats: " + natssink.SyncIntervalNote)
-	progress := lazyProgress{
-		key: b.ProgressKey,
-		make: func(key string) sink.ProgressStore {
-			return natssink.ProgressStore{Sink: sk, Bucket: n.ProgressBucket, Key: key, Replicas: n.StreamReplicas}
-		},
-		name: "bucket " + n.ProgressBucket + ", key <system id>/" + b.Opts.Slot,
+	progress := func(key string) sink.ProgressStore {
+		return natssink.ProgressStore{Sink: sk, Bucket: n.ProgressBucket, Key: key, Replicas: n.StreamReplicas}
 	}
-	return &openedBroker{Sink: sk, Progress: progress, Close: sk.Close, Collectors: sk.Collectors()}, nil
+	return &openedBroker{Sink: sk, NewProgress: progress, Close: sk.Close, Collectors: sk.Collectors()}, nil
 }

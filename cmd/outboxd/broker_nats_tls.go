@@ -1,11 +1,18 @@
 package main
 
-import "context"
+import (
+	"context"
+
+	"github.com/outboxd/outboxd/router"
+)
 
 // tls:// is nats.go's scheme for NATS over TLS (nats://, with the
 // --nats-tls-* flags, upgrades to TLS as well when the server requires
 // it): the same broker and flags as nats://.
-func init() { registerBroker("tls", func() brokerOptions { return natsTLSAlias{} }) }
+func init() {
+	registerBroker("tls", brokerKind{name: "NATS JetStream over TLS", system: "nats", cloudEvents: router.CENATS,
+		options: func() brokerOptions { return natsTLSAlias{} }})
+}
 
 type natsTLSAlias struct{}
 

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/sink/rabbitmq"
 )
@@ -20,8 +21,10 @@ import (
 // amqp:// and amqps:// are one broker with one set of flags: amqps only
 // points at amqp's options.
 func init() {
-	registerBroker("amqp", func() brokerOptions { return &rabbitOptions{} })
-	registerBroker("amqps", func() brokerOptions { return amqpsAlias{} })
+	registerBroker("amqp", brokerKind{name: "RabbitMQ", system: "rabbitmq", cloudEvents: router.CEAMQP,
+		options: func() brokerOptions { return &rabbitOptions{} }})
+	registerBroker("amqps", brokerKind{name: "RabbitMQ over TLS", system: "rabbitmq", cloudEvents: router.CEAMQP,
+		options: func() brokerOptions { return amqpsAlias{} }})
 }
 
 // rabbitOptions are the --rabbitmq-* flags (sink/rabbitmq, docs/rabbitmq.md).
@@ -135,23 +138,18 @@ func (r *rabbitOptions) open(ctx context.Context, b brokerRun) (*openedBroker, e
 	if r.ManagementURL != "off" {
 		r.checkQueues(ctx, b, tlsCfg)
 	}
-	// lazyProgress asks for the store on every use: one store (one
-	// connection) serves them all.
+	// The store holds a connection of its own, closed with the sink's.
 	var (
 		mu    sync.Mutex
 		store *rabbitmq.ProgressStore
 	)
-	progress := lazyProgress{
-		key: b.ProgressKey,
-		make: func(key string) sink.ProgressStore {
-			mu.Lock()
-			defer mu.Unlock()
-			if store == nil {
-				store = rabbitmq.NewProgressStore(cfg, r.ProgressQueue, key)
-			}
-			return store
-		},
-		name: "queue " + r.ProgressQueue + ".<system id>/" + b.Opts.Slot,
+	progress := func(key string) sink.ProgressStore {
+		mu.Lock()
+		defer mu.Unlock()
+		if store == nil {
+			store = rabbitmq.NewProgressStore(cfg, r.ProgressQueue, key)
+		}
+		return store
 	}
 	closeAll := func() {
 		sk.Close()
@@ -161,7 +159,7 @@ func (r *rabbitOptions) open(ctx context.Context, b brokerRun) (*openedBroker, e
 		}
 		mu.Unlock()
 	}
-	return &openedBroker{Sink: sk, Progress: progress, Close: closeAll}, nil
+	return &openedBroker{Sink: sk, NewProgress: progress, Close: closeAll}, nil
 }
 
 // checkQueues asks the management API, in the background, for the queues

@@ -2,7 +2,6 @@ package main
 
 import (
 	"net/url"
-	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -26,13 +25,8 @@ func (c *cloudEventsOptions) register(s *optionSet) {
 
 // cloudEventsConfig is the router's CloudEvents configuration for o's broker.
 func cloudEventsConfig(o runOptions) router.CloudEventsConfig {
-	c := router.CloudEventsConfig{Envelope: o.CloudEvents.Envelope, Mode: o.CloudEvents.Mode, Source: o.CloudEvents.Source, Binding: router.CEKafka}
-	switch scheme, _, _ := strings.Cut(o.Broker, "://"); scheme {
-	case "nats", "tls":
-		c.Binding = router.CENATS
-	case "amqp", "amqps":
-		c.Binding = router.CEAMQP
-	}
+	c := router.CloudEventsConfig{Envelope: o.CloudEvents.Envelope, Mode: o.CloudEvents.Mode, Source: o.CloudEvents.Source,
+		Binding: brokerKindOf(o.Broker).cloudEvents}
 	if c.Source == "" {
 		db := ""
 		if cfg, err := pgconn.ParseConfig(o.Postgres); err == nil {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -59,9 +58,6 @@ func transportWarnings(o runOptions, getenv func(string) string) []string {
 		out = append(out, fmt.Sprintf("PostgreSQL sslmode is %s: the connection (events, and the password) can be read or altered on the network, "+
 			"and the server is not authenticated; use sslmode=verify-full&sslrootcert=<CA file> (or --postgres-allow-insecure to accept this)", mode))
 	}
-	if o.Kafka.SASLMechanism != "" && !o.Kafka.tlsOn() {
-		out = append(out, "Kafka SASL "+o.Kafka.SASLMechanism+" without TLS: the session (and the events) cross the network in the clear; add --kafka-tls or --kafka-tls-ca")
-	}
 	return out
 }
 
@@ -88,14 +84,4 @@ func crossesNetwork(dsn string) bool {
 		return true
 	}
 	return false
-}
-
-// checkSASLPlain refuses SASL PLAIN without TLS: it sends the password
-// itself in the clear, to anyone on the path.
-func checkSASLPlain(a kafkaAuth) error {
-	if a.SASLMechanism == "PLAIN" && !a.tlsOn() && !a.SASLPlainAllowCleartext {
-		return errors.New("--kafka-sasl-mechanism PLAIN without TLS sends the password in the clear: add --kafka-tls (or --kafka-tls-ca), " +
-			"use SCRAM-SHA-512, or pass --kafka-sasl-plain-allow-cleartext to accept it")
-	}
-	return nil
 }

@@ -80,7 +80,10 @@ func TestPostgresFileAndRedaction(t *testing.T) {
 	if err := set.parse([]string{"--postgres-file", p}, noEnv); err != nil || so.Postgres != dsn {
 		t.Fatalf("status --postgres-file: %q %v", so.Postgres, err)
 	}
-	o := runOptions{Postgres: "x", PostgresFile: p, KafkaBrokers: listValue{"k:9092"}, Slot: "s", Publication: "p"}
+	o, _, err := parseRun(t, []string{"--postgres", "x", "--postgres-file", p, "--kafka-brokers", "k:9092", "--slot", "s", "--publication", "p"}, nil, "")
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := o.validate(); err == nil || !strings.Contains(err.Error(), "exclude each other") {
 		t.Fatalf("validate: %v", err)
 	}

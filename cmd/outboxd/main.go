@@ -25,7 +25,7 @@ var version = "dev"
 const usage = `outboxd relays outbox rows from a PostgreSQL logical replication slot to Kafka, NATS JetStream or RabbitMQ.
 
 Usage:
-  outboxd run      stream the slot to Kafka (the daemon)
+  outboxd run      stream the slot to the broker (the daemon)
   outboxd setup    create the outbox table, publication and slot
   outboxd status   show replication slots, lag and the publication's tables
   outboxd slot drop --slot NAME   drop a replication slot

@@ -28,6 +28,9 @@ func parseRun(t *testing.T, args []string, env map[string]string, file string) (
 	return o, set, err
 }
 
+// kafkaOf is o's Kafka options (broker_kafka.go).
+func kafkaOf(o runOptions) *kafkaOptions { return o.BrokerOpts["kafka"].(*kafkaOptions) }
+
 // Command line over environment over file over defaults, one name for all three.
 func TestOptionPrecedence(t *testing.T) {
 	file := `
@@ -46,8 +49,8 @@ router:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.Slot != "from_flag" || o.Postgres != "postgres://env@db/app" || o.KafkaBrokers.String() != "k1:9092,k2:9092" ||
-		o.Kafka.SASLMechanism != "SCRAM-SHA-512" || o.ShutdownTimeout != 5*time.Second || o.Publication != "outboxd" {
+	if o.Slot != "from_flag" || o.Postgres != "postgres://env@db/app" || kafkaOf(o).Brokers.String() != "k1:9092,k2:9092" ||
+		kafkaOf(o).Auth.SASLMechanism != "SCRAM-SHA-512" || o.ShutdownTimeout != 5*time.Second || o.Publication != "outboxd" {
 		t.Fatalf("options: %+v", o)
 	}
 	if _, ok := set.sections["router"]; !ok {
@@ -110,31 +113,31 @@ func TestTopicOptions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := o.Topics.Configs.String(); got != "min.insync.replicas=2,retention.ms=1000" {
+	if got := kafkaOf(o).Topics.Configs.String(); got != "min.insync.replicas=2,retention.ms=1000" {
 		t.Fatalf("flags: %s", got)
 	}
-	if !o.Topics.Create || o.Topics.Partitions != -1 || o.Topics.ReplicationFactor != -1 {
-		t.Fatalf("defaults: %+v", o.Topics)
+	if !kafkaOf(o).Topics.Create || kafkaOf(o).Topics.Partitions != -1 || kafkaOf(o).Topics.ReplicationFactor != -1 {
+		t.Fatalf("defaults: %+v", kafkaOf(o).Topics)
 	}
 	o, _, err = parseRun(t, nil, nil, "topic-config: [cleanup.policy=compact, retention.ms=5]\ntopic-partitions: 6\ncreate-topics: false\n")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := o.Topics.Configs.String(); got != "cleanup.policy=compact,retention.ms=5" || o.Topics.Partitions != 6 || o.Topics.Create {
-		t.Fatalf("file: %s %+v", got, o.Topics)
+	if got := kafkaOf(o).Topics.Configs.String(); got != "cleanup.policy=compact,retention.ms=5" || kafkaOf(o).Topics.Partitions != 6 || kafkaOf(o).Topics.Create {
+		t.Fatalf("file: %s %+v", got, kafkaOf(o).Topics)
 	}
 	o, _, err = parseRun(t, nil, map[string]string{"OUTBOXD_TOPIC_CONFIG": "a=1,b=2", "OUTBOXD_TOPIC_REPLICATION_FACTOR": "3"}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := o.Topics.Configs.String(); got != "a=1,b=2" || o.Topics.ReplicationFactor != 3 {
-		t.Fatalf("env: %s %+v", got, o.Topics)
+	if got := kafkaOf(o).Topics.Configs.String(); got != "a=1,b=2" || kafkaOf(o).Topics.ReplicationFactor != 3 {
+		t.Fatalf("env: %s %+v", got, kafkaOf(o).Topics)
 	}
 	if _, _, err := parseRun(t, []string{"--topic-config", "novalue"}, nil, ""); err == nil || !strings.Contains(err.Error(), "key=value") {
 		t.Fatalf("bad pair: %v", err)
 	}
-	o.Topics.Partitions = 0
-	if err := o.Topics.validate(); err == nil {
+	kafkaOf(o).Topics.Partitions = 0
+	if err := kafkaOf(o).Topics.validate(); err == nil {
 		t.Fatal("--topic-partitions 0 accepted")
 	}
 }

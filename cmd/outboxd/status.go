@@ -76,6 +76,8 @@ func statusCommand(ctx context.Context, e env, args []string) (err error) {
 	return nil
 }
 
+// writeStatus prints outboxd status's report: the server, the database's
+// slots (and what to do about idle or lost ones), then the publication.
 func writeStatus(w io.Writer, r *slot.Status) {
 	where := "current WAL"
 	if r.InRecovery {
@@ -83,31 +85,45 @@ func writeStatus(w io.Writer, r *slot.Status) {
 	}
 	version, _, _ := strings.Cut(r.ServerVersion, " ") // "15.4 (Debian 15.4-1)"
 	fmt.Fprintf(w, "database %s on PostgreSQL %s, %s %s\n\n", r.Database, version, where, r.CurrentWALLSN)
+	writeSlots(w, r)
+	writeSelectedSlot(w, r)
+	writeOtherSlots(w, r.OtherSlots)
+	writeSlotAdvice(w, r.Slots)
+	fmt.Fprintln(w)
+	writePublication(w, r.Publication, r.Database)
+}
 
+// writeSlots is the table of the database's slots, * marking --slot.
+func writeSlots(w io.Writer, r *slot.Status) {
 	if len(r.Slots) == 0 {
 		fmt.Fprintf(w, "no replication slots in database %s\n", r.Database)
-	} else {
-		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		// FAILOVER always (no on PostgreSQL ≤ 16), SYNCED where it matters: on a standby.
-		head := "  SLOT\tPLUGIN\tACTIVE\tHOLDER\tCONFIRMED FLUSH\tLAG\tRETAINED WAL\tWAL STATUS\tSAFE WAL SIZE\tFAILOVER"
-		if r.InRecovery {
-			head += "\tSYNCED"
-		}
-		fmt.Fprintln(tw, head)
-		for _, s := range r.Slots {
-			mark := " "
-			if s.Selected {
-				mark = "*"
-			}
-			fmt.Fprintf(tw, "%s %s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s", mark, s.Name, orDash(s.Plugin), yesNo(s.Active), holder(s),
-				lsnOrDash(s.ConfirmedFlush), bytesOrDash(s.LagBytes), bytesOrDash(s.RetainedBytes), orDash(s.WALStatus), safeWALSize(s), yesNo(s.Failover))
-			if r.InRecovery {
-				fmt.Fprintf(tw, "\t%s", yesNo(s.Synced))
-			}
-			fmt.Fprintln(tw)
-		}
-		tw.Flush()
+		return
 	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	// FAILOVER always (no on PostgreSQL ≤ 16), SYNCED where it matters: on a standby.
+	head := "  SLOT\tPLUGIN\tACTIVE\tHOLDER\tCONFIRMED FLUSH\tLAG\tRETAINED WAL\tWAL STATUS\tSAFE WAL SIZE\tFAILOVER"
+	if r.InRecovery {
+		head += "\tSYNCED"
+	}
+	fmt.Fprintln(tw, head)
+	for _, s := range r.Slots {
+		mark := " "
+		if s.Selected {
+			mark = "*"
+		}
+		fmt.Fprintf(tw, "%s %s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s", mark, s.Name, orDash(s.Plugin), yesNo(s.Active), holder(s),
+			lsnOrDash(s.ConfirmedFlush), bytesOrDash(s.LagBytes), bytesOrDash(s.RetainedBytes), orDash(s.WALStatus), safeWALSize(s), yesNo(s.Failover))
+		if r.InRecovery {
+			fmt.Fprintf(tw, "\t%s", yesNo(s.Synced))
+		}
+		fmt.Fprintln(tw)
+	}
+	tw.Flush()
+}
+
+// writeSelectedSlot says where --slot is: marked in the table, in another
+// database, or nowhere.
+func writeSelectedSlot(w io.Writer, r *slot.Status) {
 	switch {
 	case r.SlotFound && slotIn(r.Slots, r.Slot):
 		fmt.Fprintf(w, "(* is --slot %s)\n", r.Slot)
@@ -120,32 +136,43 @@ func writeStatus(w io.Writer, r *slot.Status) {
 	default:
 		fmt.Fprintf(w, "slot %s does not exist (outboxd setup or outboxd run creates it)\n", r.Slot)
 	}
-	if n := len(r.OtherSlots); n > 0 {
-		byDB := map[string]int{}
-		var retained int64
-		for _, s := range r.OtherSlots {
-			db := s.Database
-			if db == "" {
-				db = "physical"
-			}
-			byDB[db]++
-			if s.RetainedBytes != nil {
-				retained = max(retained, *s.RetainedBytes)
-			}
-		}
-		dbs := make([]string, 0, len(byDB))
-		for db, c := range byDB {
-			dbs = append(dbs, db+": "+strconv.Itoa(c))
-		}
-		sort.Strings(dbs)
-		if len(dbs) > 6 {
-			dbs = append(dbs[:6], "…")
-		}
-		fmt.Fprintf(w, "note: %d more slot(s) of other databases or physical replication not shown (%s), retaining up to %s of WAL\n",
-			n, strings.Join(dbs, ", "), humanize.Bytes(retained))
+}
+
+// writeOtherSlots counts the slots of other databases and of physical
+// replication by database, with the most WAL one of them retains.
+func writeOtherSlots(w io.Writer, others []slot.Listed) {
+	if len(others) == 0 {
+		return
 	}
+	byDB := map[string]int{}
+	var retained int64
+	for _, s := range others {
+		db := s.Database
+		if db == "" {
+			db = "physical"
+		}
+		byDB[db]++
+		if s.RetainedBytes != nil {
+			retained = max(retained, *s.RetainedBytes)
+		}
+	}
+	dbs := make([]string, 0, len(byDB))
+	for db, c := range byDB {
+		dbs = append(dbs, db+": "+strconv.Itoa(c))
+	}
+	sort.Strings(dbs)
+	if len(dbs) > 6 {
+		dbs = append(dbs[:6], "…")
+	}
+	fmt.Fprintf(w, "note: %d more slot(s) of other databases or physical replication not shown (%s), retaining up to %s of WAL\n",
+		len(others), strings.Join(dbs, ", "), humanize.Bytes(retained))
+}
+
+// writeSlotAdvice warns about lost slots and notes the inactive ones, which
+// keep their WAL.
+func writeSlotAdvice(w io.Writer, slots []slot.Listed) {
 	var idle []string
-	for _, s := range r.Slots {
+	for _, s := range slots {
 		if !s.Active && s.WALStatus != "lost" {
 			idle = append(idle, s.Name)
 		}
@@ -156,11 +183,12 @@ func writeStatus(w io.Writer, r *slot.Status) {
 	if len(idle) > 0 {
 		fmt.Fprintf(w, "note: inactive slots keep their WAL until a consumer confirms it or they are dropped (outboxd slot drop --slot NAME): %s\n", strings.Join(idle, ", "))
 	}
+}
 
-	p := r.Publication
-	fmt.Fprintln(w)
+// writePublication is the publication, what it publishes and its tables.
+func writePublication(w io.Writer, p slot.PublicationStatus, database string) {
 	if !p.Exists {
-		fmt.Fprintf(w, "publication %s does not exist in database %s (outboxd setup creates it)\n", p.Name, r.Database)
+		fmt.Fprintf(w, "publication %s does not exist in database %s (outboxd setup creates it)\n", p.Name, database)
 		return
 	}
 	scope := ""

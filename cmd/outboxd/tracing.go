@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"log/slog"
-	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -54,17 +53,8 @@ func (t *tracing) wrap(s sink.Sink, system string) sink.Sink {
 }
 
 // messagingSystem is OpenTelemetry's messaging.system for --broker's URL
-// ("" is Kafka).
-func messagingSystem(brokerURL string) string {
-	scheme, _, _ := strings.Cut(brokerURL, "://")
-	switch strings.ToLower(scheme) {
-	case "nats":
-		return "nats"
-	case "amqp", "amqps":
-		return "rabbitmq"
-	}
-	return "kafka"
-}
+// ("": the default broker), as the broker registered it (broker.go).
+func messagingSystem(brokerURL string) string { return brokerKindOf(brokerURL).system }
 
 // register adds the export's series to the relay's /metrics.
 func (t *tracing) register(r *outboxd.Relay) {

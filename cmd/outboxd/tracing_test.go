@@ -43,7 +43,7 @@ func TestTracingRefusesGRPC(t *testing.T) {
 }
 
 func TestMessagingSystem(t *testing.T) {
-	for url, want := range map[string]string{"": "kafka", "nats://127.0.0.1:4222": "nats", "amqp://u@h/": "rabbitmq", "AMQPS://h": "rabbitmq"} {
+	for url, want := range map[string]string{"": "kafka", "kafka://k:9092": "kafka", "nats://127.0.0.1:4222": "nats", "amqp://u@h/": "rabbitmq", "AMQPS://h": "rabbitmq"} {
 		if got := messagingSystem(url); got != want {
 			t.Errorf("messagingSystem(%q) = %q, want %q", url, got, want)
 		}

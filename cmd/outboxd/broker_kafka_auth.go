@@ -12,7 +12,8 @@ import (
 	"github.com/outboxd/outboxd/sink/kafka"
 )
 
-// kafkaAuth holds the Kafka TLS and SASL options.
+// kafkaAuth holds the Kafka TLS and SASL options (the --kafka-tls-* and
+// --kafka-sasl-* flags), part of kafkaOptions (broker_kafka.go).
 type kafkaAuth struct {
 	TLS           bool
 	TLSCA         string
@@ -95,4 +96,14 @@ func (a *kafkaAuth) mechanism() (sasl.Mechanism, error) {
 		return nil, errors.New("--kafka-sasl-mechanism needs --kafka-sasl-user and a password (OUTBOXD_KAFKA_SASL_PASSWORD or --kafka-sasl-password-file)")
 	}
 	return kafka.SASL(a.SASLMechanism, a.SASLUser, pass)
+}
+
+// checkSASLPlain refuses SASL PLAIN without TLS: it sends the password
+// itself in the clear, to anyone on the path.
+func checkSASLPlain(a kafkaAuth) error {
+	if a.SASLMechanism == "PLAIN" && !a.tlsOn() && !a.SASLPlainAllowCleartext {
+		return errors.New("--kafka-sasl-mechanism PLAIN without TLS sends the password in the clear: add --kafka-tls (or --kafka-tls-ca), " +
+			"use SCRAM-SHA-512, or pass --kafka-sasl-plain-allow-cleartext to accept it")
+	}
+	return nil
 }
