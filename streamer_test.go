@@ -237,7 +237,8 @@ func newHarness(t *testing.T, start wal.LSN, tweak func(*Config)) *harness {
 	ss := newScriptStream()
 	wm := slot.NewWatermark(start)
 	st.startSession(wm, slot.Info{})
-	s := newStreamer(r, ss, wm, start)
+	r.mode = newMode(&r.cfg, r.log, st, r.m, nil)
+	s := newStreamer(r.streamerDeps(), ss, wm, start, &aloCommitter{wm: wm}, nil)
 	return &harness{t: t, relay: r, stream: ss, sink: hs, s: s}
 }
 
@@ -547,7 +548,7 @@ func TestStreamerExactlyOnceSkipsWhatKafkaHolds(t *testing.T) {
 func TestStreamerExactlyOnceSplitsALargeTransaction(t *testing.T) {
 	ts := &fakeTxnSink{}
 	h := newHarness(t, 100, func(c *Config) { c.MaxInflightEvents, c.MaxInflightBytes = 1<<20, 1<<30 })
-	h.s.commit = &eos{sink: ts, wm: h.s.wm, splitAge: time.Minute, tx: &h.s.tx}
+	h.s.commit = &eos{sink: ts, wm: h.s.wm, splitAge: time.Minute, tx: h.s.tx}
 	h.start()
 	ids := make([]string, eosMaxRecords*2+5)
 	for i := range ids {
