@@ -202,7 +202,7 @@ func (x *exactlyOnce) resetTransactions(ctx context.Context, resume *wal.LSN) er
 			return err
 		}
 		x.st.setErr(err)
-		x.m.reconnects.WithLabelValues(sinkName(x.txn)).Inc()
+		x.m.reconnects.WithLabelValues(brokerLabel(x.txn)).Inc()
 		x.logged.log(x.log, x.cfg.Postgres, slog.LevelWarn, "exactly-once: waiting for the broker to start a new transactional session", err)
 		if !bo.Wait(ctx) {
 			return ctx.Err()

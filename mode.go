@@ -151,8 +151,18 @@ type committer interface {
 // sinkName is the broker's name for messages: the sink's own
 // (sink.Namer), or "the broker".
 func sinkName(s any) string {
-	if n, ok := s.(sink.Namer); ok {
+	if n, ok := s.(sink.Namer); ok && n.Name() != "" {
 		return n.Name()
 	}
 	return "the broker"
+}
+
+// brokerLabel is the broker's outboxd_reconnects_total target: the sink's
+// name ("kafka" for Kafka, as always, so that alerts keep working), or
+// "broker" for a sink that does not name itself.
+func brokerLabel(s any) string {
+	if n, ok := s.(sink.Namer); ok && n.Name() != "" {
+		return n.Name()
+	}
+	return "broker"
 }

@@ -199,6 +199,7 @@ func New(cfg Config) (*Relay, error) {
 	}
 	st := &state{dsn: cfg.Postgres, slotName: cfg.Slot, maxSlotLag: cfg.MaxSlotLag, warnings: cfg.Warnings}
 	m := newMetrics(cfg.Version, st)
+	m.reconnects.WithLabelValues(brokerLabel(cfg.Sink)) // present at 0 from the start, so rate() works
 	mo := &monitor{
 		dsn: cfg.Postgres, slot: cfg.Slot, interval: cfg.PollInterval, heartbeatInterval: cfg.HeartbeatInterval,
 		maxSlotLag: cfg.MaxSlotLag, log: cfg.Logger, m: m, st: st, sink: cfg.Sink,

@@ -409,7 +409,7 @@ func (s *streamer) publish(ctx context.Context, pos eventPos, src source, rec ro
 		if sink.KindOf(err) != sink.Rejected {
 			return err
 		}
-		err, retry = fmt.Errorf("rejected by kafka: %s (before: %s)", err, cause), true
+		err, retry = fmt.Errorf("rejected by %s: %s (before: %s)", sinkName(s.sink), err, cause), true
 	}
 	if cause, ok := s.poison[pos]; ok && err == nil {
 		// Kafka refused this event in an earlier session. A broker refuses
@@ -425,7 +425,7 @@ func (s *streamer) publish(ctx context.Context, pos eventPos, src source, rec ro
 		if sink.KindOf(err) != sink.Rejected {
 			return err
 		}
-		err, retry = fmt.Errorf("rejected by kafka: %s (before: %s)", err, cause), true
+		err, retry = fmt.Errorf("rejected by %s: %s (before: %s)", sinkName(s.sink), err, cause), true
 	}
 	if err == nil {
 		return s.produce(ctx, &rec, pos, src)
