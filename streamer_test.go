@@ -564,7 +564,7 @@ func TestStreamerExactlyOnceSplitsALargeTransaction(t *testing.T) {
 	cps := ts.checkpoints()
 	// Each checkpoint names the transaction (xid, commit time), whole or
 	// split, so that a restored server's transaction at the same position
-	// is not taken for it (boundary.go).
+	// is not taken for it (exactlyonce.go, boundary).
 	xid, at := msgs[0].Begin.Xid, msgs[0].Begin.CommitTime.UnixMicro()
 	want := []sink.Checkpoint{{LSN: 200, Events: eosMaxRecords, Xid: xid, CommitTime: at}, {LSN: 200, Events: 2 * eosMaxRecords, Xid: xid, CommitTime: at}, {LSN: 210, Xid: xid, CommitTime: at}}
 	if fmt.Sprint(cps) != fmt.Sprint(want) {
