@@ -84,7 +84,7 @@ func (m *atLeastOnce) resume(c connected, acked wal.LSN) wal.LSN {
 
 // open is the session's committer.
 func (m *atLeastOnce) open(_ context.Context, s sessionStart) (committer, error) {
-	return &aloCommitter{wm: s.wm, progress: m.progress, replay: m.replay, tx: s.tx, log: m.log, slot: m.cfg.Slot}, nil
+	return &aloCommitter{wm: s.wm, progress: m.progress, replay: m.replay, tx: s.tx, info: s.info, log: m.log, slot: m.cfg.Slot}, nil
 }
 
 // ended lets the session's in-flight events settle (the connection is
@@ -111,6 +111,7 @@ type aloCommitter struct {
 	progress *progress    // nil: no cap
 	replay   *replayCheck // nil: no replay to verify
 	tx       *router.Tx   // the streamer's current transaction
+	info     slot.Info    // the slot as the session started
 	log      *slog.Logger
 	slot     string
 }
@@ -144,7 +145,7 @@ func (c *aloCommitter) confirmable(lsn wal.LSN) wal.LSN {
 	if c.progress == nil {
 		return lsn
 	}
-	return c.progress.confirmable(lsn)
+	return c.progress.confirmable(lsn, c.info)
 }
 
 // flush writes the progress record before the final confirmation, so
@@ -265,13 +266,13 @@ const writeAheadGap = 10 * time.Millisecond
 // that the slot is never confirmed past it and a slot found beyond it
 // (Prepare) was moved by someone else. Past the cap, it asks the writer for
 // a new record now. The slot's own position when the session started is
-// always allowed. Exactly-once mode needs no cap: the checkpoint commits
-// with the events, before the watermark sees them.
-func (p *progress) confirmable(lsn wal.LSN) wal.LSN {
+// always allowed (info: the session's slot as it started). Exactly-once
+// mode needs no cap: the checkpoint commits with the events, before the
+// watermark sees them.
+func (p *progress) confirmable(lsn wal.LSN, info slot.Info) wal.LSN {
 	if p.store == nil {
 		return lsn
 	}
-	_, info := p.st.session()
 	p.mu.Lock()
 	allowed := info.ConfirmedFlush
 	if p.written.SystemID != "" && p.written.SystemID == info.SystemID {

@@ -85,6 +85,7 @@ type connected struct {
 
 // sessionStart is what a mode opens a session's committer with.
 type sessionStart struct {
+	info   slot.Info       // the slot as slot.Prepare found it
 	start  wal.LSN         // the LSN START_REPLICATION streams from
 	wm     *slot.Watermark // the session's ack watermark
 	tx     *router.Tx      // the streamer's current PostgreSQL transaction

@@ -289,7 +289,7 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 	defer stream.Close()
 	wm = slot.NewWatermark(start)
 	tx := new(router.Tx)
-	commit, err := r.mode.open(ctx, sessionStart{start: start, wm: wm, tx: tx, resume: resume})
+	commit, err := r.mode.open(ctx, sessionStart{info: info, start: start, wm: wm, tx: tx, resume: resume})
 	if err != nil {
 		return false, nil, err
 	}
