@@ -100,8 +100,8 @@ func (m *atLeastOnce) ended(ctx context.Context, wm *slot.Watermark, resume *wal
 	return true
 }
 
-func (*atLeastOnce) fenced(err error, _ *slot.BusyError) error { return err }
-func (*atLeastOnce) standby()                                  {}
+func (*atLeastOnce) fenced(err error, _ func() *slot.BusyError) error { return err }
+func (*atLeastOnce) standby()                                         {}
 
 // aloCommitter is an at-least-once session's committer: acks alone move
 // the watermark; the progress record caps the confirmation; a verified

@@ -163,8 +163,8 @@ const maxFencings = 3
 // fencing stop the relay (err, as before): then whoever fences it streams
 // from another server under the same system identifier and slot (a copy
 // of the database), and the two would fence each other forever.
-func (x *exactlyOnce) fenced(err error, holder *slot.BusyError) error {
-	if holder != nil {
+func (x *exactlyOnce) fenced(err error, other func() *slot.BusyError) error {
+	if holder := other(); holder != nil {
 		x.log.Warn("exactly-once: fenced by the outboxd that took the slot over; standing by",
 			"slot", x.cfg.Slot, "holder_pid", holder.PID)
 		return holder

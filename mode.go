@@ -56,9 +56,10 @@ type mode interface {
 	// returns false when ctx ended meanwhile.
 	ended(ctx context.Context, wm *slot.Watermark, resume *wal.LSN) bool
 	// fenced says what a session fenced by the broker means: err (stop),
-	// holder (another process took the slot over: stand by) or another
-	// error (start over). holder is nil when no other process holds it.
-	fenced(err error, holder *slot.BusyError) error
+	// the holder (another process took the slot over: stand by) or another
+	// error (start over). holder looks at the slot: nil when no other
+	// process holds it.
+	fenced(err error, holder func() *slot.BusyError) error
 	// standby is told that the relay stands by: another process holds the
 	// slot.
 	standby()

@@ -114,7 +114,7 @@ func (r *relay) run(ctx context.Context) error {
 			return nil
 		}
 		if sink.KindOf(err) == sink.Fenced {
-			err = r.mode.fenced(err, r.otherHolder(ctx)) // a takeover? (exactlyOnce.fenced)
+			err = r.mode.fenced(err, func() *slot.BusyError { return r.otherHolder(ctx) }) // a takeover? (exactlyOnce.fenced)
 		}
 		r.state.setErr(err)
 		var setupErr *slot.SetupError
