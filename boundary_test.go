@@ -14,7 +14,7 @@ import (
 
 // The boundary check meets the checkpoint's own transaction on the same
 // WAL, and reports a gap for a WAL that passes the checkpoint without it
-// (boundary.go). Positions: the checkpoint's transaction (xid 745,
+// (exactlyonce.go, boundary). Positions: the checkpoint's transaction (xid 745,
 // committed at t0) commits at 0x900 and ends at 0x950; a step's transaction
 // is that one unless it says otherwise.
 func TestBoundary(t *testing.T) {

@@ -123,8 +123,8 @@ func TestExactlyOnceStartupInsideTheEngine(t *testing.T) {
 		if err := binds[1].Check(context.Background(), "0/9000"); err != nil {
 			t.Fatalf("guard: %v", err)
 		}
-		if r.relay.done != ts.cp || r.relay.freshProducer {
-			t.Fatalf("after startup: done %v, fresh %v", r.relay.done, r.relay.freshProducer)
+		if r.relay.xo().done != ts.cp || r.relay.xo().freshProducer {
+			t.Fatalf("after startup: done %v, fresh %v", r.relay.xo().done, r.relay.xo().freshProducer)
 		}
 		if code, why := readyz(r); code != 503 || strings.HasPrefix(why, "starting") {
 			t.Fatalf("/readyz after startup: %d %q", code, why)
@@ -144,8 +144,8 @@ func TestExactlyOnceStartupInsideTheEngine(t *testing.T) {
 		if err := r2.prepare(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		if len(binds) != 1 || binds[0].Register || binds[0].Key != "7345/s" || !r2.relay.freshProducer || r2.relay.done != (sink.Checkpoint{}) {
-			t.Fatalf("standby startup: bindings %+v, fresh %v, done %v", binds, r2.relay.freshProducer, r2.relay.done)
+		if len(binds) != 1 || binds[0].Register || binds[0].Key != "7345/s" || !r2.relay.xo().freshProducer || r2.relay.xo().done != (sink.Checkpoint{}) {
+			t.Fatalf("standby startup: bindings %+v, fresh %v, done %v", binds, r2.relay.xo().freshProducer, r2.relay.xo().done)
 		}
 	})
 }

@@ -35,7 +35,7 @@ func TestFencedByATakeoverStandsBy(t *testing.T) {
 	var fresh []bool
 	r.sessionFn = func(ctx context.Context, _ *wal.LSN) (bool, *slot.Watermark, error) {
 		calls++
-		fresh = append(fresh, r.freshProducer)
+		fresh = append(fresh, r.xo().freshProducer)
 		if calls == 1 {
 			return true, nil, fenced
 		}
@@ -71,16 +71,16 @@ func TestFencedByATakeoverStandsBy(t *testing.T) {
 	for _, pid := range []int{0, 55} {
 		db.set(func(f *fakeSQL) { f.slot.Active, f.slot.ActivePID = pid != 0, pid })
 		calls, fresh = 0, nil
-		r.freshProducer = false
+		r.xo().freshProducer = false
 		r.sessionFn = func(context.Context, *wal.LSN) (bool, *slot.Watermark, error) {
 			calls++
-			fresh = append(fresh, r.freshProducer)
+			fresh = append(fresh, r.xo().freshProducer)
 			return true, nil, fenced
 		}
 		if err := r.run(context.Background()); sink.KindOf(err) != sink.Fenced || calls != maxFencings || !fresh[1] || !fresh[2] {
 			t.Fatalf("fenced with slot holder %d: %v after %d sessions (fresh producer %v), want the fencing after %d, the later ones with a fresh producer", pid, err, calls, fresh, maxFencings)
 		}
-		r.fencings = 0
+		r.xo().fencings = 0
 	}
 }
 

@@ -59,11 +59,9 @@ func newMetrics(version string, st *state) *metrics {
 	f(m.transactions)
 	m.produceErrors = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_kafka_produce_errors_total", Help: "Records the broker rejected or failed to ack (any broker; the name is kept from when Kafka was the only one)."})
 	f(m.produceErrors)
-	m.reconnects = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_reconnects_total", Help: "Reconnections, by target (postgres, kafka)."}, []string{"target"})
+	m.reconnects = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_reconnects_total", Help: "Reconnections, by target (postgres, and the broker: kafka, nats, rabbitmq)."}, []string{"target"})
 	f(m.reconnects)
-	for _, target := range []string{"postgres", "kafka"} {
-		m.reconnects.WithLabelValues(target) // present at 0 from the start, so rate() works
-	}
+	m.reconnects.WithLabelValues("postgres") // present at 0 from the start, so rate() works; the broker's: New
 	m.publishLatency = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "outboxd_publish_latency_seconds",
 		Help:    "Time from the transaction's commit to the broker's ack of its event.",

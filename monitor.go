@@ -168,7 +168,7 @@ func (mo *monitor) pollBroker(ctx context.Context, wasOK bool) bool {
 		mo.st.setErr(fmt.Errorf("broker unreachable: %w", err))
 	case !wasOK && ok:
 		mo.log.Info("broker reachable again")
-		mo.m.reconnects.WithLabelValues("kafka").Inc()
+		mo.m.reconnects.WithLabelValues(brokerLabel(mo.sink)).Inc()
 	}
 	mo.st.setBrokerOK(ok)
 	return ok

@@ -24,6 +24,7 @@ type pingSink struct {
 }
 
 func (p *pingSink) Ping(context.Context) error { return p.err }
+func (p *pingSink) Name() string               { return "kafka" }
 
 // The monitor's broker poll flips /readyz and counts a reconnection when
 // Kafka comes back; the lag guard warns with the likely cause, once a

@@ -12,19 +12,9 @@
 // Exactly-once is Config.Delivery ExactlyOnce with a transactional sink
 // (TxnSink, Checkpoints; see Example_exactlyOnce).
 //
-// One event's path, file by file: relay.go holds the replication connection
-// (one goroutine, one session at a time, opened through session.go's seams)
-// and streamer.go reads it, routes each
-// insert with the router and hands the record to the Sink; the Sink's
-// acknowledgement reaches the slot.Watermark, whose contiguous position is the
-// only flush LSN ever sent to PostgreSQL. eos.go is exactly-once mode's
-// batching of whole PostgreSQL transactions into broker transactions, and
-// delivery.go its startup (Config.Delivery: the checkpoint's key, the
-// producer's registration, the checkpoint). options.go holds the typed
-// choices of Config.
-// monitor.go polls the slot and the broker on an ordinary connection;
-// state.go and metrics.go are what /status, /readyz and /metrics show
-// (handler.go).
+// docs/architecture.md walks through the package: an event's path and an
+// ack's path file by file, the goroutines, the invariants, and where a
+// broker or a delivery guarantee (mode.go) plugs in.
 package outboxd
 
 import (
@@ -89,7 +79,7 @@ type Config struct {
 
 	// ProgressStore keeps, in at-least-once mode, the record of how far
 	// outboxd has published that outlives the slot, for the gap check
-	// (progress.go; exactly-once mode uses the checkpoint). AcceptGap lets
+	// (atleastonce.go; exactly-once mode uses the checkpoint). AcceptGap lets
 	// outboxd continue past a reported gap. NewProgressStore, instead,
 	// builds the store once Run has read the record's key ("<system
 	// id>/<slot>", so that clusters sharing the record's home never read
@@ -214,6 +204,7 @@ func New(cfg Config) (*Relay, error) {
 	}
 	st := &state{dsn: cfg.Postgres, slotName: cfg.Slot, maxSlotLag: cfg.MaxSlotLag, warnings: cfg.Warnings}
 	m := newMetrics(cfg.Version, st)
+	m.reconnects.WithLabelValues(brokerLabel(cfg.Sink)) // present at 0 from the start, so rate() works
 	mo := &monitor{
 		dsn: cfg.Postgres, slot: cfg.Slot, interval: cfg.PollInterval, heartbeatInterval: cfg.HeartbeatInterval,
 		maxSlotLag: cfg.MaxSlotLag, log: cfg.Logger, m: m, st: st, sink: cfg.Sink,
@@ -234,6 +225,7 @@ func New(cfg Config) (*Relay, error) {
 		prog.store = cfg.ProgressStore
 	}
 	r.progress = prog
+	r.mode = newMode(&r.cfg, r.log, st, m, prog)
 	switch { // until Run's startup is done (prepare)
 	case cfg.Delivery == ExactlyOnce:
 		st.starting = startingCheckpoint
@@ -276,6 +268,11 @@ func (r *Relay) Run(ctx context.Context) error {
 	r.progress.final() // after the last confirmation: a short run leaves a record too
 	return err
 }
+
+// prepare is Run's startup before the first session: the mode's (the
+// progress record's key; the checkpoint). The HTTP handler answers
+// meanwhile: /readyz 503 with the reason, /status "starting".
+func (r *Relay) prepare(ctx context.Context) error { return r.relay.mode.prepare(ctx, r) }
 
 // TopicHeld tells the relay that the sink holds the events of topic (err
 // says why: the topic is missing and may not be created) or, with a nil

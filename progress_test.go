@@ -243,8 +243,9 @@ func TestProgressConfirmationNeverPassesTheRecord(t *testing.T) {
 	p := &progress{log: slog.New(slog.DiscardHandler), st: st, store: store, kick: make(chan struct{}, 1)}
 	p.start(context.Background())
 	wm := slot.NewWatermark(0x100)
-	st.startSession(wm, slot.Info{Slot: slot.Slot{ConfirmedFlush: 0x100}, SystemID: "7", Timeline: 1})
-	if got := p.confirmable(0x500); got != 0x100 {
+	info := slot.Info{Slot: slot.Slot{ConfirmedFlush: 0x100}, SystemID: "7", Timeline: 1}
+	st.startSession(wm, info)
+	if got := p.confirmable(0x500, info); got != 0x100 {
 		t.Fatalf("before any record: confirmable %s, want the slot's own 0/100", got)
 	}
 	select {
@@ -255,10 +256,10 @@ func TestProgressConfirmationNeverPassesTheRecord(t *testing.T) {
 	tx := wm.Begin(time.Now())
 	wm.Commit(tx, 0x500)
 	p.flush(context.Background())
-	if got := p.confirmable(0x500); got != 0x500 {
+	if got := p.confirmable(0x500, info); got != 0x500 {
 		t.Fatalf("after the record 0/500: confirmable %s", got)
 	}
-	if got := p.confirmable(0x600); got != 0x500 {
+	if got := p.confirmable(0x600, info); got != 0x500 {
 		t.Fatalf("past the record: confirmable %s, want 0/500", got)
 	}
 	if rec, _ := p.Known(); !rec.WriteAhead {
@@ -266,7 +267,7 @@ func TestProgressConfirmationNeverPassesTheRecord(t *testing.T) {
 	}
 	eos := &progress{log: p.log, st: st}
 	eos.fromCheckpoint(0x100, true)
-	if got := eos.confirmable(0x900); got != 0x900 {
+	if got := eos.confirmable(0x900, info); got != 0x900 {
 		t.Fatalf("exactly-once capped: %s", got)
 	}
 	if rec, _ := eos.Known(); rec.WriteAhead {

@@ -54,17 +54,12 @@ type relay struct {
 	// published caches outboxd_events_published_total per topic; owned by
 	// the relay goroutine.
 	published map[string]prometheus.Counter
+	// mode is the delivery guarantee (mode.go): what the relay asks at
+	// each step of a session instead of branching on which one it is.
+	mode mode
 	// lastPID is the walsender PID of the previous session, to take the slot
 	// back from it if it outlived its connection.
 	lastPID int
-	// freshProducer: exactly-once mode starts the next session with a new
-	// producer and the checkpoint (resetTransactions) once START_REPLICATION
-	// holds the slot: after a failed session, and after standing by.
-	freshProducer bool
-	// done is the exactly-once checkpoint the sink last held: where
-	// streaming resumes, and what a broker transaction continues from.
-	// Relay.prepare reads it; resetTransactions moves it forward.
-	done sink.Checkpoint
 	// textOnly: a binary session met a column type the router does not
 	// render from binary; text from now on (binary.go).
 	textOnly bool
@@ -72,26 +67,14 @@ type relay struct {
 	// lastInfo its slot.Info.
 	lastServer string
 	lastInfo   slot.Info
-	// replay is at-least-once's record of the transactions decoded and the
-	// replay to verify after a server change (replay.go); nil in
-	// exactly-once mode.
-	replay *replayCheck
-	// ignoreDone is an exactly-once checkpoint whose transaction the WAL
-	// did not have, accepted with --accept-gap: reloading it from Kafka
-	// counts as no checkpoint (boundary.go).
-	ignoreDone sink.Checkpoint
-	// fencings counts exactly-once fencings in a row with no other
-	// process seen on the slot (role.go, fenced).
-	fencings int
 	// warnedSilence: the standby warned once that it cannot see the
 	// active's replies (role.go).
 	warnedSilence bool
 	// silence measures the slot holder's silence across this instance's
 	// looks at the slot, on the server's clock (role.go, slot.Silence).
 	silence slot.Silence
-	// lastLogged de-duplicates a session error repeated on every retry.
-	lastLogged   string
-	lastLoggedAt time.Time
+	// logged de-duplicates a session error repeated on every retry.
+	logged onceLog
 }
 
 // eventPos identifies an event in the WAL: its transaction's commit LSN and
@@ -120,7 +103,7 @@ func (r *rejection) Unwrap() error { return r.err }
 // shutdown and an error only for problems a restart cannot fix (SetupError,
 // configuration, fencing).
 func (r *relay) run(ctx context.Context) error {
-	resume := r.done.LSN
+	var resume wal.LSN // past the slot's position: what this process confirmed (mode.resume)
 	bo := backoff.Backoff{Min: 500 * time.Millisecond, Max: 15 * time.Second}
 	for first := true; ; first = false {
 		if !first {
@@ -131,7 +114,7 @@ func (r *relay) run(ctx context.Context) error {
 			return nil
 		}
 		if sink.KindOf(err) == sink.Fenced {
-			err = r.fenced(ctx, err) // a takeover? (role.go)
+			err = r.mode.fenced(err, func() *slot.BusyError { return r.otherHolder(ctx) }) // a takeover? (exactlyOnce.fenced)
 		}
 		r.state.setErr(err)
 		var setupErr *slot.SetupError
@@ -164,22 +147,10 @@ func (r *relay) run(ctx context.Context) error {
 		default:
 			r.logOnce(slog.LevelError, "replication session ended; reconnecting", err, "resume_lsn", resume.String())
 		}
-		if r.cfg.TxnSink != nil {
-			// A failed session may have left the Kafka transaction in an
-			// unknown state: the next session starts over with a fresh
-			// producer and the checkpoint as Kafka then has it, once it
-			// holds the slot (a fresh producer fences whoever streams
-			// under the same transactional id, see role.go).
-			r.freshProducer = true
-		} else if wm != nil {
-			// The connection is closed; let the session's in-flight events
-			// settle so the next session starts as late as possible.
-			if !waitDrained(ctx, wm) {
-				return nil
-			}
-			resume = max(resume, wm.Confirmed())
+		if !r.mode.ended(ctx, wm, &resume) {
+			return nil
 		}
-		// Every event Kafka refused, now that the session's records have
+		// Every event the broker refused, now that the session's records have
 		// settled: the next session tries each alone.
 		for _, rej := range r.rejected.take() {
 			r.poison[rej.pos] = rej.err.Error()
@@ -253,7 +224,7 @@ func (r *relay) hold(ctx context.Context, h *holdError) bool {
 		}
 		if err == nil {
 			delete(r.poison, h.pos)
-			r.log.Info("kafka accepts the held event now; streaming on", "table", h.table, "event_id", h.id, "commit_lsn", h.pos.commit.String())
+			r.log.Info(sinkName(r.sink)+" accepts the held event now; streaming on", "table", h.table, "event_id", h.id, "commit_lsn", h.pos.commit.String())
 			return true
 		}
 		if sink.KindOf(err) == sink.Fenced {
@@ -302,38 +273,10 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 		r.log.Info("created replication slot", "slot", info.Name, "plugin", "pgoutput", "confirmed_flush_lsn", info.ConfirmedFlush.String())
 	}
 	srv := info.Server()
-	prev := *resume
-	changed := r.lastServer != "" && srv != r.lastServer
-	if promoted := info.PreviousEnd != 0 && *resume <= info.PreviousEnd; changed && promoted && r.cfg.TxnSink == nil && *resume > info.ConfirmedFlush {
-		// A later timeline of the previous server (a promoted standby, a
-		// point-in-time recovery) whose history replayed the previous
-		// timeline past what this process acked: the WAL up to there is
-		// the one it streamed, so what it acked stays acked. A failover
-		// slot synchronized to the standby lags the primary's
-		// confirmation by up to the sync interval; resuming from it would
-		// publish those events again.
-		r.log.Info("the server is a later timeline of the previous one, which it replayed past what was acked: resuming from there, not from the slot's older position",
-			"resume_lsn", resume.String(), "confirmed_flush_lsn", info.ConfirmedFlush.String(), "timeline", info.Timeline, "previous_timeline", r.lastInfo.Timeline, "previous_timeline_end", info.PreviousEnd.String())
-		changed = false
-	}
-	if *resume > info.ConfirmedFlush && (changed || r.cfg.TxnSink != nil && r.lastServer == "") {
-		// Another server, or the same one restarted (restored from a
-		// backup, promoted): what this process acked lies at positions
-		// whose WAL may now hold other transactions, so it resumes where
-		// the slot says, never beyond (duplicates, at worst, and nothing
-		// skipped). Exactly-once mode does so on its first session too:
-		// it skips what the checkpoint covers, but only once the replayed
-		// WAL shows the checkpoint's own transaction (boundary.go).
-		if changed {
-			r.log.Warn("the server changed since the last session; resuming from the slot's confirmed position, not beyond",
-				"resume_lsn", resume.String(), "confirmed_flush_lsn", info.ConfirmedFlush.String(), "server", srv, "previous", r.lastServer)
-			r.replayFrom(*resume) // at-least-once: skip what the stream shows was acked (replay.go)
-		}
-		*resume = 0
-	}
+	c := connected{info: info, last: r.lastInfo, changed: r.lastServer != "" && srv != r.lastServer, first: r.lastServer == ""}
+	*resume = r.mode.resume(c, *resume)
 	r.lastServer, r.lastInfo = srv, info
 	start := max(info.ConfirmedFlush, *resume)
-	r.replayStart(start, prev)
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := conn.Start(sctx, wal.StartOptions{
@@ -344,126 +287,54 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 		return false, nil, err
 	}
 	defer stream.Close()
-	if r.cfg.TxnSink != nil && r.freshProducer {
-		// Only the slot's holder may fence (role.go). Bounded: a slot held
-		// without reading must not hold up a PostgreSQL shutdown for long.
-		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := r.resetTransactions(rctx, resume)
-		cancel()
-		if err != nil {
-			return false, nil, err
-		}
-		r.freshProducer = false
-	}
-	var verify *boundary
-	skip := r.done // what the session skips as in Kafka already
-	if r.cfg.TxnSink != nil {
-		skip, verify = sessionCheckpoint(r.log, r.cfg.Slot, r.done, start)
+	wm = slot.NewWatermark(start)
+	tx := new(router.Tx)
+	commit, err := r.mode.open(ctx, sessionStart{info: info, start: start, wm: wm, tx: tx, resume: resume})
+	if err != nil {
+		return false, nil, err
 	}
 
-	wm = slot.NewWatermark(start)
 	r.state.startSession(wm, info)
 	r.m.connected.Set(1)
 	r.log.Info("streaming", "slot", info.Name, "publication", r.cfg.Publication, "from_lsn", start.String(), "failover", info.Failover, "pgoutput", streamMode(stream))
 
-	s := newStreamer(r, stream, wm, start)
-	s.replay = r.replay
-	if r.cfg.TxnSink != nil {
-		s.commit = &eos{sink: r.cfg.TxnSink, wm: wm, done: skip, splitAge: r.cfg.SplitAge, tx: &s.tx}
-	}
-	if verify != nil {
-		s.verify = verify
-		s.confirmable = func(lsn wal.LSN) wal.LSN { return r.confirmable(verify.capped(lsn)) }
-		r.log.Info("exactly-once: replaying from the slot's position to the checkpoint; confirming nothing past it until the checkpoint's transaction shows the WAL is the one Kafka's events came from",
-			"from_lsn", start.String(), "checkpoint", r.done.String())
-	}
+	s := newStreamer(r.streamerDeps(), stream, wm, start, commit, tx)
 	err = s.loop(sctx)
 
 	r.m.connected.Set(0)
 	r.state.endSession()
 	s.finish(ctx, !conn.IsClosed())
-	var gap *boundaryGap
-	if errors.As(err, &gap) {
-		return true, wm, r.boundaryGap(gap, resume)
-	}
-	*resume = max(*resume, wm.Confirmed())
-	return true, wm, err
+	return true, wm, commit.closed(err, wm, resume)
 }
 
-// boundaryGap handles a stream that passed the exactly-once checkpoint
-// without its transaction: a gap (SetupError), or with --accept-gap a new
-// baseline: the checkpoint is ignored from now on (this process), and the
-// next session streams everything from the slot's position, which the
-// boundary's cap kept where the session started.
-func (r *relay) boundaryGap(gap *boundaryGap, resume *wal.LSN) error {
-	if !r.cfg.AcceptGap {
-		return slot.GapError(gap.Error())
-	}
-	r.progress.Accepted(gap.Error())
-	r.ignoreDone, r.done = gap.b.at, sink.Checkpoint{}
-	*resume = 0
-	return errors.New("exactly-once: gap accepted: streaming again from the slot's position, publishing what the old checkpoint covered")
-}
-
-// confirmable is the flush position the session may send for lsn: capped
-// by the progress record's write-ahead (progress.confirmable).
-func (r *relay) confirmable(lsn wal.LSN) wal.LSN {
-	if p, ok := r.progress.(*progress); ok {
-		return p.confirmable(lsn)
-	}
-	return lsn
-}
-
-// flushProgress writes the progress record before a session's final
-// confirmation, so that the confirmation is not held back by the cap.
-func (r *relay) flushProgress(ctx context.Context) {
-	if p, ok := r.progress.(*progress); ok {
-		p.flush(ctx)
-	}
-}
-
-// resetTransactions replaces the transactional producer and moves the resume
-// point to the checkpoint. It waits for Kafka as long as it takes (a broker
-// that refuses connections is a wait, not a reason to exit), but gives up at
-// once on what waiting cannot fix: fencing, a missing authorisation.
-func (r *relay) resetTransactions(ctx context.Context, resume *wal.LSN) error {
-	bo := backoff.Backoff{Min: 500 * time.Millisecond, Max: 15 * time.Second}
-	for {
-		err := r.cfg.TxnSink.Reset(ctx)
-		var done sink.Checkpoint
-		if err == nil {
-			done, err = r.cfg.TxnSink.LoadCheckpoint(ctx)
-		}
-		if err == nil && done == r.ignoreDone && done.LSN != 0 {
-			done = sink.Checkpoint{} // an accepted gap's: not this WAL's history (boundaryGap)
-		}
-		if err == nil {
-			if r.done.LSN < done.LSN || (r.done.LSN == done.LSN && r.done.Events < done.Events) {
-				r.done = done
-			}
-			*resume = max(*resume, r.done.LSN)
-			return nil
-		}
-		if ctx.Err() != nil || sink.KindOf(err) == sink.Fenced || sink.KindOf(err) == sink.Denied {
-			return err
-		}
-		r.state.setErr(err)
-		r.m.reconnects.WithLabelValues("kafka").Inc()
-		r.logOnce(slog.LevelWarn, "exactly-once: waiting for Kafka to start a new transactional session", err)
-		if !bo.Wait(ctx) {
-			return ctx.Err()
-		}
+// streamerDeps is what a session's streamer uses of the relay.
+func (r *relay) streamerDeps() streamerDeps {
+	return streamerDeps{
+		cfg: &r.cfg, log: r.log, router: r.router, sink: r.sink, m: r.m, state: r.state, onHeartbeat: r.onHeartbeat,
+		poison: r.poison, published: r.published, rejected: &r.rejected,
 	}
 }
 
 // logOnce logs err, but an error identical to the last one only once a
 // minute: a retry loop must not flood the log.
 func (r *relay) logOnce(level slog.Level, msg string, err error, args ...any) {
+	r.logged.log(r.log, r.cfg.Postgres, level, msg, err, args...)
+}
+
+// onceLog de-duplicates an error repeated on every retry.
+type onceLog struct {
+	last string
+	at   time.Time
+}
+
+// log logs err (its dsn's password redacted) at level, or at debug level
+// if it is the same as the last one, logged less than a minute ago.
+func (o *onceLog) log(log *slog.Logger, dsn string, level slog.Level, msg string, err error, args ...any) {
 	text := err.Error()
-	if text == r.lastLogged && time.Since(r.lastLoggedAt) < time.Minute {
+	if text == o.last && time.Since(o.at) < time.Minute {
 		level = slog.LevelDebug
 	} else {
-		r.lastLogged, r.lastLoggedAt = text, time.Now()
+		o.last, o.at = text, time.Now()
 	}
-	r.log.Log(context.Background(), level, msg, append([]any{"err", redact.String(text, r.cfg.Postgres)}, args...)...)
+	log.Log(context.Background(), level, msg, append([]any{"err", redact.String(text, dsn)}, args...)...)
 }

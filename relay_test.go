@@ -113,14 +113,14 @@ func (f *fakeReset) LoadCheckpoint(context.Context) (sink.Checkpoint, error) { r
 func TestResetTransactionsWaitsForKafka(t *testing.T) {
 	h := newHarness(t, 100, nil)
 	fr := &fakeReset{failures: 2, err: errors.New("dial tcp 127.0.0.1:9: connect: connection refused"), cp: sink.Checkpoint{LSN: 500, Events: 3}}
-	h.relay.cfg.TxnSink = fr
+	x := &exactlyOnce{log: h.relay.log, cfg: &h.relay.cfg, txn: fr, st: h.relay.state, m: h.relay.m}
 	resume := wal.LSN(100)
-	if err := h.relay.resetTransactions(context.Background(), &resume); err != nil || resume != 500 || h.relay.done != fr.cp || fr.resets != 3 {
-		t.Fatalf("err %v, resume %s, done %v after %d resets", err, resume, h.relay.done, fr.resets)
+	if err := x.resetTransactions(context.Background(), &resume); err != nil || resume != 500 || x.done != fr.cp || fr.resets != 3 {
+		t.Fatalf("err %v, resume %s, done %v after %d resets", err, resume, x.done, fr.resets)
 	}
 	fenced := &fakeReset{failures: 1, err: &sink.Error{Kind: sink.Fenced, Err: errors.New("fenced")}}
-	h.relay.cfg.TxnSink = fenced
-	if err := h.relay.resetTransactions(context.Background(), &resume); sink.KindOf(err) != sink.Fenced || fenced.resets != 1 {
+	x.txn = fenced
+	if err := x.resetTransactions(context.Background(), &resume); sink.KindOf(err) != sink.Fenced || fenced.resets != 1 {
 		t.Fatalf("fenced: %v after %d resets", err, fenced.resets)
 	}
 }

@@ -62,7 +62,7 @@ func TestRelayVerifiesTheReplayAfterARestart(t *testing.T) {
 			hs := newHeldSink()
 			r := newTestRelay(t, cs, &fakeSQL{found: true}, hs, nil)
 			if tc.ring != 0 {
-				r.relay.replay = &replayCheck{ring: newTxnRing(tc.ring)}
+				r.relay.alo().replay = &replayCheck{ring: newTxnRing(tc.ring)}
 			}
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
@@ -105,7 +105,7 @@ func TestRelayVerifiesTheReplayAfterARestart(t *testing.T) {
 			if v := testutil.ToFloat64(r.m.skipped.WithLabelValues("replayed")); v != tc.skipped {
 				t.Fatalf("%v replayed events skipped, want %v", v, tc.skipped)
 			}
-			if d := r.relay.replay.diverged; d != tc.diverged {
+			if d := r.relay.alo().replay.diverged; d != tc.diverged {
 				t.Fatalf("%d replays found to be another history, want %d", d, tc.diverged)
 			}
 			cancel()
@@ -173,10 +173,12 @@ func BenchmarkHandleTxn(b *testing.B) {
 				m: newMetrics("test", st), state: st, poison: map[eventPos]string{}, published: map[string]prometheus.Counter{}}
 			wm := slot.NewWatermark(100)
 			st.startSession(wm, slot.Info{})
-			s := newStreamer(r, newScriptStream(), wm, 100)
+			c := &aloCommitter{wm: wm}
+			s := newStreamer(r.streamerDeps(), newScriptStream(), wm, 100, c, nil)
+			c.tx = s.tx
 			if withRing {
-				s.replay = &replayCheck{ring: newTxnRing(replayRingSize)}
-				s.replay.ring.reset(100)
+				c.replay = &replayCheck{ring: newTxnRing(replayRingSize)}
+				c.replay.ring.reset(100)
 			}
 			msgs := txn(0, 0, uuid(1))
 			ctx, now := context.Background(), time.Now()
@@ -260,8 +262,7 @@ func TestRelayVerifiesAReplayAcrossSessions(t *testing.T) {
 	<-done
 
 	eos := newTestRelay(t, newConnScript(conn(45, "a", 100)), &fakeSQL{found: true}, newHeldSink(), func(c *Config) { c.TxnSink = &fakeReset{} })
-	eos.relay.replayStart(100, 0)
-	if eos.relay.replay != nil {
+	if _, ok := eos.relay.mode.(*exactlyOnce); !ok { // a mode without a replay ring
 		t.Fatal("exactly-once mode keeps a replay ring")
 	}
 }

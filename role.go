@@ -29,54 +29,27 @@ const (
 // so a standby takes over within standbyPoll plus one connection setup.
 const standbyPoll = 200 * time.Millisecond
 
-// standByAndTakeOver stands by (standBy). In exactly-once mode the session
-// that takes over starts a fresh producer and re-reads the checkpoint: the
-// active may have fenced this instance's, and it moved the checkpoint. That
-// happens only once START_REPLICATION holds the slot, because a fresh
-// producer fences whoever uses the transactional id: a standby that fenced
-// before winning the slot would stop an active that beat it to it.
+// standByAndTakeOver stands by (standBy) and tells the mode, whose next
+// session may need to start differently (exactlyOnce.standby).
 func (r *relay) standByAndTakeOver(ctx context.Context, busy *slot.BusyError) {
-	r.fencings = 0 // another process holds the slot: HA, not a copy of the database (fenced)
-	if r.standBy(ctx, busy) && r.cfg.TxnSink != nil {
-		r.freshProducer = true
-	}
+	r.mode.standby()
+	r.standBy(ctx, busy)
 }
 
-// maxFencings is how many fencings in a row, with no other process seen on
-// the slot, stop the relay (fenced).
-const maxFencings = 3
-
-// fenced decides what a session fenced in exactly-once mode means. Only the
-// slot's holder registers the transactional id (standByAndTakeOver), so the
-// fencer is normally the instance that took the slot over: this one was
-// stopped, or blocked on an unreachable Kafka, for longer than
-// --replication-timeout, and the standby cut it off. That is a takeover,
-// not a reason to exit: if another process holds the slot, fenced returns
-// its BusyError and the relay stands by, as at startup. If nobody does (the
-// new holder lost the slot again, PostgreSQL restarts, it cannot be seen),
-// the relay starts over like after any failed session: it stands by if the
-// slot is busy by then, or takes it and registers a fresh producer. Only
-// after maxFencings fencings in a row without seeing another process on the
-// slot does fencing stop the relay (err, as before): then whoever fences it
-// streams from another server under the same system identifier and slot (a
-// copy of the database), and the two would fence each other forever.
-func (r *relay) fenced(ctx context.Context, err error) error {
-	if r.cfg.TxnSink == nil {
-		return err
+// otherHolder is the process that holds the slot now if it is not this
+// one's last walsender, or nil: after a fencing, whether another instance
+// took the slot over (exactlyOnce.fenced).
+func (r *relay) otherHolder(ctx context.Context) *slot.BusyError {
+	conn, err := r.dialSQL(ctx, r.cfg.Postgres)
+	if err != nil {
+		return nil
 	}
-	if conn, derr := r.dialSQL(ctx, r.cfg.Postgres); derr == nil {
-		holder, herr := currentHolder(ctx, conn, r.cfg.Slot, r.cfg.ReplicationTimeout, &r.silence)
-		conn.Close(context.WithoutCancel(ctx))
-		if herr == nil && holder != nil && holder.PID != r.lastPID {
-			r.log.Warn("exactly-once: fenced by the outboxd that took the slot over; standing by",
-				"slot", r.cfg.Slot, "holder_pid", holder.PID)
-			return holder
-		}
+	holder, err := currentHolder(ctx, conn, r.cfg.Slot, r.cfg.ReplicationTimeout, &r.silence)
+	conn.Close(context.WithoutCancel(ctx))
+	if err != nil || holder == nil || holder.PID == r.lastPID {
+		return nil
 	}
-	if r.fencings++; r.fencings >= maxFencings {
-		return err
-	}
-	return fmt.Errorf("exactly-once: fenced (%d of %d in a row), and no other process holds the slot now; starting over: %v", r.fencings, maxFencings, err)
+	return holder
 }
 
 // standBy runs while the slot is busy: it marks this instance a standby and
@@ -140,7 +113,7 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 // slotBusy reports whether another process streams from the slot as
 // outboxd starts. In exactly-once mode registering the transactional id
 // would fence it, so such an instance skips that and stands by; the relay
-// starts a fresh producer once it holds the slot (relay.freshProducer; Relay.prepare).
+// starts a fresh producer once it holds the slot (exactlyOnce.prepare).
 // Unknown (PostgreSQL unreachable) counts as free: the relay reports why.
 func slotBusy(ctx context.Context, dsn, name string, staleAfter time.Duration) bool {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)

@@ -277,11 +277,12 @@ func TestRelayStandsByAndTakesOverTheSlot(t *testing.T) {
 	db := &fakeSQL{found: true, slot: slot.Slot{Name: "s", Active: true, ActivePID: 77}}
 	ts := &fakeReset{cp: sink.Checkpoint{LSN: 500}}
 	r := newTestRelay(t, cs, db, newHeldSink(), func(c *Config) {
-		c.TxnSink = ts
+		c.Delivery, c.TxnSink = ExactlyOnce, ts
+		c.Checkpoints = func(context.Context, CheckpointBinding) error { return nil }
 	})
-	// Started as a standby (Relay.prepare): the checkpoint is unread.
-	r.relay.freshProducer = true
-	r.progress.fromCheckpoint(0, false)
+	// Starts as a standby (Relay.prepare): the checkpoint is unread.
+	r.slotBusy = func(context.Context, string, string, time.Duration) bool { return true }
+	r.key = func(context.Context, string, string) (string, error) { return "7345/s", nil }
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
@@ -299,8 +300,8 @@ func TestRelayStandsByAndTakesOverTheSlot(t *testing.T) {
 	if _, opts := free.startOpts(); opts.StartLSN != 100 {
 		t.Fatalf("START_REPLICATION at %s", opts.StartLSN)
 	}
-	if ts.resets != 1 || r.relay.done.LSN != 500 {
-		t.Fatalf("%d producer resets, checkpoint %v after the takeover", ts.resets, r.relay.done)
+	if ts.resets != 1 || r.relay.xo().done.LSN != 500 {
+		t.Fatalf("%d producer resets, checkpoint %v after the takeover", ts.resets, r.relay.xo().done)
 	}
 	cancel()
 	if err := <-done; err != nil {

@@ -26,54 +26,60 @@ type replStream interface {
 	Received() wal.LSN
 }
 
+// streamerDeps is what a session's streamer uses of the relay
+// (relay.streamerDeps): its configuration, logger, router, sink, metrics
+// and state; the events rejected in earlier sessions, which it
+// dead-letters or holds before (poison: the relay goroutine's, which this
+// session runs in), and where its sink callbacks report refusals
+// (rejected).
+type streamerDeps struct {
+	cfg         *Config
+	log         *slog.Logger
+	router      *router.Router
+	sink        sink.Sink
+	m           *metrics
+	state       *state
+	onHeartbeat func(content []byte, received time.Time)
+	poison      map[eventPos]string
+	published   map[string]prometheus.Counter // outboxd_events_published_total by topic, cached
+	rejected    *rejections
+}
+
 // streamer is one session's read loop: it pulls decoded messages, routes
 // them, hands records to the sink and keeps the server informed of the
 // watermark. It runs in the relay's goroutine; only produce callbacks run
 // elsewhere, and they touch nothing but the watermark, errc and metrics.
+// What differs between delivery guarantees it asks the session's
+// committer (mode.go), never which mode it is.
 type streamer struct {
-	// What the session uses of the relay (newStreamer): its configuration,
-	// logger, router, sink, metrics and state; the rejected events it
-	// dead-letters or holds before (poison: the relay goroutine's, which
-	// this session runs in); and the progress record's cap on
-	// confirmations.
-	cfg           *Config
-	log           *slog.Logger
-	router        *router.Router
-	sink          sink.Sink
-	m             *metrics
-	state         *state
-	onHeartbeat   func(content []byte, received time.Time)
-	poison        map[eventPos]string
-	published     map[string]prometheus.Counter // outboxd_events_published_total by topic, cached
-	confirmable   func(lsn wal.LSN) wal.LSN
-	flushProgress func(ctx context.Context)
+	streamerDeps
 
 	stream   replStream
 	wm       *slot.Watermark
+	commit   committer  // the mode's: what may be skipped, when the watermark sees a commit, the confirm cap
 	errc     chan error // first produce failure of the session
-	rejected *rejections
-	updates  rateLog // the skipped-UPDATE warning's rate limit
+	updates  rateLog    // the skipped-UPDATE warning's rate limit
 	lastSent wal.LSN
 	sentAt   time.Time
 	txn      *slot.Txn
-	tx       router.Tx
-	ordinal  int       // events so far in the current transaction
-	commit   committer // atLeastOnce, or eos in exactly-once mode
+	tx       *router.Tx // the current transaction, shared with the committer
+	ordinal  int        // events so far in the current transaction
 	lastRecv time.Time
 	wakeAt   time.Time // read deadline while acks are awaited
 	pings    pingStreak
-	verify   *boundary    // exactly-once: the checkpoint's transaction to meet (boundary.go); nil: none
-	replay   *replayCheck // at-least-once: the relay's decoded transactions and replay to verify (replay.go)
-	skipTxn  bool         // the current transaction is a verified replay of one published and acked
+	skipTxn  bool // the committer skips the current transaction's events (a verified replay)
 }
 
-// newStreamer is the session's read loop over stream, from start, with the
-// relay's dependencies.
-func newStreamer(r *relay, stream replStream, wm *slot.Watermark, start wal.LSN) *streamer {
+// newStreamer is the session's read loop over stream, from start, with
+// the session's committer; tx is the transaction the committer sees (nil:
+// the streamer's own).
+func newStreamer(d streamerDeps, stream replStream, wm *slot.Watermark, start wal.LSN, commit committer, tx *router.Tx) *streamer {
+	if tx == nil {
+		tx = new(router.Tx)
+	}
 	return &streamer{
-		cfg: &r.cfg, log: r.log, router: r.router, sink: r.sink, m: r.m, state: r.state, onHeartbeat: r.onHeartbeat,
-		poison: r.poison, published: r.published, confirmable: r.confirmable, flushProgress: r.flushProgress,
-		stream: stream, wm: wm, commit: atLeastOnce{wm}, errc: make(chan error, 1), rejected: &r.rejected, lastSent: start, sentAt: time.Now(),
+		streamerDeps: d, stream: stream, wm: wm, commit: commit, tx: tx,
+		errc: make(chan error, 1), lastSent: start, sentAt: time.Now(),
 	}
 }
 
@@ -124,7 +130,7 @@ func (h *holdError) Unwrap() error { return h.cause }
 var errFatalUpdate = errors.New("UPDATE on an outbox table and table.op.invalid.behavior is fatal")
 
 // errReleased ends a session whose in-flight window stayed full.
-var errReleased = errors.New("kafka acked nothing with the in-flight window full: released the replication connection so PostgreSQL is not held up; reconnecting once the in-flight events are acked")
+var errReleased = errors.New("acked nothing with the in-flight window full: released the replication connection so PostgreSQL is not held up; reconnecting once the in-flight events are acked")
 
 func (s *streamer) loop(ctx context.Context) error {
 	nextStatus := time.Now().Add(s.cfg.StatusInterval)
@@ -150,7 +156,7 @@ func (s *streamer) loop(ctx context.Context) error {
 			if fullSince.IsZero() {
 				fullSince = now
 			} else if now.Sub(fullSince) > s.cfg.ReleaseAfter {
-				return fmt.Errorf("%w (for %s)", errReleased, s.cfg.ReleaseAfter)
+				return fmt.Errorf("%s %w (for %s)", sinkName(s.sink), errReleased, s.cfg.ReleaseAfter)
 			}
 			wake := nextStatus
 			if release := fullSince.Add(s.cfg.ReleaseAfter + time.Millisecond); release.Before(wake) {
@@ -224,7 +230,7 @@ func (s *streamer) waitForRoom(ctx context.Context, deadline time.Time) error {
 }
 
 func (s *streamer) sendStatus(reply bool) error {
-	lsn := s.confirmable(s.wm.Confirmed()) // never past the progress record (progress.go)
+	lsn := s.commit.confirmable(s.wm.Confirmed()) // the mode's cap (mode.go)
 	if err := s.stream.SendStatus(lsn, reply); err != nil {
 		return err
 	}
@@ -242,12 +248,13 @@ func (s *streamer) handle(ctx context.Context, msg *wal.Msg, now time.Time) erro
 	}
 	switch msg.Kind {
 	case wal.KindBegin:
-		if err := s.verify.begin(msg.Begin.FinalLSN, msg.Begin.Xid, msg.Begin.CommitTime); err != nil {
+		skip, err := s.commit.begin(&msg.Begin)
+		if err != nil {
 			return err
 		}
-		s.skipTxn = s.replay != nil && s.replay.upTo != 0 && s.replayBegin(&msg.Begin)
+		s.skipTxn = skip
 		s.txn = s.wm.Begin(now)
-		s.tx = router.Tx{Xid: msg.Begin.Xid, CommitLSN: msg.Begin.FinalLSN, CommitTime: msg.Begin.CommitTime}
+		*s.tx = router.Tx{Xid: msg.Begin.Xid, CommitLSN: msg.Begin.FinalLSN, CommitTime: msg.Begin.CommitTime}
 		s.ordinal = 0
 	case wal.KindInsert:
 		if s.txn == nil {
@@ -257,9 +264,9 @@ func (s *streamer) handle(ctx context.Context, msg *wal.Msg, now time.Time) erro
 		if skip {
 			return nil
 		}
-		rec, err := s.router.Route(&msg.Row, s.tx)
+		rec, err := s.router.Route(&msg.Row, *s.tx)
 		return s.publish(ctx, pos, source{rel: msg.Row.Relation}, rec, err, func(cause error) router.Record {
-			return s.router.DeadLetter(s.cfg.DeadLetterTopic, &msg.Row, s.tx, cause)
+			return s.router.DeadLetter(s.cfg.DeadLetterTopic, &msg.Row, *s.tx, cause)
 		})
 	case wal.KindMessage:
 		return s.message(ctx, &msg.Message)
@@ -279,19 +286,13 @@ func (s *streamer) handle(ctx context.Context, msg *wal.Msg, now time.Time) erro
 		if s.txn == nil {
 			return errors.New("protocol: commit outside a transaction")
 		}
-		if err := s.verify.commit(msg.Commit.EndLSN, s.tx.Xid, s.tx.CommitTime); err != nil {
-			return err
-		}
 		txn := s.txn
 		s.txn = nil
 		s.m.transactions.Inc()
-		if s.replay != nil {
-			s.replay.ring.add(decodedTxn{commit: s.tx.CommitLSN, xid: s.tx.Xid, at: uint32(s.tx.CommitTime.UnixMicro())})
-		}
 		return s.txnErr(s.commit.txnCommitted(ctx, txn, msg.Commit.EndLSN))
 	case wal.KindKeepalive:
 		if s.txn == nil {
-			if err := s.verify.idle(msg.Keepalive.WALEnd); err != nil {
+			if err := s.commit.idle(msg.Keepalive.WALEnd); err != nil {
 				return err
 			}
 			s.wm.Idle(msg.Keepalive.WALEnd)
@@ -311,13 +312,13 @@ func (s *streamer) handle(ctx context.Context, msg *wal.Msg, now time.Time) erro
 }
 
 // nextEvent numbers the current transaction's next outbox event and reports
-// whether the broker holds it already (exactly-once mode's checkpoint, or
-// at-least-once's verified replay after a server change: replay.go).
+// whether the broker holds it already (the committer's skip rules: the
+// exactly-once checkpoint, the at-least-once verified replay).
 func (s *streamer) nextEvent() (eventPos, bool) {
 	pos := eventPos{commit: s.tx.CommitLSN, n: s.ordinal}
 	s.ordinal++
 	if s.skipTxn {
-		s.m.skipped.WithLabelValues("replayed").Inc() // replays only (replay.go)
+		s.m.skipped.WithLabelValues("replayed").Inc() // verified replays only (atleastonce.go)
 		return pos, true
 	}
 	return pos, s.commit.covers(pos)
@@ -356,7 +357,7 @@ func (s *streamer) message(ctx context.Context, m *wal.Message) error {
 		}
 		return nil
 	}
-	rec, ok, err := s.router.RouteMessage(m, s.tx)
+	rec, ok, err := s.router.RouteMessage(m, *s.tx)
 	if !ok && err == nil {
 		return nil // not an outbox message
 	}
@@ -368,7 +369,7 @@ func (s *streamer) message(ctx context.Context, m *wal.Message) error {
 		return nil
 	}
 	return s.publish(ctx, pos, source{prefix: m.Prefix}, rec, err, func(cause error) router.Record {
-		return s.router.DeadLetterMessage(s.cfg.DeadLetterTopic, m, s.tx, cause)
+		return s.router.DeadLetterMessage(s.cfg.DeadLetterTopic, m, *s.tx, cause)
 	})
 }
 
@@ -413,7 +414,7 @@ func (s *streamer) publish(ctx context.Context, pos eventPos, src source, rec ro
 		if sink.KindOf(err) != sink.Rejected {
 			return err
 		}
-		err, retry = fmt.Errorf("rejected by kafka: %s (before: %s)", err, cause), true
+		err, retry = fmt.Errorf("rejected by %s: %s (before: %s)", sinkName(s.sink), err, cause), true
 	}
 	if cause, ok := s.poison[pos]; ok && err == nil {
 		// Kafka refused this event in an earlier session. A broker refuses
@@ -429,7 +430,7 @@ func (s *streamer) publish(ctx context.Context, pos eventPos, src source, rec ro
 		if sink.KindOf(err) != sink.Rejected {
 			return err
 		}
-		err, retry = fmt.Errorf("rejected by kafka: %s (before: %s)", err, cause), true
+		err, retry = fmt.Errorf("rejected by %s: %s (before: %s)", sinkName(s.sink), err, cause), true
 	}
 	if err == nil {
 		return s.produce(ctx, &rec, pos, src)
@@ -601,7 +602,7 @@ func (s *streamer) finish(ctx context.Context, connAlive bool) {
 		}
 	}
 	if connAlive {
-		s.flushProgress(tctx) // the record first: the confirmation may not pass it
+		s.commit.flush(tctx) // the progress record first: the confirmation may not pass it
 		if err := s.sendStatus(false); err == nil {
 			s.log.Info("confirmed", "lsn", s.lastSent.String())
 		}

@@ -237,7 +237,8 @@ func newHarness(t *testing.T, start wal.LSN, tweak func(*Config)) *harness {
 	ss := newScriptStream()
 	wm := slot.NewWatermark(start)
 	st.startSession(wm, slot.Info{})
-	s := newStreamer(r, ss, wm, start)
+	r.mode = newMode(&r.cfg, r.log, st, r.m, nil)
+	s := newStreamer(r.streamerDeps(), ss, wm, start, &aloCommitter{wm: wm}, nil)
 	return &harness{t: t, relay: r, stream: ss, sink: hs, s: s}
 }
 
@@ -547,7 +548,7 @@ func TestStreamerExactlyOnceSkipsWhatKafkaHolds(t *testing.T) {
 func TestStreamerExactlyOnceSplitsALargeTransaction(t *testing.T) {
 	ts := &fakeTxnSink{}
 	h := newHarness(t, 100, func(c *Config) { c.MaxInflightEvents, c.MaxInflightBytes = 1<<20, 1<<30 })
-	h.s.commit = &eos{sink: ts, wm: h.s.wm, splitAge: time.Minute, tx: &h.s.tx}
+	h.s.commit = &eos{sink: ts, wm: h.s.wm, splitAge: time.Minute, tx: h.s.tx}
 	h.start()
 	ids := make([]string, eosMaxRecords*2+5)
 	for i := range ids {
@@ -563,7 +564,7 @@ func TestStreamerExactlyOnceSplitsALargeTransaction(t *testing.T) {
 	cps := ts.checkpoints()
 	// Each checkpoint names the transaction (xid, commit time), whole or
 	// split, so that a restored server's transaction at the same position
-	// is not taken for it (boundary.go).
+	// is not taken for it (exactlyonce.go, boundary).
 	xid, at := msgs[0].Begin.Xid, msgs[0].Begin.CommitTime.UnixMicro()
 	want := []sink.Checkpoint{{LSN: 200, Events: eosMaxRecords, Xid: xid, CommitTime: at}, {LSN: 200, Events: 2 * eosMaxRecords, Xid: xid, CommitTime: at}, {LSN: 210, Xid: xid, CommitTime: at}}
 	if fmt.Sprint(cps) != fmt.Sprint(want) {

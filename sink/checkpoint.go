@@ -23,8 +23,8 @@ import (
 // from a copy of the same cluster reuses xids, and the same workload writes
 // the same WAL sizes, so another transaction can end at the same LSN with
 // the same xid; only the commit time tells them apart (the at-least-once
-// replay ring keys on the same three, replay.go). The session's boundary
-// check requires all three (boundary.go).
+// replay ring keys on the same three, atleastonce.go). The session's boundary
+// check requires all three (exactlyonce.go).
 type Checkpoint struct {
 	LSN    wal.LSN
 	Events int

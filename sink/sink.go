@@ -36,6 +36,14 @@ type Sink interface {
 	Close()
 }
 
+// Namer is implemented by a sink that names its broker, in lower case
+// ("kafka", "nats", "rabbitmq"): the engine's messages and the
+// outboxd_reconnects_total{target} label say it instead of a broker it is
+// not.
+type Namer interface {
+	Name() string
+}
+
 // Transactional is the part of a transactional sink exactly-once mode uses:
 // a broker transaction commits its records together with the checkpoint.
 type Transactional interface {

@@ -202,7 +202,7 @@ func TestSplitCheckpointUnderAnotherMessagePrefix(t *testing.T) {
 // (xid, commit time) in its headers, and the load returns it, so that a
 // session can tell the checkpoint's transaction from another one at the
 // same position (issue 31 item 1). A record of an earlier version (no such
-// headers) loads unnamed, which the relay does not skip on (boundary.go);
+// headers) loads unnamed, which the relay does not skip on (exactlyonce.go, boundary);
 // malformed headers stop the load rather than being taken for either.
 func TestCheckpointNamesItsTransaction(t *testing.T) {
 	c := newCluster(t)

@@ -331,3 +331,6 @@ var (
 	_ sink.Transactional = (*Sink)(nil)
 	_ sink.ProgressStore = ProgressStore{}
 )
+
+// Name is the broker's name in the engine's messages and labels (sink.Namer).
+func (s *Sink) Name() string { return "kafka" }

@@ -61,7 +61,7 @@ func varintLen(n int) int {
 func (s *Sink) Check(ctx context.Context, rec *router.Record) error {
 	size := BatchSize(rec)
 	if s.maxBatch > 0 && size > s.maxBatch {
-		return &sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("the record batch is %d bytes, more than --max-message-bytes %d: raise it (and the topic's max.message.bytes), or use --on-invalid dead-letter", size, s.maxBatch)}
+		return &sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("the record batch is %d bytes, more than --max-message-bytes %d: raise it (and the topic's max.message.bytes)", size, s.maxBatch)}
 	}
 	if err := s.checkTopicLimit(ctx, rec.Topic, size, false); err != nil {
 		return &sink.Error{Kind: sink.Rejected, Err: err}

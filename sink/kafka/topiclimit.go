@@ -228,7 +228,7 @@ type TopicLimitError struct {
 }
 
 func (e *TopicLimitError) Error() string {
-	return fmt.Sprintf("the record batch is %d bytes, more than topic %s's max.message.bytes %d: raise it (kafka-configs.sh --bootstrap-server %s --alter --entity-type topics --entity-name %s --add-config max.message.bytes=%d), or use --on-invalid dead-letter",
+	return fmt.Sprintf("the record batch is %d bytes, more than topic %s's max.message.bytes %d: raise it (kafka-configs.sh --bootstrap-server %s --alter --entity-type topics --entity-name %s --add-config max.message.bytes=%d)",
 		e.Size, e.Topic, e.Limit, e.bootstrap, e.Topic, e.Size)
 }
 

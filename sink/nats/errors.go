@@ -36,11 +36,11 @@ func classify(err error) error {
 	}
 	var api *jetstream.APIError
 	if errors.As(err, &api) && api.ErrorCode == codeMessageTooLarge {
-		return &sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("%w: raise the stream's max_msg_size, or use --on-invalid dead-letter", err)}
+		return &sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("%w: raise the stream's max_msg_size", err)}
 	}
 	switch {
 	case errors.Is(err, nats.ErrMaxPayload):
-		return &sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("%w: raise the server's max_payload, or use --on-invalid dead-letter", err)}
+		return &sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("%w: raise the server's max_payload", err)}
 	case errors.Is(err, nats.ErrPermissionViolation):
 		return &sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("%w: allow outboxd's user to publish to the subject, or route the event elsewhere", err)}
 	case errors.Is(err, nats.ErrBadSubject):

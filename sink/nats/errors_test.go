@@ -3,6 +3,7 @@ package nats
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/nats-io/nats.go"
@@ -30,8 +31,14 @@ func TestClassify(t *testing.T) {
 		{nats.ErrConnectionClosed, sink.Transient},
 		{&sink.Error{Kind: sink.Rejected, Err: errors.New("kept")}, sink.Rejected},
 	} {
-		if got := sink.KindOf(classify(c.err)); got != c.want {
-			t.Errorf("%v: %v, want %v", c.err, got, c.want)
+		got := classify(c.err)
+		if sink.KindOf(got) != c.want {
+			t.Errorf("%v: %v, want %v", c.err, sink.KindOf(got), c.want)
+		}
+		// The engine advises --on-invalid dead-letter where it applies
+		// (not when it is on already); the sink says what to fix.
+		if got != nil && strings.Contains(got.Error(), "dead-letter") {
+			t.Errorf("%v: %q advises dead-letter", c.err, got)
 		}
 	}
 	if classify(nil) != nil {

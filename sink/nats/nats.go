@@ -414,3 +414,6 @@ var (
 	_ sink.Sink          = (*Sink)(nil)
 	_ sink.ProgressStore = ProgressStore{}
 )
+
+// Name is the broker's name in the engine's messages and labels (sink.Namer).
+func (s *Sink) Name() string { return "nats" }

@@ -124,7 +124,7 @@ func (s *Sink) Check(ctx context.Context, rec *router.Record) error {
 	}
 	size := MessageSize(s.Message(rec))
 	if max := s.nc.MaxPayload(); max > 0 && int64(size) > max {
-		return &sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("the message is %d bytes with its headers, more than the server's max_payload %d: raise max_payload, or use --on-invalid dead-letter", size, max)}
+		return &sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("the message is %d bytes with its headers, more than the server's max_payload %d: raise max_payload", size, max)}
 	}
 	st, err := s.streams.get(ctx, rec.Topic, subject)
 	switch {
@@ -134,7 +134,7 @@ func (s *Sink) Check(ctx context.Context, rec *router.Record) error {
 		// publish fails and holds).
 		return nil
 	case st.maxMsgSize > 0 && size > int(st.maxMsgSize):
-		return &sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("the message is %d bytes with its headers, more than stream %s's max_msg_size %d: raise it, or use --on-invalid dead-letter", size, st.name, st.maxMsgSize)}
+		return &sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("the message is %d bytes with its headers, more than stream %s's max_msg_size %d: raise it", size, st.name, st.maxMsgSize)}
 	}
 	return nil
 }

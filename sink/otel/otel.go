@@ -388,3 +388,11 @@ func (s *Sink) Check(ctx context.Context, rec *router.Record) error {
 }
 
 var placeholder [traceparentLen]byte
+
+// Name is the decorated sink's name (sink.Namer), "" if it has none.
+func (s *Sink) Name() string {
+	if n, ok := s.Sink.(sink.Namer); ok {
+		return n.Name()
+	}
+	return ""
+}

@@ -254,14 +254,14 @@ func (s *Sink) Check(_ context.Context, rec *router.Record) error {
 	maxBody, frame := s.maxBody, s.frame
 	s.mu.Unlock()
 	if len(rec.Value) > maxBody {
-		return &sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("the message body is %d bytes, more than the server's max_message_size %d: raise max_message_size in rabbitmq.conf (and --rabbitmq-max-message-bytes), or use --on-invalid dead-letter", len(rec.Value), maxBody)}
+		return &sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("the message body is %d bytes, more than the server's max_message_size %d: raise max_message_size in rabbitmq.conf (and --rabbitmq-max-message-bytes)", len(rec.Value), maxBody)}
 	}
 	if k := s.routingKey(rec); len(k) > 255 {
-		return &sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("the routing key is %d bytes, more than AMQP's 255: shorten the topic (or the key, with the key in the routing key), or use --on-invalid dead-letter", len(k))}
+		return &sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("the routing key is %d bytes, more than AMQP's 255: shorten the topic (or the key, with the key in the routing key)", len(k))}
 	}
 	if frame > 0 {
 		if n := propertiesSize(rec); n > frame-propertiesSlack {
-			return &sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("the message's headers take about %d bytes, more than fit the connection's frame_max %d: fewer or smaller header columns, a larger frame_max on the server, or --on-invalid dead-letter", n, frame)}
+			return &sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("the message's headers take about %d bytes, more than fit the connection's frame_max %d: fewer or smaller header columns, or a larger frame_max on the server", n, frame)}
 		}
 	}
 	return nil
@@ -731,7 +731,7 @@ func (s *Sink) requeue(back []*entry, cause error) {
 	s.pending = append(keep, s.pending...)
 	s.mu.Unlock()
 	for _, e := range refused {
-		e.done(&sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("the message body is %d bytes, more than the server's max_message_size %d (%v): raise max_message_size, or use --on-invalid dead-letter", len(e.rec.Value), limit, cause)})
+		e.done(&sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("the message body is %d bytes, more than the server's max_message_size %d (%v): raise max_message_size", len(e.rec.Value), limit, cause)})
 	}
 }
 
@@ -830,9 +830,9 @@ func (s *Sink) readConfirms(confirms <-chan amqp.Confirmation, returns <-chan am
 			}
 			switch {
 			case !c.Ack:
-				e.done(&sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("rabbitmq refused the message (basic.nack) for exchange %q, routing key %q: a queue it routes to refused it (x-overflow reject-publish and full, or unavailable): make room or change the queue, or use --on-invalid dead-letter", s.exchange, e.key)})
+				e.done(&sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("rabbitmq refused the message (basic.nack) for exchange %q, routing key %q: a queue it routes to refused it (x-overflow reject-publish and full, or unavailable): make room or change the queue", s.exchange, e.key)})
 			case e.returned != nil:
-				e.done(&sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("rabbitmq returned the message as unroutable (%d %s): no queue is bound to exchange %q for routing key %q; bind one (a durable quorum queue), or use --on-invalid dead-letter", e.returned.ReplyCode, e.returned.ReplyText, s.exchange, e.key)})
+				e.done(&sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("rabbitmq returned the message as unroutable (%d %s): no queue is bound to exchange %q for routing key %q; bind one (a durable quorum queue)", e.returned.ReplyCode, e.returned.ReplyText, s.exchange, e.key)})
 			default:
 				e.done(nil)
 			}
@@ -853,3 +853,6 @@ func redactURL(u string) string {
 }
 
 var _ sink.Sink = (*Sink)(nil)
+
+// Name is the broker's name in the engine's messages and labels (sink.Namer).
+func (s *Sink) Name() string { return "rabbitmq" }

@@ -22,7 +22,7 @@ import (
 // moves (a crash loses it on every version), so after each restart the slot
 // is behind what outboxd acked, and the session replays from there. The
 // replay is the same WAL: outboxd must recognise the transactions it
-// published and acked (replay.go) and send none of them again. What may be
+// published and acked (atleastonce.go) and send none of them again. What may be
 // duplicated is only what was in flight (handed to Kafka, not yet acked) at
 // the moment of the restart: at most --max-inflight-events per restart.
 // The events skipped (outboxd_events_skipped_total{reason="replayed"}) are
@@ -64,7 +64,7 @@ func TestPGRestartNoMassResend(t *testing.T) {
 		}
 	}
 	skipped := metricOr0(t, r, `outboxd_events_skipped_total{reason="replayed"}`)
-	t.Logf("%d events committed, %d records in Kafka, %d duplicates after 2 restarts (bound %d); %v replayed events skipped (what the relay re-sent before replay.go)",
+	t.Logf("%d events committed, %d records in Kafka, %d duplicates after 2 restarts (bound %d); %v replayed events skipped (what the relay re-sent before the verified replay)",
 		len(committed), len(recs), dups, 2*maxInflight, skipped)
 	if dups > 2*maxInflight {
 		t.Fatalf("%d duplicates after 2 restarts: more than the in-flight window (--max-inflight-events %d) each", dups, maxInflight)
