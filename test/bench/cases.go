@@ -211,9 +211,10 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 				return fmt.Errorf("%s: %w", label, err)
 			}
 			*runs = append(*runs, r)
-			e.progress("%s: %s %s (%.0f ev/s; kafka complete at %s, slot confirmed at %s), peak RSS %.1f MiB, walsender %.0f%% busy, %.2f µs/ev, CPU %s",
+			e.progress("%s: %s %s (%.0f ev/s; kafka complete at %s, slot confirmed at %s), peak RSS %.1f MiB, walsender %.0f%% busy, %.2f µs/ev, outboxd %.2f µs/ev, %.1f allocs/ev, %.2f context switches/ev, CPU %s",
 				name, label, r.Elapsed.Round(time.Millisecond), EventsPerSec(int64(events), r.Elapsed),
-				r.KafkaAt.Round(time.Millisecond), r.ConfirmedAt.Round(time.Millisecond), mib(r.PeakRSS), 100*r.busy(), float64(r.walsenderPerEvent(events))/1e3, r.CPU)
+				r.KafkaAt.Round(time.Millisecond), r.ConfirmedAt.Round(time.Millisecond), mib(r.PeakRSS), 100*r.busy(), float64(r.walsenderPerEvent(events))/1e3,
+				float64(r.OutboxdCPU)/float64(events)/1e3, float64(r.Allocs)/float64(events), float64(r.CtxSwitches)/float64(events), r.CPU)
 			return nil
 		}
 	}

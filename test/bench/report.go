@@ -247,6 +247,7 @@ func (r *Results) columnRows(col *Column) []row {
 			add("", "  ″ vs polling", "", "polling (100/claim) "+rate(n, c.Polling.Elapsed)+" ("+secs(c.Polling.Elapsed)+")", ps, tgt, res)
 		}
 		rows = append(rows, walsenderRows(c, col.Broker, k)...) // walsender.go
+		rows = append(rows, perEventRows(c, col.Broker, k)...)  // walsender.go
 		rows = append(rows, cloudEventsRows(c)...)              // cloudevents.go
 	}
 
@@ -478,6 +479,10 @@ exactly-once: outboxd run --exactly-once (transactional producer; checkpoint top
 CPU:      utime+stime from /proc/<pid>/stat over the run's wall time, as % of one core (the machine has nproc × 100%);
           "others" is the machine's busy time (/proc/stat) not spent in the processes listed: other tenants, kernel threads.
           RSS: VmHWM from /proc/<pid>/status just before outboxd is stopped. MiB = 2^20 bytes.
+          A run whose "others" took more than 25% of a core is busy: its outboxd ÷ walsender target is not judged, and
+          the results file is marked busy. Per event: outboxd's CPU over its life, go_memstats_mallocs_total from its
+          /metrics at the drain's end (startup included), and the voluntary + involuntary context switches of its
+          threads (/proc/<pid>/task/*/status), each ÷ the events.
 `
 
 func writeTable(w io.Writer, rows []row8) {
