@@ -853,3 +853,8 @@ func redactURL(u string) string {
 }
 
 var _ sink.Sink = (*Sink)(nil)
+
+// Message is the AMQP message Produce publishes for rec, byte for byte:
+// what a bare publisher beside outboxd sends to compare like with like
+// (test/bench).
+func Message(rec *router.Record) amqp.Publishing { return message(rec, nil) }

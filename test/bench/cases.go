@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/test/harness"
 )
 
@@ -39,8 +40,11 @@ type RelayCase struct {
 	CloudEvents map[string][]RelayRun
 	EOS         bool       // exactly-once runs were asked for
 	EOSRelays   []RelayRun // outboxd --exactly-once runs
-	Polling     *PollRun   // nil when not measured
-	Err         error
+	// Bare are the bare publisher's runs on NATS and RabbitMQ (bare.go),
+	// interleaved with Relays.
+	Bare    []BareRun
+	Polling *PollRun // nil when not measured
+	Err     error
 }
 
 // Ceiling is the fastest ceiling read.
@@ -256,10 +260,29 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 			return nil
 		}
 	}
+	var bareRecs []*router.Record
+	if e.mq != nil {
+		if bareRecs, err = w.bareRecords(ctx); err != nil {
+			c.Err = fmt.Errorf("reading the backlog for the bare publisher: %w", err)
+			return c
+		}
+	}
+	bare := func(rep int) error {
+		r, err := e.drainBare(ctx, w, bareRecs, caseTimeout(events))
+		if err != nil {
+			return err
+		}
+		c.Bare = append(c.Bare, r)
+		e.progress("%s: bare publisher %s (%.0f ev/s), CPU %s", name, r.Elapsed.Round(time.Millisecond), EventsPerSec(int64(events), r.Elapsed), r.CPU)
+		return nil
+	}
 	for rep := range reps {
 		steps := []func(int) error{ceiling, run(false)}
 		if eos {
 			steps = append(steps, run(true))
+		}
+		if bareRecs != nil {
+			steps = append(steps, bare)
 		}
 		if text {
 			steps = append(steps, binaryRun, binaryCeiling)
