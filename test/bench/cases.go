@@ -42,9 +42,12 @@ type RelayCase struct {
 	EOSRelays   []RelayRun // outboxd --exactly-once runs
 	// Bare are the bare publisher's runs on NATS and RabbitMQ (bare.go),
 	// interleaved with Relays.
-	Bare    []BareRun
-	Polling *PollRun // nil when not measured
-	Err     error
+	Bare []BareRun
+	// DbzServer are Debezium Server's runs on NATS and RabbitMQ (the
+	// dbzserver case, dbzserver.go), interleaved with Relays.
+	DbzServer []DbzServerRun
+	Polling   *PollRun // nil when not measured
+	Err       error
 }
 
 // Ceiling is the fastest ceiling read.
@@ -160,6 +163,10 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 	kinds := []string{"ceil", "ob"}
 	if eos {
 		kinds = append(kinds, "eos")
+	}
+	dbzs := e.mq != nil && e.cfg.Cases["dbzserver"]
+	if dbzs {
+		kinds = append(kinds, "dbzs")
 	}
 	// Binary beside text pgoutput: the drain cases only (not the large
 	// transaction or the large payloads).
@@ -283,6 +290,18 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 		}
 		if bareRecs != nil {
 			steps = append(steps, bare)
+		}
+		if dbzs {
+			steps = append(steps, func(rep int) error {
+				r, err := e.drainDbzServer(ctx, w, slot("dbzs", rep), int64(events), endLSN, caseTimeout(events))
+				if err != nil {
+					return err
+				}
+				c.DbzServer = append(c.DbzServer, r)
+				e.progress("%s: Debezium Server %s (%.0f ev/s from its slot's activation), %.2f µs/ev, peak RSS %.1f MiB, confirmed %v, CPU %s", name,
+					r.Elapsed.Round(time.Millisecond), EventsPerSec(int64(events), r.Elapsed), perEvent(r.CPU, int64(events)), mib(r.PeakRSS), r.Confirmed, r.Split)
+				return nil
+			})
 		}
 		if text {
 			steps = append(steps, binaryRun, binaryCeiling)
