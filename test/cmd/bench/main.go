@@ -74,11 +74,11 @@ apache-cluster ~7 min); -quick took ~4 min. Exits 1 when a measurement misses it
 	cfg.Cases = map[string]bool{}
 	for _, c := range strings.Split(*cases, ",") {
 		switch c = strings.TrimSpace(c); c {
-		case "drain", "latency", "resources", "eos", "debezium", "binary", "cloudevents", "memory", "tracing", "sustained":
+		case "drain", "latency", "resources", "eos", "debezium", "binary", "cloudevents", "memory", "tracing", "sustained", "dbzserver":
 			cfg.Cases[c] = true
 		case "":
 		default:
-			fmt.Fprintf(os.Stderr, "bench: unknown case %q (drain, latency, resources, eos, debezium, binary, cloudevents, memory, tracing, sustained)\n", c)
+			fmt.Fprintf(os.Stderr, "bench: unknown case %q (drain, latency, resources, eos, debezium, binary, cloudevents, memory, tracing, sustained, dbzserver)\n", c)
 			os.Exit(2)
 		}
 	}
