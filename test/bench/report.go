@@ -526,5 +526,11 @@ const msgLegend = `nats, rabbitmq: outboxd run --broker nats://… (JetStream) o
           queue purged, and once outboxd stopped exactly N messages must be there. latency: receipt by a JetStream ordered
           consumer (the stream from its start, no acks) or an AMQP consumer (auto-ack) on that queue, in the
           bench process. No polling baseline (its produce is Kafka's) and no exactly-once (outboxd refuses it there).
-          Targets: none; these columns report.
+          bare publisher: each round also publishes the backlog's messages, converted as outboxd's sink converts them, with
+          the client library alone and the same acknowledgement (nats.go async publish, every PubAck awaited; amqp091
+          confirm mode, persistent, mandatory), at most outboxd's default in-flight bound unacknowledged. Target: outboxd's
+          drain ≥ 0.8× the bare publisher's (not judged in a busy run); the other rows report.
+          Debezium Server (-cases dbzserver): 3.6 with its nats-jetstream or rabbitmq sink and the Outbox Event Router on
+          its own slot of the same WAL, timed from its slot's activation until the broker holds every event (the queue is
+          also bound with '#': its rabbitmq sink's routing key is not the topic); report-only.
 `
