@@ -4,16 +4,21 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/outboxd/outboxd/test/harness"
 )
 
 // TestDbzServerColumns runs the dbzserver case small on NATS and RabbitMQ:
 // Debezium Server drains the same backlog as outboxd into the same
 // destination (emptied first), exactly the backlog arrives, and its row
-// is there. It needs the dist (.ci/debezium-server.sh, fetched on demand)
-// and the Temurin 25 JDK.
+// is there. It needs the dist (.ci/debezium-server.sh: 780 MB from Maven
+// Central, not fetched for a test run) and the Temurin 25 JDK.
 func TestDbzServerColumns(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts PostgreSQL, nats-server, a RabbitMQ node, outboxd and Debezium Server")
+	}
+	if !harness.DebeziumServerCached() {
+		t.Skip("Debezium Server " + harness.DebeziumVersion + " is not unpacked in the harness's cache: run .ci/debezium-server.sh")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()

@@ -19,16 +19,10 @@ const DebeziumServerJava = "/usr/lib/jvm/temurin-25-jdk-amd64/bin/java"
 // DebeziumVersion, fetched and unpacked by .ci/debezium-server.sh (on
 // demand here when the cache lacks it).
 func DebeziumServerHome(ctx context.Context) (string, error) {
-	base := os.Getenv(EnvKafkaCache)
-	if base == "" {
-		dir, err := os.UserCacheDir()
-		if err != nil {
-			return "", fmt.Errorf("debezium server: no cache dir (set %s): %w", EnvKafkaCache, err)
-		}
-		base = filepath.Join(dir, "outboxd")
+	base, home, runner, err := dbzServerPaths()
+	if err != nil {
+		return "", err
 	}
-	home := filepath.Join(base, "debezium-server-"+DebeziumVersion)
-	runner := filepath.Join(home, "debezium-server-dist-"+DebeziumVersion+"-runner.jar")
 	if _, err := os.Stat(runner); err == nil {
 		return home, nil
 	}
@@ -45,6 +39,31 @@ func DebeziumServerHome(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("debezium server: .ci/debezium-server.sh left no %s", runner)
 	}
 	return home, nil
+}
+
+// DebeziumServerCached reports whether the dist is unpacked in the cache
+// already (DebeziumServerHome would not fetch it).
+func DebeziumServerCached() bool {
+	_, _, runner, err := dbzServerPaths()
+	if err != nil {
+		return false
+	}
+	_, err = os.Stat(runner)
+	return err == nil
+}
+
+// dbzServerPaths are the cache, the dist's directory in it and its runner jar.
+func dbzServerPaths() (base, home, runner string, err error) {
+	base = os.Getenv(EnvKafkaCache)
+	if base == "" {
+		dir, err := os.UserCacheDir()
+		if err != nil {
+			return "", "", "", fmt.Errorf("debezium server: no cache dir (set %s): %w", EnvKafkaCache, err)
+		}
+		base = filepath.Join(dir, "outboxd")
+	}
+	home = filepath.Join(base, "debezium-server-"+DebeziumVersion)
+	return base, home, filepath.Join(home, "debezium-server-dist-"+DebeziumVersion+"-runner.jar"), nil
 }
 
 // DebeziumServer is one Debezium Server JVM (the dist's runner jar, its lib/
