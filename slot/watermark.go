@@ -32,12 +32,15 @@ type Watermark struct {
 	events     int           // in-flight events
 	bytes      int64         // in-flight bytes
 	waiting    bool          // a WaitBelow caller needs a wake-up when counts drop
-	changed    chan struct{}
+	// changed is closed at the next change; nil until someone asks for it
+	// (watch). Made lazily because the reader acks every event: a fresh
+	// channel per advance was an allocation per event nobody waited on.
+	changed chan struct{}
 }
 
 // NewWatermark starts at the slot's confirmed position.
 func NewWatermark(start wal.LSN) *Watermark {
-	w := &Watermark{changed: make(chan struct{})}
+	w := &Watermark{}
 	w.confirmed.Store(uint64(start))
 	return w
 }
@@ -148,9 +151,21 @@ func (w *Watermark) advance() {
 	}
 }
 
+// notify closes the channel handed out since the last change, if any.
+// Called with mu held.
 func (w *Watermark) notify() {
-	close(w.changed)
-	w.changed = make(chan struct{})
+	if w.changed != nil {
+		close(w.changed)
+		w.changed = nil
+	}
+}
+
+// watch returns the channel the next notify closes. Called with mu held.
+func (w *Watermark) watch() chan struct{} {
+	if w.changed == nil {
+		w.changed = make(chan struct{})
+	}
+	return w.changed
 }
 
 // Confirmed is the LSN that may be sent as the flush position.
@@ -193,10 +208,11 @@ func (w *Watermark) WaitBelow(ctx context.Context, maxEvents int, maxBytes int64
 	for {
 		w.mu.Lock()
 		ok := w.events < maxEvents && w.bytes < maxBytes
+		var ch chan struct{}
 		if !ok {
 			w.waiting = true
+			ch = w.watch()
 		}
-		ch := w.changed
 		w.mu.Unlock()
 		if ok {
 			return nil
@@ -214,17 +230,20 @@ func (w *Watermark) WaitBelow(ctx context.Context, maxEvents int, maxBytes int64
 func (w *Watermark) Changed() <-chan struct{} {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.changed
+	return w.watch()
 }
 
 // Drained reports whether no event is in flight and, if some are, returns
-// the channel closed at the next change. Both come from one critical section:
-// checking and then asking for the channel separately can miss the last ack
-// between the two and wait forever.
+// the channel closed at the next change (nil when drained). Both come from
+// one critical section: checking and then asking for the channel separately
+// can miss the last ack between the two and wait forever.
 func (w *Watermark) Drained() (bool, <-chan struct{}) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.events == 0, w.changed
+	if w.events == 0 {
+		return true, nil
+	}
+	return false, w.watch()
 }
 
 // InFlight returns the events and bytes handed to the sink and not yet acked.

@@ -227,3 +227,62 @@ func TestWatermarkPublished(t *testing.T) {
 		t.Fatalf("after a keepalive and an empty transaction: published %s, confirmed %s", w.Published(), w.Confirmed())
 	}
 }
+
+// TestWatermarkAdvanceAllocatesNothing: the per-event path (Add, Ack) and a
+// transaction's Commit allocate nothing while nobody waits for a change.
+// The channel Changed hands out is made only when one is asked for: a new
+// channel per advance was one allocation per transaction on the hot path.
+func TestWatermarkAdvanceAllocatesNothing(t *testing.T) {
+	w := NewWatermark(1)
+	lsn := wal.LSN(1)
+	txn := w.Begin(time.Now())
+	if n := testing.AllocsPerRun(1000, func() {
+		w.Add(txn, 100)
+		w.Ack(txn, 100, true)
+	}); n != 0 {
+		t.Errorf("Add+Ack: %.1f allocations per event, want 0", n)
+	}
+	w.Commit(txn, 2)
+	// A whole transaction: Begin allocates its Txn, nothing else may.
+	if n := testing.AllocsPerRun(1000, func() {
+		lsn++
+		t := w.Begin(time.Time{})
+		w.Add(t, 100)
+		w.Commit(t, lsn)
+		w.Ack(t, 100, true)
+	}); n != 1 {
+		t.Errorf("a one-event transaction: %.1f allocations, want 1 (its Txn)", n)
+	}
+	// A waiter still sees the next change, and one taken before a change
+	// is closed by it, not replaced unseen.
+	ch := w.Changed()
+	t2 := w.Begin(time.Time{})
+	w.Add(t2, 1)
+	w.Commit(t2, lsn+1)
+	select {
+	case <-ch:
+		t.Fatal("Changed closed before anything was acked")
+	default:
+	}
+	w.Ack(t2, 1, true)
+	select {
+	case <-ch:
+	default:
+		t.Fatal("Changed not closed by the ack that confirmed its transaction")
+	}
+}
+
+// BenchmarkWatermarkEvent is the watermark's share of one event at 1 event
+// per transaction: Begin, Add, Commit, Ack.
+//
+//	go test -run '^$' -bench WatermarkEvent -benchmem ./slot/
+func BenchmarkWatermarkEvent(b *testing.B) {
+	w := NewWatermark(1)
+	b.ReportAllocs()
+	for i := range b.N {
+		t := w.Begin(time.Time{})
+		w.Add(t, 100)
+		w.Commit(t, wal.LSN(i+2))
+		w.Ack(t, 100, true)
+	}
+}

@@ -17,7 +17,8 @@ import (
 // connection.
 type bodyCap struct {
 	src  *bufio.Reader
-	max  int // 0: no cap (until Start sets one)
+	co   *coalescer // under src (nil in tests that build a bodyCap alone)
+	max  int        // 0: no cap (until Start sets one)
 	keep int
 
 	out  [5]byte // a message header not yet handed on

@@ -39,10 +39,13 @@ func Connect(ctx context.Context, dsn string) (*pgconn.PgConn, error) {
 	cfg.RuntimeParams["replication"] = "database"
 	// Read the stream in large chunks: pgoutput messages are small, and the
 	// default 8 KiB reads cost a syscall every few dozen events.
-	// bodyCap lets Start bound what one message may cost in memory.
+	// bodyCap lets Start bound what one message may cost in memory; the
+	// coalescer under the buffer makes a busy stream's reads larger
+	// (coalesce.go).
 	bc := &bodyCap{}
 	cfg.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
-		bc.src = bufio.NewReaderSize(r, 256<<10)
+		bc.co = &coalescer{src: r}
+		bc.src = bufio.NewReaderSize(bc.co, 256<<10)
 		return pgproto3.NewFrontend(bc, w)
 	}
 	if cfg.RuntimeParams["application_name"] == "" {
@@ -169,6 +172,9 @@ func Start(ctx context.Context, conn *pgconn.PgConn, opts StartOptions) (*Stream
 	if bc, ok := conn.CustomData()[capKey].(*bodyCap); ok {
 		s.cap = bc
 		bc.setMax(opts.MaxBodyBytes)
+		if bc.co != nil {
+			bc.co.on = true
+		}
 	}
 	s.stop = context.AfterFunc(ctx, func() { _ = conn.Conn().SetReadDeadline(time.Now()) })
 	return s, nil

@@ -62,7 +62,6 @@ type Sink struct {
 	opts   []kgo.Opt                  // everything the client was built with
 	base   []kgo.Opt                  // opts without the transactional id and the test options
 	extra  []kgo.Opt                  // Config.Opts
-	manual context.Context            // marks records that carry an explicit partition
 	conn   []kgo.Opt                  // brokers, TLS and SASL: for the checkpoint reader
 	log    *slog.Logger               // may be nil
 
@@ -103,7 +102,7 @@ func New(cfg Config) (*Sink, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Sink{manual: context.WithValue(context.Background(), manualKey{}, true)}
+	s := &Sink{}
 	s.maxBatch = int(cfg.MaxMessageBytes)
 	if s.maxBatch == 0 {
 		s.maxBatch = 1000012
@@ -116,6 +115,9 @@ func New(cfg Config) (*Sink, error) {
 		kgo.ProducerLinger(cfg.Linger),
 		kgo.AllowAutoTopicCreation(),
 		kgo.RecordPartitioner(partitioner{manual: kgo.ManualPartitioner(), byKey: kgo.StickyKeyPartitioner(nil)}),
+		// No KIP-714 metrics push: a timer and a request per interval for
+		// figures outboxd's own /metrics already has.
+		kgo.DisableClientMetrics(),
 	}
 	if cfg.MaxBuffered > 0 {
 		opts = append(opts, kgo.MaxBufferedRecords(cfg.MaxBuffered))
@@ -191,38 +193,73 @@ func (s *Sink) useTransactionalID(id string) error {
 // with a sink.Error saying how to handle the failure. The first record of a
 // topic waits until the topic exists (topics.go).
 func (s *Sink) Produce(ctx context.Context, rec *router.Record, done func(error)) {
-	kr := s.Record(rec)
-	cb := func(r *kgo.Record, err error) {
-		if err != nil {
-			err = s.fail(r, err)
-		}
-		done(err)
-	}
-	if s.topics.admit(ctx, kr, cb) {
-		return
-	}
-	s.cl().Produce(ctx, kr, cb)
+	p := s.record(rec)
+	p.done = done
+	s.produce(ctx, p)
 }
 
 var _ sink.Acker = (*Sink)(nil)
 
 // ProduceAck is Produce passing done the partition and offset franz-go's
-// promise reports for the acked record: sink/otel's span attributes. A
-// second function rather than a flag on Produce: the relay's own path keeps
-// its one closure and never builds an Ack.
+// promise reports for the acked record: sink/otel's span attributes.
 func (s *Sink) ProduceAck(ctx context.Context, rec *router.Record, done func(sink.Ack, error)) {
-	kr := s.Record(rec)
-	cb := func(r *kgo.Record, err error) {
-		if err != nil {
-			done(sink.NoAck, s.fail(r, err))
-			return
-		}
-		done(sink.Ack{Partition: r.Partition, Offset: r.Offset}, nil)
-	}
-	if s.topics.admit(ctx, kr, cb) {
+	p := s.record(rec)
+	p.ack = done
+	s.produce(ctx, p)
+}
+
+func (s *Sink) produce(ctx context.Context, p *produced) {
+	if s.topics.admit(ctx, &p.kr, promise) {
 		return
 	}
-	s.cl().Produce(ctx, kr, cb)
+	s.cl().Produce(ctx, &p.kr, promise)
+}
+
+// produced is one record on its way to Kafka: the franz-go record, its
+// headers and the caller's callback, in one allocation. franz-go's promise
+// gets only the *kgo.Record back, so the record's Context is the produced
+// itself (franz-go keeps a record's Context for enrichment and only sets it
+// when nil) and promise is one function for every record, not a closure
+// per record. Its Done is nil: franz-go cancels buffered records through
+// Produce's ctx, never through this one.
+type produced struct {
+	kr     kgo.Record
+	hdrs   [inlineHeaders]kgo.RecordHeader
+	s      *Sink
+	done   func(error)           // Produce's
+	ack    func(sink.Ack, error) // ProduceAck's
+	manual bool                  // an explicit partition: the partitioner must keep it
+}
+
+// inlineHeaders is how many headers a record holds without a second
+// allocation: id, type and traceparent, with room for one more.
+const inlineHeaders = 4
+
+func (*produced) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (*produced) Done() <-chan struct{}       { return nil }
+func (*produced) Err() error                  { return nil }
+func (p *produced) Value(key any) any {
+	if _, ok := key.(manualKey); ok && p.manual {
+		return true
+	}
+	return nil
+}
+
+// promise is every record's franz-go promise.
+func promise(r *kgo.Record, err error) {
+	p := r.Context.(*produced)
+	if err != nil {
+		err = p.s.fail(r, err)
+	}
+	if p.ack != nil {
+		if err != nil {
+			p.ack(sink.NoAck, err)
+			return
+		}
+		p.ack(sink.Ack{Partition: r.Partition, Offset: r.Offset}, nil)
+		return
+	}
+	p.done(err)
 }
 
 // fail counts and classifies a record's failure. A batch refused as too
@@ -237,19 +274,25 @@ func (s *Sink) fail(r *kgo.Record, err error) error {
 }
 
 // Record converts a routed record to a franz-go record.
-func (s *Sink) Record(rec *router.Record) *kgo.Record {
-	kr := &kgo.Record{Topic: rec.Topic, Key: rec.Key, Value: rec.Value, Timestamp: rec.Timestamp}
+func (s *Sink) Record(rec *router.Record) *kgo.Record { return &s.record(rec).kr }
+
+func (s *Sink) record(rec *router.Record) *produced {
+	p := &produced{s: s, manual: rec.Partition >= 0}
+	p.kr = kgo.Record{Topic: rec.Topic, Key: rec.Key, Value: rec.Value, Timestamp: rec.Timestamp, Context: p}
 	if len(rec.Headers) > 0 {
-		kr.Headers = make([]kgo.RecordHeader, len(rec.Headers))
-		for i, h := range rec.Headers {
-			kr.Headers[i] = kgo.RecordHeader{Key: h.Key, Value: h.Value}
+		hs := p.hdrs[:0]
+		if len(rec.Headers) > inlineHeaders {
+			hs = make([]kgo.RecordHeader, 0, len(rec.Headers))
 		}
+		for _, h := range rec.Headers {
+			hs = append(hs, kgo.RecordHeader{Key: h.Key, Value: h.Value})
+		}
+		p.kr.Headers = hs
 	}
-	if rec.Partition >= 0 {
-		kr.Partition = rec.Partition
-		kr.Context = s.manual
+	if p.manual {
+		p.kr.Partition = rec.Partition
 	}
-	return kr
+	return p
 }
 
 // Ping checks that a broker answers.
@@ -261,6 +304,8 @@ func (s *Sink) Close() {
 	s.cl().Close()
 }
 
+// manualKey marks a record that carries an explicit partition: its
+// Context's Value answers it (produced).
 type manualKey struct{}
 
 // partitioner honours an explicit partition (Debezium's "col:partition"

@@ -16,7 +16,7 @@ import (
 	"github.com/outboxd/outboxd/sink"
 )
 
-func newCluster(t *testing.T) *kfake.Cluster {
+func newCluster(t testing.TB) *kfake.Cluster {
 	t.Helper()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(1))
 	if err != nil {

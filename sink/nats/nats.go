@@ -200,16 +200,45 @@ func (s *Sink) Subject(rec *router.Record) string {
 // Message converts a routed record to a NATS message: the value verbatim
 // as the data, each header as a NATS header of the same name (case kept),
 // the key in the Outboxd-Key header, and Nats-Msg-Id from the id header.
+//
+// Every header value and the key are converted to strings in one
+// allocation, and their []string values share one backing array (each a
+// full slice of it, so a repeated header name appends into a copy): two
+// allocations per message rather than two per header.
 func (s *Sink) Message(rec *router.Record) *nats.Msg {
+	size, slots := len(rec.Key), len(rec.Headers)+1
+	for _, h := range rec.Headers {
+		size += len(h.Value)
+		if h.Key == "id" {
+			slots++
+		}
+	}
+	var b strings.Builder
+	b.Grow(size)
+	for _, h := range rec.Headers {
+		b.Write(h.Value)
+	}
+	b.Write(rec.Key)
+	all, vals := b.String(), make([]string, 0, slots)
+	one := func(v string) []string {
+		vals = append(vals, v)
+		return vals[len(vals)-1 : len(vals) : len(vals)]
+	}
 	m := &nats.Msg{Subject: s.Subject(rec), Data: rec.Value, Header: make(nats.Header, len(rec.Headers)+2)}
 	for _, h := range rec.Headers {
-		m.Header[h.Key] = append(m.Header[h.Key], string(h.Value))
+		v := all[:len(h.Value)]
+		all = all[len(h.Value):]
+		if cur, ok := m.Header[h.Key]; ok {
+			m.Header[h.Key] = append(cur, v)
+		} else {
+			m.Header[h.Key] = one(v)
+		}
 		if h.Key == "id" && len(h.Value) > 0 {
-			m.Header[jetstream.MsgIDHeader] = []string{string(h.Value)}
+			m.Header[jetstream.MsgIDHeader] = one(v)
 		}
 	}
 	if rec.Key != nil {
-		m.Header[KeyHeader] = []string{string(rec.Key)}
+		m.Header[KeyHeader] = one(all)
 	}
 	return m
 }

@@ -68,6 +68,13 @@ func TestDrainQuick(t *testing.T) {
 	if r.OutboxdCPU <= 0 || r.PeakRSS < 1<<20 || r.PeakRSS > 1<<30 {
 		t.Errorf("outboxd CPU %s, peak RSS %d bytes: not plausible", r.OutboxdCPU, r.PeakRSS)
 	}
+	// Each event is allocated at least once on its way (its record), and
+	// outboxd slept and was woken at least once during the drain.
+	t.Logf("outboxd: %d allocations (%.1f per event), %d context switches (%.2f per event)",
+		r.Allocs, float64(r.Allocs)/events, r.CtxSwitches, float64(r.CtxSwitches)/events)
+	if r.Allocs < events || r.Allocs > 1000*events || r.CtxSwitches <= 0 {
+		t.Errorf("outboxd %d allocations, %d context switches for %d events: not plausible", r.Allocs, r.CtxSwitches, events)
+	}
 	x := c.EOSRelay()
 	t.Logf("exactly-once: %s (read_committed complete %s, confirmed %s, CPU %s)", x.Elapsed, x.KafkaAt, x.ConfirmedAt, x.OutboxdCPU)
 	if !x.ExactlyOnce || x.Delivered != events || x.KafkaAt <= 0 || x.ConfirmedAt <= 0 || x.Elapsed < x.KafkaAt || x.OutboxdCPU <= 0 {

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/test/harness"
 )
 
@@ -39,8 +40,14 @@ type RelayCase struct {
 	CloudEvents map[string][]RelayRun
 	EOS         bool       // exactly-once runs were asked for
 	EOSRelays   []RelayRun // outboxd --exactly-once runs
-	Polling     *PollRun   // nil when not measured
-	Err         error
+	// Bare are the bare publisher's runs on NATS and RabbitMQ (bare.go),
+	// interleaved with Relays.
+	Bare []BareRun
+	// DbzServer are Debezium Server's runs on NATS and RabbitMQ (the
+	// dbzserver case, dbzserver.go), interleaved with Relays.
+	DbzServer []DbzServerRun
+	Polling   *PollRun // nil when not measured
+	Err       error
 }
 
 // Ceiling is the fastest ceiling read.
@@ -157,6 +164,10 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 	if eos {
 		kinds = append(kinds, "eos")
 	}
+	dbzs := e.mq != nil && e.cfg.Cases["dbzserver"]
+	if dbzs {
+		kinds = append(kinds, "dbzs")
+	}
 	// Binary beside text pgoutput: the drain cases only (not the large
 	// transaction or the large payloads).
 	text := e.cfg.Cases["binary"] && strings.HasPrefix(name, "drain_")
@@ -211,9 +222,10 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 				return fmt.Errorf("%s: %w", label, err)
 			}
 			*runs = append(*runs, r)
-			e.progress("%s: %s %s (%.0f ev/s; kafka complete at %s, slot confirmed at %s), peak RSS %.1f MiB, walsender %.0f%% busy, %.2f µs/ev, CPU %s",
+			e.progress("%s: %s %s (%.0f ev/s; kafka complete at %s, slot confirmed at %s), peak RSS %.1f MiB, walsender %.0f%% busy, %.2f µs/ev, outboxd %.2f µs/ev, %.1f allocs/ev, %.2f context switches/ev, CPU %s",
 				name, label, r.Elapsed.Round(time.Millisecond), EventsPerSec(int64(events), r.Elapsed),
-				r.KafkaAt.Round(time.Millisecond), r.ConfirmedAt.Round(time.Millisecond), mib(r.PeakRSS), 100*r.busy(), float64(r.walsenderPerEvent(events))/1e3, r.CPU)
+				r.KafkaAt.Round(time.Millisecond), r.ConfirmedAt.Round(time.Millisecond), mib(r.PeakRSS), 100*r.busy(), float64(r.walsenderPerEvent(events))/1e3,
+				float64(r.OutboxdCPU)/float64(events)/1e3, float64(r.Allocs)/float64(events), float64(r.CtxSwitches)/float64(events), r.CPU)
 			return nil
 		}
 	}
@@ -255,10 +267,41 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 			return nil
 		}
 	}
+	var bareRecs []*router.Record
+	if e.mq != nil {
+		if bareRecs, err = w.bareRecords(ctx); err != nil {
+			c.Err = fmt.Errorf("reading the backlog for the bare publisher: %w", err)
+			return c
+		}
+	}
+	bare := func(rep int) error {
+		r, err := e.drainBare(ctx, w, bareRecs, caseTimeout(events))
+		if err != nil {
+			return err
+		}
+		c.Bare = append(c.Bare, r)
+		e.progress("%s: bare publisher %s (%.0f ev/s), CPU %s", name, r.Elapsed.Round(time.Millisecond), EventsPerSec(int64(events), r.Elapsed), r.CPU)
+		return nil
+	}
 	for rep := range reps {
 		steps := []func(int) error{ceiling, run(false)}
 		if eos {
 			steps = append(steps, run(true))
+		}
+		if bareRecs != nil {
+			steps = append(steps, bare)
+		}
+		if dbzs {
+			steps = append(steps, func(rep int) error {
+				r, err := e.drainDbzServer(ctx, w, slot("dbzs", rep), int64(events), endLSN, caseTimeout(events))
+				if err != nil {
+					return err
+				}
+				c.DbzServer = append(c.DbzServer, r)
+				e.progress("%s: Debezium Server %s (%.0f ev/s from its slot's activation), %.2f µs/ev, peak RSS %.1f MiB, confirmed %v, CPU %s", name,
+					r.Elapsed.Round(time.Millisecond), EventsPerSec(int64(events), r.Elapsed), perEvent(r.CPU, int64(events)), mib(r.PeakRSS), r.Confirmed, r.Split)
+				return nil
+			})
 		}
 		if text {
 			steps = append(steps, binaryRun, binaryCeiling)

@@ -50,7 +50,20 @@ func TestMsgBrokerColumns(t *testing.T) {
 					t.Errorf("run %d: CPU split %s: want the broker's process and outboxd in it", i, r.CPU)
 				}
 			}
-			t.Logf("%s drain: ceiling %s, outboxd %s, CPU %s", kind, c.Ceiling().Elapsed, c.Relay().Elapsed, c.Relay().CPU)
+			// The bare publisher ran in each round over the same backlog,
+			// its destination emptied first, and left exactly the backlog.
+			if len(c.Bare) != 2 {
+				t.Fatalf("%d bare publisher runs, want 2", len(c.Bare))
+			}
+			for i, b := range c.Bare {
+				if b.Published != events || b.Elapsed <= 0 || b.CPU.Broker <= 0 {
+					t.Errorf("bare run %d: %d messages in the broker, want exactly %d (%+v)", i, b.Published, events, b)
+				}
+			}
+			if r := bareRows(c, kind); len(r) != 1 {
+				t.Errorf("bare rows %q", r)
+			}
+			t.Logf("%s drain: ceiling %s, outboxd %s, bare publisher %s, CPU %s", kind, c.Ceiling().Elapsed, c.Relay().Elapsed, c.Bare[0].Elapsed, c.Relay().CPU)
 			l, err := e.latency(ctx, "outboxd", 500, time.Second, 0)
 			if err != nil {
 				t.Fatal(err)

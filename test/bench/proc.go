@@ -358,3 +358,34 @@ func procLife(pid int) time.Duration {
 	}
 	return max(0, time.Duration(uptime*float64(time.Second))-time.Duration(start)*clockTick)
 }
+
+// ctxSwitches is the voluntary and involuntary context switches of every
+// live thread of pid, summed over /proc/<pid>/task/*/status (the process's
+// own status counts its main thread only). A thread that already exited is
+// not counted: Go's threads live as long as the process.
+func ctxSwitches(pid int) int64 {
+	if pid <= 0 {
+		return 0
+	}
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return 0
+	}
+	var n int64
+	for _, t := range tasks {
+		p := fmt.Sprintf("/proc/%d/task/%s/status", pid, t.Name())
+		n += statusLine(p, "voluntary_ctxt_switches") + statusLine(p, "nonvoluntary_ctxt_switches")
+	}
+	return n
+}
+
+// contendedShare is the share of one core that others (CPUSplit.Others)
+// may take before a measurement is marked busy: beyond it the figures
+// measure the neighbours as much as the processes.
+const contendedShare = 0.25
+
+// Contended reports whether others took more than contendedShare of a core
+// over the window.
+func (c CPUSplit) Contended() bool {
+	return c.Known && c.Wall > 0 && c.Others().Seconds() > contendedShare*c.Wall.Seconds()
+}

@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -29,6 +32,13 @@ type RelayRun struct {
 	Delivered   int64         // records in the topic at the end
 	OutboxdCPU  time.Duration // utime+stime of outboxd over its whole life
 	PeakRSS     int64         // outboxd's VmHWM, bytes
+	// Allocs is the heap objects outboxd allocated over its life to the
+	// end of the drain (go_memstats_mallocs_total; startup included, -1:
+	// unknown), CtxSwitches its threads' voluntary and involuntary context
+	// switches over the same span: how often it slept and was woken or
+	// preempted, which decides much of its CPU per event.
+	Allocs      int64
+	CtxSwitches int64
 	CPU         CPUSplit
 	// WalsenderLife is how long the walsender serving the slot ran, from
 	// its start to the end of the drain: CPU.Walsender over it is its busy
@@ -201,6 +211,8 @@ func (e *Env) drainOutboxd(ctx context.Context, w *world, slot string, want int6
 	r.Elapsed = max(r.KafkaAt, r.ConfirmedAt)
 	r.OutboxdCPU = cpuOf(o.Pid())
 	r.PeakRSS = peakRSS(o.Pid())
+	r.CtxSwitches = ctxSwitches(o.Pid())
+	r.Allocs = o.mallocs(ctx)
 	r.CPU = e.split(snap, walsender)
 	r.WalsenderLife = procLife(walsender)
 	r.CPU.Outboxd = r.OutboxdCPU
@@ -304,4 +316,47 @@ func (c *committedCounter) settle(ctx context.Context, want int64) (int64, error
 func (c *committedCounter) close() {
 	c.cl.Close()
 	<-c.done
+}
+
+// scrapeMetrics returns outboxd's /metrics page.
+func scrapeMetrics(ctx context.Context, addr string) (string, error) {
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(rctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+// metricValue is the value of the unlabelled sample name on a /metrics
+// page (false: the page has none).
+func metricValue(page, name string) (float64, bool) {
+	for _, line := range strings.Split(page, "\n") {
+		if rest, ok := strings.CutPrefix(line, name+" "); ok {
+			v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+			return v, err == nil
+		}
+	}
+	return 0, false
+}
+
+// mallocs is how many heap objects outboxd has allocated over its life
+// (go_memstats_mallocs_total; -1: unknown).
+func (o *outboxd) mallocs(ctx context.Context) int64 {
+	page, err := scrapeMetrics(ctx, o.httpAddr)
+	if err != nil {
+		return -1
+	}
+	v, ok := metricValue(page, "go_memstats_mallocs_total")
+	if !ok {
+		return -1
+	}
+	return int64(v)
 }

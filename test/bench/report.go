@@ -247,6 +247,9 @@ func (r *Results) columnRows(col *Column) []row {
 			add("", "  ″ vs polling", "", "polling (100/claim) "+rate(n, c.Polling.Elapsed)+" ("+secs(c.Polling.Elapsed)+")", ps, tgt, res)
 		}
 		rows = append(rows, walsenderRows(c, col.Broker, k)...) // walsender.go
+		rows = append(rows, perEventRows(c, col.Broker, k)...)  // walsender.go
+		rows = append(rows, bareRows(c, col.Broker)...)         // bare.go
+		rows = append(rows, dbzServerRows(c, col.Broker)...)    // dbzserver.go
 		rows = append(rows, cloudEventsRows(c)...)              // cloudevents.go
 	}
 
@@ -478,6 +481,10 @@ exactly-once: outboxd run --exactly-once (transactional producer; checkpoint top
 CPU:      utime+stime from /proc/<pid>/stat over the run's wall time, as % of one core (the machine has nproc × 100%);
           "others" is the machine's busy time (/proc/stat) not spent in the processes listed: other tenants, kernel threads.
           RSS: VmHWM from /proc/<pid>/status just before outboxd is stopped. MiB = 2^20 bytes.
+          A run whose "others" took more than 25% of a core is busy: its outboxd ÷ walsender target is not judged, and
+          the results file is marked busy. Per event: outboxd's CPU over its life, go_memstats_mallocs_total from its
+          /metrics at the drain's end (startup included), and the voluntary + involuntary context switches of its
+          threads (/proc/<pid>/task/*/status), each ÷ the events.
 `
 
 func writeTable(w io.Writer, rows []row8) {
@@ -519,5 +526,11 @@ const msgLegend = `nats, rabbitmq: outboxd run --broker nats://… (JetStream) o
           queue purged, and once outboxd stopped exactly N messages must be there. latency: receipt by a JetStream ordered
           consumer (the stream from its start, no acks) or an AMQP consumer (auto-ack) on that queue, in the
           bench process. No polling baseline (its produce is Kafka's) and no exactly-once (outboxd refuses it there).
-          Targets: none; these columns report.
+          bare publisher: each round also publishes the backlog's messages, converted as outboxd's sink converts them, with
+          the client library alone and the same acknowledgement (nats.go async publish, every PubAck awaited; amqp091
+          confirm mode, persistent, mandatory), at most outboxd's default in-flight bound unacknowledged. Target: outboxd's
+          drain ≥ 0.8× the bare publisher's (not judged in a busy run); the other rows report.
+          Debezium Server (-cases dbzserver): 3.6 with its nats-jetstream or rabbitmq sink and the Outbox Event Router on
+          its own slot of the same WAL, timed from its slot's activation until the broker holds every event (the queue is
+          also bound with '#': its rabbitmq sink's routing key is not the topic); report-only.
 `

@@ -23,7 +23,7 @@ func (r *Results) ResultsFile(args string) *results.File {
 		Date:     r.Started.UTC().Format("2006-01-02T15:04:05Z"),
 		Machine:  fmt.Sprintf("%d cores (%s), %s RAM, Linux %s, %s, PostgreSQL %s", m.NProc, m.CPUModel, m.MemTotal, m.Kernel, m.Go, m.Postgres),
 		Load:     fmt.Sprintf("load average %s at start, %s at end", m.LoadAvg, r.LoadEnd),
-		Busy:     busy(m.LoadAvg, m.NProc) || busy(r.LoadEnd, m.NProc),
+		Busy:     busy(m.LoadAvg, m.NProc) || busy(r.LoadEnd, m.NProc) || r.contended(),
 		Settings: settingsLine(buf.String()),
 		Tables:   map[string][][]string{},
 	}
@@ -47,6 +47,24 @@ func busy(load string, nproc int) bool {
 	}
 	v, err := strconv.ParseFloat(fields[0], 64)
 	return err == nil && nproc > 0 && v > 0.75*float64(nproc)
+}
+
+// contended reports whether any drain run had others take more than a
+// quarter of a core (CPUSplit.Contended): its figures then measure the
+// neighbours too, whatever the load average said.
+func (r *Results) contended() bool {
+	for _, col := range r.Columns {
+		for _, c := range append(append([]RelayCase(nil), col.Drains...), col.EOSDrains...) {
+			for _, runs := range [][]RelayRun{c.Relays, c.EOSRelays, c.BinaryRelays} {
+				for _, run := range runs {
+					if run.CPU.Contended() {
+						return true
+					}
+				}
+			}
+		}
+	}
+	return false
 }
 
 // settingsLine is the kafka:/outboxd: lines of the printed header.

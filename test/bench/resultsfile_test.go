@@ -45,4 +45,13 @@ func TestResultsFileIsThePrintedTable(t *testing.T) {
 	if busy("0.9 0.5 0.2", 2) || !busy("1.6", 2) {
 		t.Fatal("busy threshold")
 	}
+	// A quiet load average, but others took 30% of a core during a drain.
+	res.Machine.LoadAvg, res.LoadEnd = "0.2 0.2 0.2", "0.3 0.2 0.2"
+	if res.ResultsFile("").Busy {
+		t.Fatal("a quiet run marked busy")
+	}
+	res.Columns[0].Drains[0].Relays[0].CPU = CPUSplit{Known: true, Wall: time.Second, Busy: 300 * time.Millisecond}
+	if !res.ResultsFile("").Busy {
+		t.Fatal("a drain whose others took 30% of a core is not marked busy")
+	}
 }

@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math"
-	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -879,23 +877,12 @@ type publishHistogram struct {
 // scrapePublishHistogram reads the histogram from outboxd's /metrics.
 func scrapePublishHistogram(ctx context.Context, addr string) (publishHistogram, error) {
 	var h publishHistogram
-	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(rctx, http.MethodGet, "http://"+addr+"/metrics", nil)
-	if err != nil {
-		return h, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return h, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
+	page, err := scrapeMetrics(ctx, addr)
 	if err != nil {
 		return h, err
 	}
 	const prefix = `outboxd_publish_latency_seconds_bucket{le="`
-	for _, line := range strings.Split(string(b), "\n") {
+	for _, line := range strings.Split(page, "\n") {
 		rest, ok := strings.CutPrefix(line, prefix)
 		if !ok {
 			continue

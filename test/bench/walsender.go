@@ -117,3 +117,71 @@ func medianCeilingPerEvent(runs []CeilingRun, events int) time.Duration {
 	slices.Sort(ds)
 	return ds[len(ds)/2]
 }
+
+// outboxdPerWalsender is the target for outboxd's CPU per event ÷ the
+// walsender's (issue 34): 0.7 at 1 event per transaction, 0.6 at 100, on
+// kfake and one Apache node; elsewhere it is informational (ok false).
+func outboxdPerWalsender(broker string, perTxn int) (limit float64, ok bool) {
+	if broker != "kfake" && broker != "apache" {
+		return 0, false
+	}
+	switch perTxn {
+	case 1:
+		return 0.7, true
+	case 100:
+		return 0.6, true
+	}
+	return 0, false
+}
+
+// perEventRows is a drain case's row on outboxd's cost per event: its CPU
+// per event (over its life) ÷ the walsender's over the same drain, with the
+// allocations and context switches per event beside it, each the median
+// over the runs. A run whose machine had others take more than a quarter
+// of a core (CPUSplit.Contended) is counted as busy, and the target is not
+// judged then: such a run measures the neighbours as much as outboxd.
+func perEventRows(c RelayCase, broker string, perTxn int) []row {
+	n := float64(max(1, c.Backlog.Events))
+	var ob, ws, ratios, allocs, cs []float64
+	busy := 0
+	for _, r := range c.Relays {
+		if !r.CPU.Known || r.CPU.Walsender <= 0 || r.OutboxdCPU <= 0 {
+			continue
+		}
+		o, w := r.OutboxdCPU.Seconds()*1e6/n, r.CPU.Walsender.Seconds()*1e6/n
+		ob, ws, ratios = append(ob, o), append(ws, w), append(ratios, o/w)
+		if r.Allocs >= 0 {
+			allocs = append(allocs, float64(r.Allocs)/n)
+		}
+		cs = append(cs, float64(r.CtxSwitches)/n)
+		if r.CPU.Contended() {
+			busy++
+		}
+	}
+	if len(ratios) == 0 {
+		return nil
+	}
+	label := fmt.Sprintf("  ″ CPU per event: outboxd ÷ walsender, median of %d runs", len(ratios))
+	if busy > 0 {
+		label += fmt.Sprintf(", %d busy", busy)
+	}
+	al := "allocs/ev unknown"
+	if len(allocs) > 0 {
+		al = fmt.Sprintf("%.1f allocs/ev", median(allocs))
+	}
+	ratio := median(ratios)
+	limit, applies := outboxdPerWalsender(broker, perTxn)
+	tgt, res := target(applies, fmt.Sprintf("≤ %.2f× walsender", limit), ratio <= limit)
+	if applies && busy > 0 {
+		res = "busy"
+	}
+	return []row{{"", label,
+		fmt.Sprintf("outboxd %.2f µs/ev, %s, %.2f context switches/ev", median(ob), al, median(cs)),
+		fmt.Sprintf("walsender %.2f µs/ev", median(ws)), fmt.Sprintf("%.2f×", ratio), tgt, res}}
+}
+
+// median of xs (the upper middle of an even count); xs is sorted in place.
+func median(xs []float64) float64 {
+	slices.Sort(xs)
+	return xs[len(xs)/2]
+}

@@ -78,3 +78,47 @@ func TestMemCurveRows(t *testing.T) {
 		t.Errorf("cluster: %q", r[0])
 	}
 }
+
+// TestPerEventRow: outboxd's CPU per event is set beside the walsender's
+// with its allocations and context switches per event (medians over the
+// runs), judged against 0.7× at 1 ev/txn and 0.6× at 100 on kfake and
+// Apache, and not judged when others took more than a quarter of a core.
+func TestPerEventRow(t *testing.T) {
+	run := func(ob, ws, others time.Duration, allocs, cs int64) RelayRun {
+		split := CPUSplit{Wall: 2 * time.Second, Walsender: ws, Outboxd: ob, Known: true, BrokerIs: "kfaked"}
+		split.Busy = ob + ws + others
+		return RelayRun{Elapsed: 2 * time.Second, OutboxdCPU: ob, CPU: split, Allocs: allocs, CtxSwitches: cs}
+	}
+	c := RelayCase{Backlog: backlog{Events: 100_000, PerTxn: 1}, Relays: []RelayRun{
+		run(600*time.Millisecond, time.Second, 0, 500_000, 80_000),
+		run(900*time.Millisecond, time.Second, 100*time.Millisecond, 700_000, 120_000),
+		run(650*time.Millisecond, time.Second, 0, 600_000, 100_000),
+	}}
+	r := perEventRows(c, "kfake", 1)
+	if len(r) != 1 {
+		t.Fatalf("%d rows, want 1", len(r))
+	}
+	want := row{"", "  ″ CPU per event: outboxd ÷ walsender, median of 3 runs",
+		"outboxd 6.50 µs/ev, 6.0 allocs/ev, 1.00 context switches/ev", "walsender 10.00 µs/ev", "0.65×", "≤ 0.70× walsender", "PASS"}
+	if r[0] != want {
+		t.Errorf("row\n%q\nwant\n%q", r[0], want)
+	}
+	if r := perEventRows(c, "apache", 100); r[0][5] != "≤ 0.60× walsender" || r[0][6] != "FAIL" {
+		t.Errorf("0.65× at 100 ev/txn: %q", r[0])
+	}
+	if r := perEventRows(c, "apache-cluster", 1); r[0][6] != "—" {
+		t.Errorf("3-node cluster: %q", r[0])
+	}
+	if r := perEventRows(c, "kfake", 10); r[0][6] != "—" {
+		t.Errorf("10 ev/txn: %q", r[0])
+	}
+	c.Relays[1] = run(900*time.Millisecond, time.Second, 600*time.Millisecond, -1, 120_000) // others 30% of a core
+	r = perEventRows(c, "kfake", 1)
+	if r[0][1] != "  ″ CPU per event: outboxd ÷ walsender, median of 3 runs, 1 busy" || r[0][6] != "busy" ||
+		r[0][2] != "outboxd 6.50 µs/ev, 6.0 allocs/ev, 1.00 context switches/ev" {
+		t.Errorf("a busy run (others 30%% of a core) and one without allocations: %q", r[0])
+	}
+	if !c.Relays[1].CPU.Contended() || c.Relays[0].CPU.Contended() {
+		t.Error("Contended: others above a quarter of a core")
+	}
+}

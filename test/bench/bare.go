@@ -1,0 +1,215 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outboxd/outboxd/router"
+	natssink "github.com/outboxd/outboxd/sink/nats"
+	"github.com/outboxd/outboxd/sink/rabbitmq"
+)
+
+// A bare publisher is the broker's own ceiling for outboxd's drain on NATS
+// and RabbitMQ, where the broker, not the walsender, is the limit: the
+// backlog's records, read from the outbox table before the clock starts and
+// converted exactly as outboxd's sink converts them (natssink.Message,
+// rabbitmq.Message), published with the client library alone and the same
+// acknowledgement outboxd waits for: nats.go's async JetStream publish with
+// every PubAck awaited, amqp091 in confirm mode (persistent, mandatory) with
+// every confirm awaited; at most as many unacknowledged as outboxd's default
+// in-flight bound on that broker. outboxd's drain is then compared with it (issue
+// 34: ≥ 0.8×).
+type BareRun struct {
+	Elapsed   time.Duration // first publish to the last acknowledgement
+	Published int64
+	CPU       CPUSplit // the bench process's CPU is the publisher's ("bench")
+}
+
+// The most publishes a bare publisher leaves awaiting their
+// acknowledgement: outboxd's default --max-inflight-events on the broker.
+const (
+	bareWindowNATS     = 50000
+	bareWindowRabbitMQ = 8192
+)
+
+// targetBareRatio: outboxd's drain ÷ the bare publisher's.
+const targetBareRatio = 0.8
+
+// bareRecords reads w's backlog as outboxd routes it: topic, aggregateid as
+// the key, the payload's text verbatim, the id and type headers.
+func (w *world) bareRecords(ctx context.Context) ([]*router.Record, error) {
+	rows, err := w.conn.Query(ctx, `SELECT id::text, aggregateid, type, payload::text FROM outbox ORDER BY id`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []*router.Record
+	for rows.Next() {
+		var id, key, typ, payload string
+		if err := rows.Scan(&id, &key, &typ, &payload); err != nil {
+			return nil, err
+		}
+		out = append(out, &router.Record{Topic: w.topic, Key: []byte(key), Value: []byte(payload), Partition: -1,
+			Headers: []router.Header{{Key: "id", Value: []byte(id)}, {Key: "type", Value: []byte(typ)}}})
+	}
+	return out, rows.Err()
+}
+
+// drainBare empties w's destination and publishes recs with the bare
+// publisher of the broker, timing it until every acknowledgement is in.
+func (e *Env) drainBare(ctx context.Context, w *world, recs []*router.Record, timeout time.Duration) (BareRun, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var r BareRun
+	if err := e.mq.reset(ctx, w); err != nil {
+		return r, err
+	}
+	snap := e.snapshot()
+	start := time.Now()
+	var err error
+	switch b := e.mq.(type) {
+	case *natsBench:
+		err = b.barePublish(ctx, recs)
+	case *rabbitBench:
+		err = b.barePublish(ctx, w, recs)
+	default:
+		err = errors.New("no bare publisher for this broker")
+	}
+	r.Elapsed = time.Since(start)
+	r.CPU = e.split(snap)
+	if err != nil {
+		return r, err
+	}
+	n, err := w.topicCount(ctx)
+	r.Published = n
+	if err == nil && n != int64(len(recs)) {
+		err = fmt.Errorf("bare publisher: the broker holds %d messages, want exactly %d", n, len(recs))
+	}
+	return r, err
+}
+
+// barePublish: nats.go's async publish, every PubAck awaited, at most
+// bareWindowNATS pending.
+func (b *natsBench) barePublish(ctx context.Context, recs []*router.Record) error {
+	js, err := jetstream.New(b.nc, jetstream.WithPublishAsyncMaxPending(bareWindowNATS))
+	if err != nil {
+		return err
+	}
+	var conv natssink.Sink // Message needs no connection: the defaults' subject
+	futures := make([]jetstream.PubAckFuture, 0, len(recs))
+	for _, rec := range recs {
+		f, err := js.PublishMsgAsync(conv.Message(rec))
+		if err != nil {
+			return fmt.Errorf("bare nats publish: %w", err)
+		}
+		futures = append(futures, f)
+	}
+	for i, f := range futures {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			return fmt.Errorf("bare nats publish %d: %w", i, err)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// barePublish: one channel in confirm mode, persistent and mandatory
+// messages, every confirm awaited, at most bareWindowRabbitMQ unconfirmed;
+// a returned (unroutable) message fails the run.
+func (b *rabbitBench) barePublish(ctx context.Context, w *world, recs []*router.Record) error {
+	ch, err := b.conn.Channel()
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	if err := ch.Confirm(false); err != nil {
+		return err
+	}
+	// Returns are read as they come: amqp091 blocks the connection while
+	// a return waits for its reader.
+	returns := ch.NotifyReturn(make(chan amqp.Return, 1))
+	returned := make(chan int)
+	go func() {
+		n := 0
+		for range returns {
+			n++
+		}
+		returned <- n
+	}()
+	window := make(chan *amqp.DeferredConfirmation, bareWindowRabbitMQ)
+	errc := make(chan error, 1)
+	go func() {
+		defer close(errc)
+		for dc := range window {
+			ok, err := dc.WaitContext(ctx)
+			if err == nil && !ok {
+				err = errors.New("the broker nacked a message")
+			}
+			if err != nil {
+				errc <- err
+				for range window {
+				}
+				return
+			}
+		}
+	}()
+	exchange := rabbitExchange(w)
+	for _, rec := range recs {
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchange, rec.Topic, true, false, rabbitmq.Message(rec))
+		if err != nil {
+			close(window)
+			<-errc
+			return fmt.Errorf("bare rabbitmq publish: %w", err)
+		}
+		window <- dc
+	}
+	close(window)
+	if err := <-errc; err != nil {
+		return fmt.Errorf("bare rabbitmq publish: %w", err)
+	}
+	// Every confirm is in, and a broker sends a message's return before
+	// its confirm: closing the channel ends the returns.
+	ch.Close()
+	if n := <-returned; n > 0 {
+		return fmt.Errorf("bare rabbitmq publish: %d messages returned unroutable", n)
+	}
+	return nil
+}
+
+// bareRows is a drain case's row comparing outboxd's fastest drain with the
+// bare publisher's fastest run (nil where none ran). The target is not
+// judged when a run of either was busy (CPUSplit.Contended).
+func bareRows(c RelayCase, broker string) []row {
+	if len(c.Bare) == 0 || len(c.Relays) == 0 {
+		return nil
+	}
+	how := map[string]string{KindNATS: "nats.go, every PubAck awaited", KindRabbitMQ: "amqp091, confirm mode, persistent, mandatory"}[broker]
+	n := int64(c.Backlog.Events)
+	ob := c.Relay()
+	var best BareRun
+	busy := false
+	for _, b := range c.Bare {
+		if best.Elapsed == 0 || b.Elapsed < best.Elapsed {
+			best = b
+		}
+		busy = busy || b.CPU.Contended()
+	}
+	for _, r := range c.Relays {
+		busy = busy || r.CPU.Contended()
+	}
+	rs, rv := ratio(EventsPerSec(n, ob.Elapsed), EventsPerSec(n, best.Elapsed))
+	tgt, res := target(true, fmt.Sprintf("≥ %.2f× bare publisher", targetBareRatio), rv >= targetBareRatio-1e-9)
+	if busy {
+		res = "busy"
+	}
+	return []row{{"", fmt.Sprintf("  ″ vs a bare publisher of the same messages (%s), fastest of %d", how, len(c.Bare)),
+		rate(n, ob.Elapsed) + " (" + secs(ob.Elapsed) + ")", "bare publisher " + rate(n, best.Elapsed) + " (" + secs(best.Elapsed) + ")", rs, tgt, res}}
+}

@@ -1,0 +1,203 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxd/outboxd/test/harness"
+)
+
+// The dbzserver case (not default): Debezium Server 3.6 beside outboxd on
+// NATS JetStream and RabbitMQ, report-only columns like the Debezium
+// Connect ones. Debezium Server runs the dist from Maven Central
+// (.ci/debezium-server.sh) on the Temurin 25 JDK with its nats-jetstream or
+// rabbitmq sink and the Outbox Event Router, on a slot of its own created
+// with the others before the backlog: the same WAL.
+//
+// Its drain is timed from its slot becoming active (the JVM's start, ~10 s
+// of class loading and Quarkus boot, is left out) until the broker holds
+// every event; its CPU is the JVM's over the same span. It confirms the
+// slot lazily (on its offset flush after a later event), so whether it
+// confirmed by the end is recorded, not waited for.
+type DbzServerRun struct {
+	Elapsed   time.Duration // slot active → the broker holds every event
+	Confirmed bool          // the slot was confirmed past the backlog by then
+	Delivered int64
+	CPU       time.Duration // the JVM's utime+stime over Elapsed
+	PeakRSS   int64         // the JVM's VmHWM at the end
+	Split     CPUSplit
+}
+
+// dbzServerJVM is the heap Debezium Server gets: the same small heap as the
+// harness's Kafka JVMs, the serial GC.
+var dbzServerJVM = []string{"-Xms128m", "-Xmx512m", "-XX:+UseSerialGC", "-XX:-UsePerfData"}
+
+// dbzServerProps is the server's configuration for w's backlog on slot.
+func (e *Env) dbzServerProps(w *world, slot string) (map[string]string, error) {
+	cfg, err := pgconn.ParseConfig(w.dsn)
+	if err != nil {
+		return nil, err
+	}
+	p := map[string]string{
+		"quarkus.http.port":                          "0",
+		"quarkus.log.console.json":                   "false",
+		"quarkus.log.level":                          "WARN",
+		"quarkus.log.category.\"io.debezium\".level": "WARN",
+
+		"debezium.source.connector.class":                "io.debezium.connector.postgresql.PostgresConnector",
+		"debezium.source.offset.storage.file.filename":   harness.OffsetsFile,
+		"debezium.source.offset.flush.interval.ms":       "0",
+		"debezium.source.database.hostname":              cfg.Host,
+		"debezium.source.database.port":                  strconv.Itoa(int(cfg.Port)),
+		"debezium.source.database.user":                  cfg.User,
+		"debezium.source.database.password":              cfg.Password,
+		"debezium.source.database.dbname":                cfg.Database,
+		"debezium.source.topic.prefix":                   "dbz",
+		"debezium.source.plugin.name":                    "pgoutput",
+		"debezium.source.slot.name":                      slot,
+		"debezium.source.publication.name":               "outboxd",
+		"debezium.source.publication.autocreate.mode":    "disabled",
+		"debezium.source.snapshot.mode":                  "no_data",
+		"debezium.source.table.include.list":             "public.outbox",
+		"debezium.transforms":                            "outbox",
+		"debezium.transforms.outbox.type":                "io.debezium.transforms.outbox.EventRouter",
+		"debezium.format.key.schemas.enable":             "false",
+		"debezium.format.value.schemas.enable":           "false",
+		"debezium.source.key.converter.schemas.enable":   "false",
+		"debezium.source.value.converter.schemas.enable": "false",
+	}
+	switch b := e.mq.(type) {
+	case *natsBench:
+		p["debezium.sink.type"] = "nats-jetstream"
+		p["debezium.sink.nats-jetstream.url"] = b.srv.URL()
+		p["debezium.sink.nats-jetstream.create-stream"] = "false"
+	case *rabbitBench:
+		host, port, _ := strings.Cut(b.node.Addr(), ":")
+		p["debezium.sink.type"] = "rabbitmq"
+		p["debezium.sink.rabbitmq.connection.host"] = host
+		p["debezium.sink.rabbitmq.connection.port"] = port
+		p["debezium.sink.rabbitmq.connection.username"] = "guest"
+		p["debezium.sink.rabbitmq.connection.password"] = "guest"
+		p["debezium.sink.rabbitmq.exchange"] = rabbitExchange(w)
+		p["debezium.sink.rabbitmq.routingKey.source"] = "topic"
+		p["debezium.sink.rabbitmq.deliveryMode"] = "2"
+	default:
+		return nil, errors.New("debezium server: the dbzserver case runs on nats and rabbitmq only")
+	}
+	return p, nil
+}
+
+// drainDbzServer empties w's destination, starts Debezium Server on slot
+// (which holds want events ending at endLSN) and measures its drain.
+func (e *Env) drainDbzServer(ctx context.Context, w *world, slot string, want int64, endLSN uint64, timeout time.Duration) (DbzServerRun, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var r DbzServerRun
+	if err := e.mq.reset(ctx, w); err != nil {
+		return r, err
+	}
+	props, err := e.dbzServerProps(w, slot)
+	if err != nil {
+		return r, err
+	}
+	if b, ok := e.mq.(*rabbitBench); ok {
+		// Its rabbitmq sink's routing key is not the routed topic the
+		// queue is bound by: without a catch-all binding every message
+		// is unroutable and dropped (it publishes without mandatory).
+		unbind, err := b.bindAll(w)
+		if err != nil {
+			return r, err
+		}
+		defer unbind()
+	}
+	s, err := harness.StartDebeziumServer(ctx, props, dbzServerJVM)
+	if err != nil {
+		return r, err
+	}
+	defer s.Close()
+	var start time.Time
+	var cpu0 time.Duration
+	var snap cpuSnapshot
+	walsender := 0
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if s.Proc().Exited() {
+			return r, fmt.Errorf("debezium server exited during the drain; log tail:\n%s", tailOf(s.Proc().Log(), 3000))
+		}
+		confirmed, pid, err := w.slotConfirmed(ctx, slot)
+		if err == nil && pid > 0 && walsender == 0 {
+			walsender, start, cpu0, snap = pid, time.Now(), cpuOf(s.Pid()), e.snapshot()
+		}
+		if walsender > 0 {
+			n, err := w.topicCount(ctx)
+			if err == nil && n >= want {
+				r.Elapsed, r.Delivered, r.Confirmed = time.Since(start), n, confirmed >= endLSN
+				break
+			}
+		}
+		select {
+		case <-ctx.Done():
+			n, _ := w.topicCount(context.Background())
+			return r, fmt.Errorf("debezium server drain of %d events: %d in the broker, streaming=%v: %w; log tail:\n%s",
+				want, n, walsender > 0, ctx.Err(), tailOf(s.Proc().Log(), 3000))
+		case <-tick.C:
+		}
+	}
+	r.CPU = cpuOf(s.Pid()) - cpu0
+	r.PeakRSS = peakRSS(s.Pid())
+	r.Split = e.split(snap, walsender)
+	r.Split.Outboxd, r.Split.Label = r.CPU, ""
+	if r.Delivered != want {
+		return r, fmt.Errorf("debezium server delivered %d messages, want exactly %d", r.Delivered, want)
+	}
+	return r, nil
+}
+
+// dbzServerRows is a drain case's row beside Debezium Server (nil where it
+// did not run): report-only.
+func dbzServerRows(c RelayCase, broker string) []row {
+	if len(c.DbzServer) == 0 || len(c.Relays) == 0 {
+		return nil
+	}
+	n := int64(c.Backlog.Events)
+	best := c.DbzServer[0]
+	for _, d := range c.DbzServer[1:] {
+		if d.Elapsed < best.Elapsed {
+			best = d
+		}
+	}
+	ob := c.Relay()
+	rs, _ := ratio(EventsPerSec(n, ob.Elapsed), EventsPerSec(n, best.Elapsed))
+	confirmed := "slot not confirmed by then"
+	if best.Confirmed {
+		confirmed = "slot confirmed"
+	}
+	return []row{{"", fmt.Sprintf("  ″ vs Debezium Server %s (%s sink, Outbox Event Router), from its slot's activation, fastest of %d", harness.DebeziumVersion, map[string]string{KindNATS: "nats-jetstream", KindRabbitMQ: "rabbitmq"}[broker], len(c.DbzServer)),
+		fmt.Sprintf("%s, %.2f µs/ev, peak RSS %.1f MiB", rate(n, ob.Elapsed), perEvent(ob.OutboxdCPU, n), mib(ob.PeakRSS)),
+		fmt.Sprintf("Debezium Server %s (%s), %.2f µs/ev, peak RSS %.1f MiB, %s", rate(n, best.Elapsed), secs(best.Elapsed), perEvent(best.CPU, n), mib(best.PeakRSS), confirmed),
+		rs, "—", "—"}}
+}
+
+// bindAll binds w's queue to its exchange with "#" as well, until the
+// returned unbind.
+func (b *rabbitBench) bindAll(w *world) (func(), error) {
+	ch, err := b.channel()
+	if err != nil {
+		return nil, err
+	}
+	if err := ch.QueueBind(w.topic, "#", rabbitExchange(w), false, nil); err != nil {
+		return nil, fmt.Errorf("binding queue %s with #: %w", w.topic, err)
+	}
+	return func() {
+		if ch, err := b.channel(); err == nil {
+			_ = ch.QueueUnbind(w.topic, "#", rabbitExchange(w), nil)
+		}
+	}, nil
+}

@@ -1,0 +1,87 @@
+package wal
+
+import (
+	"io"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// timedReader hands out reads of the given sizes, each after its delay (how
+// long the read blocks waiting for the server), and records when each read
+// began.
+type timedReader struct {
+	sizes  []int
+	delays []time.Duration
+	began  []time.Time
+}
+
+func (r *timedReader) Read(p []byte) (int, error) {
+	i := len(r.began)
+	if i == len(r.sizes) {
+		return 0, io.EOF
+	}
+	r.began = append(r.began, time.Now())
+	time.Sleep(r.delays[i])
+	return min(r.sizes[i], len(p)), nil
+}
+
+// gaps is the time between the end of each read and the start of the next:
+// what the coalescer waited.
+func (r *timedReader) gaps(start time.Time) []time.Duration {
+	var out []time.Duration
+	end := start
+	for i, b := range r.began {
+		if i > 0 {
+			out = append(out, b.Sub(end))
+		}
+		end = b.Add(r.delays[i])
+	}
+	return out
+}
+
+// TestCoalescerWaitsOnlyWhileTheStreamIsBusy: a small read that came back
+// at once (the server is sending faster than one read each) is followed by
+// a short wait, so the next read carries more; a read that blocked (the
+// stream was idle: a lone event) or a large one is not, so an event after
+// a quiet spell is read as soon as it arrives.
+func TestCoalescerWaitsOnlyWhileTheStreamIsBusy(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := &timedReader{
+			sizes: []int{100, 100, 100, coalesceSmallRead, 100, 100, 100},
+			delays: []time.Duration{
+				10 * time.Second, // idle: a lone event after a quiet spell
+				0,                // busy from here: each returns at once
+				0,
+				0,                      // a large read
+				0,                      // small, at once
+				coalesceIdleBlock,      // blocked as long as an idle stream does
+				coalesceIdleBlock / 10, // short block: busy
+			},
+		}
+		c := &coalescer{src: r, on: true}
+		start := time.Now()
+		buf := make([]byte, 2*coalesceSmallRead)
+		for range r.sizes {
+			if _, err := c.Read(buf); err != nil {
+				t.Fatal(err)
+			}
+		}
+		want := []time.Duration{0, coalesceWait, coalesceWait, 0, coalesceWait, 0}
+		got := r.gaps(start)
+		for i := range want {
+			if got[i] != want[i] {
+				t.Fatalf("waits before reads 2..%d: %v, want %v", len(r.sizes), got, want)
+			}
+		}
+	})
+}
+
+// TestCoalescerNeverDelaysALoneEvent: the wait is far below the confirm
+// tick, so the event a wait holds back is read long before a status update
+// is due.
+func TestCoalescerNeverDelaysALoneEvent(t *testing.T) {
+	if coalesceWait > time.Millisecond || coalesceIdleBlock <= coalesceWait {
+		t.Fatalf("wait %s, idle block %s: the wait must stay under a millisecond and below the idle threshold", coalesceWait, coalesceIdleBlock)
+	}
+}
