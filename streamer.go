@@ -468,6 +468,9 @@ func (s *streamer) publish(ctx context.Context, pos eventPos, src source, rec ro
 // topic's max.message.bytes: kafka.TopicLimitError): it is retried like
 // one the broker made, since raising the limit needs no restart.
 func retryable(err error) bool {
+	if err == nil {
+		return false // before the var: errors.As makes it escape, an allocation per event
+	}
 	var r interface{ Retryable() bool }
 	return errors.As(err, &r) && r.Retryable()
 }
