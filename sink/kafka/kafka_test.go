@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
@@ -45,25 +46,82 @@ func produceSync(s *Sink, rec *router.Record) error {
 }
 
 // readCommitted returns the values of topic as a read_committed consumer
-// sees them, reading up to the topic's end.
+// sees them, up to the topic's last stable offset when it is called: every
+// transaction ended by then is decided, the open ones hold the rest back.
+// It waits until the consumer has reached that offset on every partition
+// (markers included, so an aborted transaction's end counts), not for a
+// quiet poll: on a loaded machine the first fetch alone can take longer
+// than any such pause, and an empty answer would read as "nothing visible".
 func readCommitted(t *testing.T, c *kfake.Cluster, topic string) []string {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics(topic),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.KeepControlRecords())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	var out []string
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-		fs := cl.PollFetches(ctx)
-		cancel()
-		n := 0
-		fs.EachRecord(func(r *kgo.Record) { n++; out = append(out, string(r.Value)) })
-		if n == 0 {
-			return out
+	ctx, cancel := context.WithTimeout(context.Background(), readWithin)
+	defer cancel()
+	stable, err := kadm.NewClient(cl).ListCommittedOffsets(ctx, topic)
+	if err != nil {
+		t.Fatalf("read_committed %s: listing its last stable offsets: %v", topic, err)
+	}
+	left := map[int32]int64{} // partition → its last stable offset, until read up to it
+	stable.Each(func(o kadm.ListedOffset) {
+		if o.Err != nil {
+			t.Fatalf("read_committed %s: last stable offset of partition %d: %v", topic, o.Partition, o.Err)
 		}
+		if o.Offset > 0 {
+			left[o.Partition] = o.Offset
+		}
+	})
+	var out []string
+	for len(left) > 0 {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("read_committed %s: %q read, partitions not yet read up to their last stable offset within %s: %v", topic, out, readWithin, left)
+		}
+		fs.EachError(func(_ string, p int32, err error) { t.Fatalf("read_committed %s[%d]: %v", topic, p, err) })
+		fs.EachRecord(func(r *kgo.Record) {
+			if end, ok := left[r.Partition]; !ok || r.Offset >= end {
+				return // past the stable offset read at the start
+			}
+			if !r.Attrs.IsControl() {
+				out = append(out, string(r.Value))
+			}
+			if r.Offset == left[r.Partition]-1 {
+				delete(left, r.Partition)
+			}
+		})
+	}
+	return out
+}
+
+// readWithin bounds readCommitted: generous, as it only ends a test that
+// would otherwise hang.
+const readWithin = 30 * time.Second
+
+// readCommitted reads up to the topic's last stable offset, however long
+// the broker takes: here it answers the first fetch after a second, as a
+// loaded machine can. It used to stop at the first poll that stayed empty
+// for 500 ms and then saw nothing (TestFailedTransactionDoesNotReRegisterTheID
+// failed so under load: "read_committed sees [], want [b1]").
+func TestReadCommittedWaitsForASlowFetch(t *testing.T) {
+	c := newCluster(t)
+	s := newSink(t, c, Config{})
+	for _, v := range []string{"a", "b"} {
+		if err := produceSync(s, &router.Record{Topic: "e", Value: []byte(v), Partition: -1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.ControlKey(int16(kmsg.Fetch), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.DropControl()
+		c.SleepControl(func() { time.Sleep(time.Second) }) // a slow broker, not a wait
+		return nil, nil, false
+	})
+	if got := readCommitted(t, c, "e"); strings.Join(got, ",") != "a,b" {
+		t.Fatalf("read_committed sees %q, want a,b", got)
 	}
 }
 
