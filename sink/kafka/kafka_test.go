@@ -15,6 +15,7 @@ import (
 
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
+	"github.com/outboxd/outboxd/test/harness"
 )
 
 func newCluster(t *testing.T) *kfake.Cluster {
@@ -46,61 +47,23 @@ func produceSync(s *Sink, rec *router.Record) error {
 }
 
 // readCommitted returns the values of topic as a read_committed consumer
-// sees them, up to the topic's last stable offset when it is called: every
-// transaction ended by then is decided, the open ones hold the rest back.
-// It waits until the consumer has reached that offset on every partition
-// (markers included, so an aborted transaction's end counts), not for a
-// quiet poll: on a loaded machine the first fetch alone can take longer
-// than any such pause, and an empty answer would read as "nothing visible".
+// sees them, up to the topic's last stable offset when it is called (see
+// harness.ReadCommitted): it waits for the consumer to get there, not for a
+// quiet poll, which a loaded machine's first fetch can outlast.
 func readCommitted(t *testing.T, c *kfake.Cluster, topic string) []string {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics(topic),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.KeepControlRecords())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), readWithin)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	stable, err := kadm.NewClient(cl).ListCommittedOffsets(ctx, topic)
+	recs, err := harness.ReadCommitted(ctx, c.ListenAddrs(), []string{topic})
 	if err != nil {
-		t.Fatalf("read_committed %s: listing its last stable offsets: %v", topic, err)
+		t.Fatalf("read_committed %s: %v", topic, err)
 	}
-	left := map[int32]int64{} // partition → its last stable offset, until read up to it
-	stable.Each(func(o kadm.ListedOffset) {
-		if o.Err != nil {
-			t.Fatalf("read_committed %s: last stable offset of partition %d: %v", topic, o.Partition, o.Err)
-		}
-		if o.Offset > 0 {
-			left[o.Partition] = o.Offset
-		}
-	})
-	var out []string
-	for len(left) > 0 {
-		fs := cl.PollFetches(ctx)
-		if ctx.Err() != nil {
-			t.Fatalf("read_committed %s: %q read, partitions not yet read up to their last stable offset within %s: %v", topic, out, readWithin, left)
-		}
-		fs.EachError(func(_ string, p int32, err error) { t.Fatalf("read_committed %s[%d]: %v", topic, p, err) })
-		fs.EachRecord(func(r *kgo.Record) {
-			if end, ok := left[r.Partition]; !ok || r.Offset >= end {
-				return // past the stable offset read at the start
-			}
-			if !r.Attrs.IsControl() {
-				out = append(out, string(r.Value))
-			}
-			if r.Offset == left[r.Partition]-1 {
-				delete(left, r.Partition)
-			}
-		})
+	out := make([]string, 0, len(recs))
+	for _, r := range recs {
+		out = append(out, string(r.Value))
 	}
 	return out
 }
-
-// readWithin bounds readCommitted: generous, as it only ends a test that
-// would otherwise hang.
-const readWithin = 30 * time.Second
 
 // readCommitted reads up to the topic's last stable offset, however long
 // the broker takes: here it answers the first fetch after a second, as a
