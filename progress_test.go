@@ -95,7 +95,7 @@ func TestProgressUnreadableThenRead(t *testing.T) {
 	store.mu.Lock()
 	store.failing = nil
 	store.mu.Unlock()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		if _, ok := p.Known(); ok {
 			break

@@ -64,7 +64,7 @@ func TestHoldOnAnInvalidRowLastsUntilShutdown(t *testing.T) {
 	go func() {
 		done <- h.relay.hold(ctx, &holdError{pos: eventPos{commit: 200}, table: "public.outbox", id: "e-1", cause: errors.New("routing column is NULL")})
 	}()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		ok, why := h.relay.state.ready()
 		if !ok && strings.Contains(why, "routing column is NULL") && strings.Contains(why, "e-1") {

@@ -256,7 +256,7 @@ func (h *harness) start() {
 // waitSent waits until the last flush position sent is want.
 func (h *harness) waitSent(want wal.LSN) {
 	h.t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for h.stream.lastSent() != want {
 		if time.Now().After(deadline) {
 			h.t.Fatalf("last flush position sent %s, want %s (all: %v)", h.stream.lastSent(), want, h.stream.sent())
@@ -608,7 +608,7 @@ func TestStreamerExactlyOnceSplitsOnTicksInsideALongTransaction(t *testing.T) {
 				}()
 			}
 			want := []sink.Checkpoint{{LSN: 200, Events: 1}}
-			deadline := time.Now().Add(5 * time.Second)
+			deadline := time.Now().Add(30 * time.Second)
 			for fmt.Sprint(ts.checkpoints()) != fmt.Sprint(want) {
 				if time.Now().After(deadline) {
 					t.Fatalf("checkpoints %v, want %v: no split inside the transaction", ts.checkpoints(), want)

@@ -11,9 +11,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
+	"github.com/outboxd/outboxd/test/harness"
 )
 
 func newCluster(t testing.TB) *kfake.Cluster {
@@ -45,25 +47,44 @@ func produceSync(s *Sink, rec *router.Record) error {
 }
 
 // readCommitted returns the values of topic as a read_committed consumer
-// sees them, reading up to the topic's end.
+// sees them, up to the topic's last stable offset when it is called (see
+// harness.ReadCommitted): it waits for the consumer to get there, not for a
+// quiet poll, which a loaded machine's first fetch can outlast.
 func readCommitted(t *testing.T, c *kfake.Cluster, topic string) []string {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics(topic),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	recs, err := harness.ReadCommitted(ctx, c.ListenAddrs(), []string{topic})
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("read_committed %s: %v", topic, err)
 	}
-	defer cl.Close()
-	var out []string
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-		fs := cl.PollFetches(ctx)
-		cancel()
-		n := 0
-		fs.EachRecord(func(r *kgo.Record) { n++; out = append(out, string(r.Value)) })
-		if n == 0 {
-			return out
+	out := make([]string, 0, len(recs))
+	for _, r := range recs {
+		out = append(out, string(r.Value))
+	}
+	return out
+}
+
+// readCommitted reads up to the topic's last stable offset, however long
+// the broker takes: here it answers the first fetch after a second, as a
+// loaded machine can. It used to stop at the first poll that stayed empty
+// for 500 ms and then saw nothing (TestFailedTransactionDoesNotReRegisterTheID
+// failed so under load: "read_committed sees [], want [b1]").
+func TestReadCommittedWaitsForASlowFetch(t *testing.T) {
+	c := newCluster(t)
+	s := newSink(t, c, Config{})
+	for _, v := range []string{"a", "b"} {
+		if err := produceSync(s, &router.Record{Topic: "e", Value: []byte(v), Partition: -1}); err != nil {
+			t.Fatal(err)
 		}
+	}
+	c.ControlKey(int16(kmsg.Fetch), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.DropControl()
+		c.SleepControl(func() { time.Sleep(time.Second) }) // a slow broker, not a wait
+		return nil, nil, false
+	})
+	if got := readCommitted(t, c, "e"); strings.Join(got, ",") != "a,b" {
+		t.Fatalf("read_committed sees %q, want a,b", got)
 	}
 }
 

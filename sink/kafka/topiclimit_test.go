@@ -32,7 +32,7 @@ func (b *batches) OnProduceBatchWritten(_ kgo.BrokerMetadata, _ string, _ int32,
 // calls the hook after it has answered the batch's records.
 func (b *batches) get(t *testing.T, n int) []kgo.ProduceBatchMetrics {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 		b.mu.Lock()
 		list := append([]kgo.ProduceBatchMetrics(nil), b.list...)
 		b.mu.Unlock()

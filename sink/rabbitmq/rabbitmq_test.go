@@ -331,25 +331,39 @@ func TestTooLarge(t *testing.T) {
 // TestMissingExchange: without Declare a missing exchange holds: Ping says
 // why, nothing fails, and once the exchange exists the records go through.
 func TestMissingExchange(t *testing.T) {
-	s, err := New(Config{URL: node.URL(), Exchange: "t-missing"})
+	// Names of their own: the server outlives a run (-count=3).
+	id := strconv.FormatInt(time.Now().UnixNano(), 36)
+	exchange, queue := "t-missing-"+id, "q-missing-"+id
+	s, err := New(Config{URL: node.URL(), Exchange: exchange})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-	err = s.Ping(ctx)
-	cancel()
-	if err == nil || !strings.Contains(err.Error(), `exchange "t-missing" does not exist`) {
+	// Ping names the missing exchange once the connection has seen it;
+	// before that (a loaded machine takes longer than any fixed span to get
+	// there) it says the connection is not up: poll until it says why.
+	missing := func(err error) bool {
+		return err != nil && strings.Contains(err.Error(), `exchange "`+exchange+`" does not exist`)
+	}
+	for deadline := time.Now().Add(30 * time.Second); !missing(err) && time.Now().Before(deadline); {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		err = s.Ping(ctx)
+		cancel()
+		if err == nil {
+			break
+		}
+	}
+	if !missing(err) {
 		t.Fatalf("Ping with the exchange missing: %v", err)
 	}
 	var res results
 	s.Produce(context.Background(), record("outbox.event.Order", "a", "m1", []byte("1")), res.cb(0))
 	ch := admin(t)
-	bind(t, ch, "t-missing", "q-missing", "#", nil)
+	bind(t, ch, exchange, queue, "#", nil)
 	if errs := res.wait(t, 1); errs[0] != nil {
 		t.Fatal(errs[0])
 	}
-	if got := drain(t, ch, "q-missing", 1); len(got) != 1 {
+	if got := drain(t, ch, queue, 1); len(got) != 1 {
 		t.Fatalf("queue: %d messages", len(got))
 	}
 }

@@ -13,23 +13,11 @@ import (
 	"github.com/outboxd/outboxd/test/harness"
 )
 
-// readCommitted reads the test topic as a read_committed consumer until it
-// holds want records, then for a further second to catch any extra.
+// readCommitted reads the test topic as a read_committed consumer: see
+// readCommittedTopics.
 func (f *fixture) readCommitted(want int) []*kgo.Record {
 	f.t.Helper()
-	ctx, cancel := context.WithTimeout(f.ctx, 30*time.Second)
-	defer cancel()
-	recs, err := harness.ReadAll(ctx, f.kafka.Brokers(), []string{f.topic()}, want, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
-	if err != nil {
-		f.t.Fatalf("read_committed: %v", err)
-	}
-	extra, cancel2 := context.WithTimeout(f.ctx, 1500*time.Millisecond)
-	defer cancel2()
-	more, _ := harness.ReadAll(extra, f.kafka.Brokers(), []string{f.topic()}, want+1, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
-	if len(more) > len(recs) {
-		recs = more
-	}
-	return recs
+	return readCommittedTopics(f.t, f, []string{f.topic()}, want)
 }
 
 // Exactly-once: SIGKILL mid-stream and restart leave read_committed

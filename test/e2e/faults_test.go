@@ -45,7 +45,7 @@ func TestBrokerDownHoldsSlot(t *testing.T) {
 	if err := k.Start(f.ctx); err != nil {
 		t.Fatal(err)
 	}
-	f.waitConfirmed(end, 60*time.Second)
+	f.waitConfirmed(end, 120*time.Second)
 	recs := f.records()
 	first50, _ := byID(t, recs)
 	for i := 1; i <= 50; i++ {

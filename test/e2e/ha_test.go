@@ -75,7 +75,7 @@ func TestHAStandbyTakeover(t *testing.T) {
 	f.asSetupRole()
 	timeout := []string{"--replication-timeout", haTimeout.String()}
 	a := f.startRelay(timeout...)
-	a.waitRole(t, "active", 5*time.Second)
+	a.waitRole(t, "active", 30*time.Second)
 	b := func() *relay { _, r := f.spawn(timeout...); return r }()
 	b.waitRole(t, "standby", 10*time.Second)
 	checkStandby(t, b, f.slot)
@@ -90,7 +90,7 @@ func TestHAStandbyTakeover(t *testing.T) {
 	if err := a.Kill(); err != nil { // SIGKILL: the kernel closes its connection
 		t.Fatal(err)
 	}
-	took := b.waitRole(t, "active", 5*time.Second)
+	took := b.waitRole(t, "active", 30*time.Second)
 	t.Logf("takeover after SIGKILL of the active: %s", took.Round(time.Millisecond))
 	if took > 2*time.Second {
 		t.Errorf("takeover after SIGKILL took %s, want ≤ 2s", took)

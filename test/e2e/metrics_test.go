@@ -114,7 +114,7 @@ func TestMetricsAndReadiness(t *testing.T) {
 		t.Fatal(err)
 	}
 	end = f.walLSN()
-	f.waitConfirmed(end, 60*time.Second)
+	f.waitConfirmed(end, 120*time.Second)
 	poll(t, 20*time.Second, "/readyz 200 again", func() bool { c, _ := r.get(t, "/readyz"); return c == 200 })
 	poll(t, 10*time.Second, "lag back under 64 kB", func() bool { return r.metric(t, "outboxd_slot_lag_bytes") < 64<<10 })
 	if v := r.metric(t, "outboxd_inflight_events"); v != 0 {

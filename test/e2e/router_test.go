@@ -187,7 +187,7 @@ func TestInvalidRowFailThenDeadLetter(t *testing.T) {
 	poll(t, 20*time.Second, "outboxd_blocked 1", func() bool { return r.metric(t, "outboxd_blocked") == 1 })
 	// docs/configuration.md promises the log names them; the metric may be set a moment
 	// before the line is written.
-	poll(t, 5*time.Second, "log naming the table and event", func() bool {
+	poll(t, 20*time.Second, "log naming the table and event", func() bool {
 		return strings.Contains(r.Log(), "event_id="+eventID(2)) && strings.Contains(r.Log(), "table=public.outbox")
 	})
 	poll(t, 10*time.Second, "/readyz 503 naming the row", func() bool {
