@@ -58,8 +58,9 @@ func TestInboxBench(t *testing.T) {
 	if !*benchEffects {
 		t.Skip("-bench-effects not set")
 	}
-	started := time.Now()
-	loadStart := loadAvg()
+	// The commit before anything runs: a tree edited during the run must
+	// not make the file name code the run did not measure.
+	started, loadStart, commit := time.Now(), loadAvg(), results.Commit()
 	b := newBench(t)
 	// The bench outlives newBench's 4 minutes: 4 runs per broker.
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
@@ -153,7 +154,7 @@ func TestInboxBench(t *testing.T) {
 	f := &results.File{
 		Name:    "inbox-bench-" + started.UTC().Format("2006-01-02-1504"),
 		Source:  "make bench-inbox",
-		Commit:  results.Commit(),
+		Commit:  commit,
 		Date:    started.UTC().Format(time.RFC3339),
 		Machine: fmt.Sprintf("%d cores, %s, PostgreSQL 15 from the harness", runtime.NumCPU(), runtime.Version()),
 		Load:    fmt.Sprintf("load average %s at start, %s at end", loadStart, loadEnd),
