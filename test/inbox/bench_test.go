@@ -4,8 +4,10 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -100,77 +102,139 @@ func TestInboxBench(t *testing.T) {
 		}
 		return float64(n-1) / secs
 	}
-	table := [][]string{{"broker", "consumer", "events per transaction", "key workers", "effects/s", "÷ naive"}}
-	figures := map[string]string{}
-	var settings []string
+	rep := &benchReport{started: started, commit: commit, loadStart: loadStart, events: n, brokers: *benchBrokers}
 	for _, name := range strings.Split(*benchBrokers, ",") {
 		var bb benchBroker
 		switch name {
 		case "kafka":
 			bb = b
-			settings = append(settings, "Kafka "+b.kafka.Kind()+" (3 partitions)")
+			rep.settings = append(rep.settings, "Kafka "+b.kafka.Kind()+" (3 partitions)")
 		case "nats":
 			bb = newNATSBench(b)
-			settings = append(settings, "NATS JetStream (file stream)")
+			rep.settings = append(rep.settings, "NATS JetStream (file stream)")
 		case "rabbitmq":
 			bb = newRabbitBench(b)
-			settings = append(settings, "RabbitMQ (classic queue)")
+			rep.settings = append(rep.settings, "RabbitMQ (classic queue)")
 		default:
 			t.Fatalf("-bench-brokers: %q is not kafka, nats or rabbitmq", name)
 		}
-		type run struct {
-			label, batch, workers string
-			cfg                   inbox.Config
-		}
-		runs := []run{
-			{"inbox", "1", "1", inbox.Config{BatchSize: 1}},
-			{"inbox", "100", "1", inbox.Config{BatchSize: 100}},
-			{"inbox", "1", "4", inbox.Config{BatchSize: 1, KeyWorkers: 4}},
-		}
 		naiveTopic := "bench." + name + ".naive"
 		naive := measure(bb, naiveTopic, func() func() { return bb.naive(naiveTopic, apply) })
-		rates := make([]float64, len(runs))
-		for i, r := range runs {
-			topic := fmt.Sprintf("bench.%s.inbox_%s_%s", name, r.batch, r.workers)
-			cfg := r.cfg
-			cfg.Group, cfg.Handler, cfg.Retention = "g-"+strings.ReplaceAll(topic, ".", "_"), apply, -1
-			rates[i] = measure(bb, topic, func() func() { return b.runOn(bb.config(topic, cfg)) })
-			ratio := rates[i] / naive
-			table = append(table, []string{name, r.label, r.batch, r.workers, fmt.Sprintf("%.0f", rates[i]), fmt.Sprintf("%.2f", ratio)})
-			key := fmt.Sprintf("%s-batch%s-workers%s", name, r.batch, r.workers)
-			figures[key] = fmt.Sprintf("%.0f effects/s", rates[i])
-			figures[key+"-ratio"] = fmt.Sprintf("%.2f", ratio)
-			t.Logf("%-8s inbox batch %-3s key workers %s %8.0f effects/s (%.2f of naive)", name, r.batch, r.workers, rates[i], ratio)
+		for _, r := range []struct{ batch, workers int }{{1, 1}, {100, 1}, {1, 4}} {
+			topic := fmt.Sprintf("bench.%s.inbox_%d_%d", name, r.batch, r.workers)
+			cfg := inbox.Config{Group: "g-" + strings.ReplaceAll(topic, ".", "_"), Handler: apply, Retention: -1, BatchSize: r.batch, KeyWorkers: r.workers}
+			rate := measure(bb, topic, func() func() { return b.runOn(bb.config(topic, cfg)) })
+			rep.add(name, r.batch, r.workers, rate, naive)
+			t.Logf("%-8s inbox batch %-3d key workers %d %8.0f effects/s (%.2f of naive)", name, r.batch, r.workers, rate, rate/naive)
 		}
-		table = append(table, []string{name, "naive", "1", "1", fmt.Sprintf("%.0f", naive), "1.00"})
-		figures[name+"-naive"] = fmt.Sprintf("%.0f effects/s", naive)
+		rep.addNaive(name, naive)
 		t.Logf("%-8s naive                         %8.0f effects/s", name, naive)
 	}
-	loadEnd := loadAvg()
-	fmt.Fprint(os.Stderr, results.Markdown(table))
+	rep.loadEnd = loadAvg()
+	fmt.Fprint(os.Stderr, results.Markdown(rep.table))
 	if *resultsDir == "" {
 		return
 	}
-	f := &results.File{
-		Name:    "inbox-bench-" + started.UTC().Format("2006-01-02-1504"),
-		Source:  "make bench-inbox",
-		Commit:  commit,
-		Date:    started.UTC().Format(time.RFC3339),
-		Machine: fmt.Sprintf("%d cores, %s, PostgreSQL 15 from the harness", runtime.NumCPU(), runtime.Version()),
-		Load:    fmt.Sprintf("load average %s at start, %s at end", loadStart, loadEnd),
-		Busy:    overloaded(loadStart) || overloaded(loadEnd),
-		Settings: fmt.Sprintf("go test -run TestInboxBench ./test/inbox/ -bench-effects -bench-events %d -bench-brokers %s; %s; 16 keys; effect: one INSERT and one UPDATE",
-			n, *benchBrokers, strings.Join(settings, ", ")),
-		Tables:  map[string][][]string{"main": table},
-		Figures: figures,
-		Notes: []string{"The naive consumer auto-commits (Kafka, every 5 s) or auto-acks (NATS AckNone, RabbitMQ autoAck), applies each event in a transaction of its own and writes no inbox row: a crash or redelivery applies effects twice or never.",
-			"÷ naive is effects/s over the naive consumer's on the same broker in the same run."},
-	}
-	p, err := results.Write(*resultsDir, f)
+	p, err := results.Write(*resultsDir, rep.file())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("results file: %s", p)
+}
+
+// benchReport is what TestInboxBench measured, as a table, figures and a
+// results file.
+type benchReport struct {
+	started                    time.Time
+	commit, loadStart, loadEnd string
+	events                     int
+	brokers                    string
+	settings                   []string // per broker, in run order
+	table                      [][]string
+	figures                    map[string]string
+}
+
+// add records an inbox run on broker: rate effects/s with batch events per
+// transaction and workers key workers, beside the naive consumer's naive.
+func (r *benchReport) add(broker string, batch, workers int, rate, naive float64) {
+	if r.table == nil {
+		r.table = [][]string{{"broker", "consumer", "events per transaction", "key workers", "effects/s", "÷ naive"}}
+		r.figures = map[string]string{}
+	}
+	r.table = append(r.table, []string{broker, "inbox", strconv.Itoa(batch), strconv.Itoa(workers), fmt.Sprintf("%.0f", rate), fmt.Sprintf("%.2f", rate/naive)})
+	key := fmt.Sprintf("%s-batch%d-workers%d", broker, batch, workers)
+	r.figures[key] = fmt.Sprintf("%.0f effects/s", rate)
+	r.figures[key+"-ratio"] = fmt.Sprintf("%.2f", rate/naive)
+}
+
+// addNaive records the naive consumer's run on broker (after its add calls).
+func (r *benchReport) addNaive(broker string, naive float64) {
+	r.table = append(r.table, []string{broker, "naive", "1", "1", fmt.Sprintf("%.0f", naive), "1.00"})
+	r.figures[broker+"-naive"] = fmt.Sprintf("%.0f effects/s", naive)
+}
+
+// file is the run as a results file (package results), busy when the load
+// average was above one per core at its start or end.
+func (r *benchReport) file() *results.File {
+	return &results.File{
+		Name:    "inbox-bench-" + r.started.UTC().Format("2006-01-02-1504"),
+		Source:  "make bench-inbox",
+		Commit:  r.commit,
+		Date:    r.started.UTC().Format(time.RFC3339),
+		Machine: fmt.Sprintf("%d cores, %s, PostgreSQL 15 from the harness", runtime.NumCPU(), runtime.Version()),
+		Load:    fmt.Sprintf("load average %s at start, %s at end", r.loadStart, r.loadEnd),
+		Busy:    overloaded(r.loadStart) || overloaded(r.loadEnd),
+		Settings: fmt.Sprintf("go test -run TestInboxBench ./test/inbox/ -bench-effects -bench-events %d -bench-brokers %s; %s; 16 keys; effect: one INSERT and one UPDATE",
+			r.events, r.brokers, strings.Join(r.settings, ", ")),
+		Tables:  map[string][][]string{"main": r.table},
+		Figures: r.figures,
+		Notes: []string{"The naive consumer auto-commits (Kafka, every 5 s) or auto-acks (NATS AckNone, RabbitMQ autoAck), applies each event in a transaction of its own and writes no inbox row: a crash or redelivery applies effects twice or never.",
+			"÷ naive is effects/s over the naive consumer's on the same broker in the same run."},
+	}
+}
+
+// TestInboxBench's measurements become a results file that package results
+// loads: the ratio over the naive consumer as a figure, the table, and the
+// busy mark when the load average was above one per core.
+func TestInboxBenchResultsFile(t *testing.T) {
+	cores := float64(runtime.NumCPU())
+	for _, c := range []struct {
+		loadStart, loadEnd string
+		busy               bool
+	}{
+		{fmt.Sprintf("%.2f 1.00 1.00", cores/2), fmt.Sprintf("%.2f 1.00 1.00", cores), false},
+		{fmt.Sprintf("%.2f 1.00 1.00", cores/2), fmt.Sprintf("%.2f 1.00 1.00", cores+0.5), true},
+		{fmt.Sprintf("%.2f 1.00 1.00", cores+0.5), "?", true},
+	} {
+		rep := &benchReport{started: time.Date(2026, 12, 2, 12, 41, 21, 0, time.UTC), commit: "a5677e96e82d",
+			loadStart: c.loadStart, loadEnd: c.loadEnd, events: 10000, brokers: "nats", settings: []string{"NATS JetStream (file stream)"}}
+		rep.add("nats", 1, 1, 2000, 5000)
+		rep.add("nats", 100, 1, 7500, 5000)
+		rep.addNaive("nats", 5000)
+		dir := t.TempDir()
+		if _, err := results.Write(dir, rep.file()); err != nil {
+			t.Fatal(err)
+		}
+		files, err := results.Load(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := files["inbox-bench-2026-12-02-1241"]
+		if f == nil {
+			t.Fatalf("files %v, want inbox-bench-2026-12-02-1241", slices.Collect(maps.Keys(files)))
+		}
+		if f.Busy != c.busy {
+			t.Errorf("load %s, %s on %v cores: busy %v, want %v", c.loadStart, c.loadEnd, cores, f.Busy, c.busy)
+		}
+		want := map[string]string{"nats-batch1-workers1": "2000 effects/s", "nats-batch1-workers1-ratio": "0.40",
+			"nats-batch100-workers1": "7500 effects/s", "nats-batch100-workers1-ratio": "1.50", "nats-naive": "5000 effects/s"}
+		if !maps.Equal(f.Figures, want) {
+			t.Errorf("figures %v, want %v", f.Figures, want)
+		}
+		if got := f.Tables["main"]; len(got) != 4 || !slices.Equal(got[3], []string{"nats", "naive", "1", "1", "5000", "1.00"}) {
+			t.Errorf("table %q", got)
+		}
+	}
 }
 
 // loadAvg is /proc/loadavg's three averages ("?" where there is none).
