@@ -18,7 +18,7 @@ DOCKER_SKIP := ^$$
 # Packages that need no PostgreSQL, Kafka or JVM: make check's unit tests.
 UNIT_PKGS := . ./wal/... ./router/... ./schema/... ./sink/... ./slot/... ./migrations/... ./pgquote/... ./cmd/outboxd/ ./results/
 
-.PHONY: all build run check test test-short test-docker test-pg-versions test-apache vet bench soak parity docker clean
+.PHONY: all build run check test test-short test-docker test-pg-versions test-apache vet bench bench-inbox soak parity docker clean
 
 all: build
 
@@ -92,6 +92,9 @@ test-apache: ## only the Apache Kafka runs of make test: e2e on one node (the br
 
 bench: ## throughput/latency/resources beside baselines and Debezium, on kfake, one Apache node and a 3-node cluster; writes results/bench-*.json (~30 min on a busy 2-core machine; BENCH_ARGS='-brokers apache' for one column, BENCH_ARGS='-cases debezium -brokers apache' beside Debezium only; not by default: BENCH_ARGS='-cases tracing -brokers kfake', BENCH_ARGS='-cases sustained -brokers apache-cluster')
 	$(GO) run ./test/cmd/bench -results $(CURDIR)/results $(BENCH_ARGS)
+
+bench-inbox: ## package inbox's effects/s at 1 and 100 events per transaction and with 4 key workers, beside a naive consumer, on Kafka (kfake; OUTBOXD_TEST_KAFKA_KIND=apache for one node), NATS and RabbitMQ in one run; writes results/inbox-bench-*.json (INBOX_BENCH_ARGS='-bench-events 2000 -bench-brokers nats')
+	$(GO) test -count=1 -timeout 45m -run 'TestInboxBench$$' ./test/inbox/ -bench-effects -v -results $(CURDIR)/results $(INBOX_BENCH_ARGS)
 
 parity: ## Debezium 3.6 (Kafka Connect) beside outboxd: the full corpus in six converter setups, docs/debezium.md's difference table checked, the cutover, and the Debezium facts README quotes (results/debezium-facts-*.json) (Java; jars from .ci/debezium.sh or fetched on demand)
 	$(GO) test -count=1 -timeout 60m -v -run 'TestParity|TestCutover|TestDebeziumFacts' ./test/parity/ -full

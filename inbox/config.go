@@ -44,6 +44,14 @@ type Event struct {
 	// Timestamp is the broker's (Kafka's record timestamp, JetStream's
 	// stored time, AMQP's timestamp property).
 	Timestamp time.Time
+	// CloudEvent holds the CloudEvents attributes (specversion, id,
+	// source, type, subject, time, datacontenttype and the extensions, by
+	// name) of an event outboxd published with --envelope cloudevents, in
+	// either content mode and on every broker's binding; nil for an event
+	// without the envelope. ID and Type come from its id and type where
+	// the id and type headers are absent. In structured mode Value is the
+	// event's data, not the JSON envelope.
+	CloudEvent map[string]string
 
 	src any // the broker's handle for the ack: *kgo.Record, jetstream.Msg, amqp.Delivery
 	// counted: countStarts has an attempts row for it, to delete when it is

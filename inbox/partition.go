@@ -580,6 +580,10 @@ func (p *partition) try(ctx context.Context, batch []*Event) (err error) {
 		}
 	}()
 	dups, applied, behind := 0, 0, 0
+	// dupEvs are the duplicates to log after the commit, kept only when
+	// debug logging is on: no work per event otherwise.
+	var dupEvs []*Event
+	debug := p.log.Enabled(ctx, slog.LevelDebug)
 	var took []time.Duration
 	var counted []*Event
 	for _, ev := range batch {
@@ -596,6 +600,9 @@ func (p *partition) try(ctx context.Context, batch []*Event) (err error) {
 		}
 		if !fresh {
 			dups++
+			if debug {
+				dupEvs = append(dupEvs, ev)
+			}
 			continue
 		}
 		if keyParked {
@@ -635,8 +642,16 @@ func (p *partition) try(ctx context.Context, batch []*Event) (err error) {
 			p.m.latency.Observe(d.Seconds())
 		}
 	}
-	if dups > 0 {
-		p.log.Debug("inbox: skipped events already applied", "events", dups, "last_offset", batch[len(batch)-1].Offset)
+	// Logged after the commit, so that a retried transaction does not log
+	// its duplicates twice. The logger carries the lane's topic and
+	// partition; the event's own topic (a NATS subject) is added where it
+	// differs.
+	for _, ev := range dupEvs {
+		if ev.Topic != p.topic && ev.Topic != "" {
+			p.log.Debug("inbox: skipped an event already applied (its inbox row exists)", "id", ev.ID, "offset", ev.Offset, "subject", ev.Topic)
+			continue
+		}
+		p.log.Debug("inbox: skipped an event already applied (its inbox row exists)", "id", ev.ID, "offset", ev.Offset)
 	}
 	if behind > 0 {
 		p.log.Warn("inbox: parked events behind their aggregate's poison event (OnPoison: ParkKey); release the key to replay them", "events", behind, "last_offset", batch[len(batch)-1].Offset)

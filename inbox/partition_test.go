@@ -1,10 +1,10 @@
 package inbox
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"slices"
 	"strings"
@@ -191,6 +191,26 @@ type harness struct {
 	m     *metrics
 	mu    sync.Mutex
 	marks []int64
+	logs  lockedBuffer // the partition's log, debug and up
+}
+
+// lockedBuffer is a bytes.Buffer the partition's goroutine writes while a
+// test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 func (h *harness) marked() []int64 {
@@ -226,7 +246,7 @@ func newHarness(t *testing.T, s settings, handler func(db *fakeDB, ev *Event) er
 		h.marks = append(h.marks, ev.Offset)
 		h.mu.Unlock()
 	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	log := slog.New(slog.NewTextHandler(&h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	h.p = newPartition("orders", 0, &s, h.db, mark, m.partition("test", "orders", 0), log)
 	h.p.offsets = true
 	return h
@@ -335,6 +355,17 @@ func TestDuplicateSkipped(t *testing.T) {
 		}
 		if !slices.Equal(h.marked(), []int64{0, 1}) {
 			t.Fatalf("marks %v", h.marked())
+		}
+		// Issue 36 3.9: each duplicate is a debug line with its id, topic
+		// and position, so that "why was my event not applied?" has an
+		// answer in the log.
+		logs := h.logs.String()
+		want := `level=DEBUG msg="inbox: skipped an event already applied (its inbox row exists)" topic=orders partition=0 id=a offset=0`
+		if !strings.Contains(logs, want) {
+			t.Fatalf("no debug line for the duplicate; want %s in:\n%s", want, logs)
+		}
+		if strings.Contains(logs, "id=b") {
+			t.Fatalf("the applied event b logged as a duplicate:\n%s", logs)
 		}
 	})
 }

@@ -123,6 +123,7 @@ WHERE consumer = $1 AND coalesce(key, ''::bytea) = $2 ORDER BY seq NULLS FIRST, 
 		e.Headers = append(e.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)})
 	}
 	e.Type = headerValue(e, "type")
+	replayCloudEvent(e)
 	if err := c.s.tracer.apply(ctx, c.cfg.Handler, tx, e); err != nil {
 		return e, &handlerError{err}
 	}

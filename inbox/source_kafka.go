@@ -170,6 +170,7 @@ func (k *kafkaSource) dispatch(fp kgo.FetchTopicPartition) {
 func eventOf(r *kgo.Record) *Event {
 	ev := &Event{Key: r.Key, Value: r.Value, Headers: r.Headers, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Timestamp: r.Timestamp, src: r}
 	fillIDs(ev)
+	readCloudEvent(ev, ceKafka, headerValue(ev, "content-type"))
 	return ev
 }
 

@@ -254,6 +254,7 @@ func natsEvent(m jetstream.Msg) (*Event, error) {
 		ev.Key = []byte(k[0])
 	}
 	fillIDs(ev)
+	readCloudEvent(ev, ceNATS, m.Headers().Get("Content-Type"))
 	if ev.ID == "" {
 		ev.ID = m.Headers().Get(jetstream.MsgIDHeader)
 	}

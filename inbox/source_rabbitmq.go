@@ -191,6 +191,7 @@ func rabbitEvent(queue string, d amqp.Delivery) *Event {
 		}
 	}
 	fillIDs(ev)
+	readCloudEvent(ev, ceAMQP, d.ContentType)
 	if ev.ID == "" {
 		ev.ID = d.MessageId
 	}

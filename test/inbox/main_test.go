@@ -25,7 +25,7 @@ import (
 var (
 	soak         = flag.Duration("soak", 0, "run the effect test's fault rounds for this long (e.g. 10m)")
 	mode         = flag.String("mode", "at-least-once", "outboxd's delivery mode in the effect test: at-least-once or exactly-once (--exactly-once; the consumer reads read_committed)")
-	benchEffects = flag.Bool("bench-effects", false, "run the effects/s benchmark (BenchmarkEffects's figures, as a test)")
+	benchEffects = flag.Bool("bench-effects", false, "run TestInboxBench: effects/s of the inbox beside a naive consumer on each broker (make bench-inbox)")
 )
 
 var outboxdBin, billingBin string
