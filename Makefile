@@ -99,11 +99,15 @@ bench-inbox: ## package inbox's effects/s at 1 and 100 events per transaction an
 parity: ## Debezium 3.6 (Kafka Connect) beside outboxd: the full corpus in six converter setups, docs/debezium.md's difference table checked, the cutover, and the Debezium facts README quotes (results/debezium-facts-*.json) (Java; jars from .ci/debezium.sh or fetched on demand)
 	$(GO) test -count=1 -timeout 60m -v -run 'TestParity|TestCutover|TestDebeziumFacts' ./test/parity/ -full
 
-soak: ## fault-injection soak under load on kfake and on a 3-node Apache cluster, at-least-once then exactly-once (4 runs of 9-13 min), then the inbox effect soak per broker (Kafka, Kafka with 4 key workers, NATS, RabbitMQ classic, classic with single active consumer, quorum: 6 x 5 min) and on Kafka exactly-once (5 min); writes results/fault-*.json
-	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -results $(CURDIR)/results -mode at-least-once
-	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -results $(CURDIR)/results -mode exactly-once
-	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -results $(CURDIR)/results -mode at-least-once -kafka apache-cluster
-	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -results $(CURDIR)/results -mode exactly-once -kafka apache-cluster
+# make soak keeps every run's process logs (outboxd, broker), so that a failed
+# run can be read afterwards: one folder per run under SOAK_LOGS.
+SOAK_LOGS ?= $(or $(TMPDIR),/tmp)/outboxd-soak-logs
+
+soak: ## fault-injection soak under load on kfake and on a 3-node Apache cluster, at-least-once then exactly-once (4 runs of 9-13 min), then the inbox effect soak per broker (Kafka, Kafka with 4 key workers, NATS, RabbitMQ classic, classic with single active consumer, quorum: 6 x 5 min) and on Kafka exactly-once (5 min); writes results/fault-*.json and keeps the process logs under SOAK_LOGS ($$TMPDIR/outboxd-soak-logs)
+	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -results $(CURDIR)/results -keep-logs $(SOAK_LOGS) -mode at-least-once
+	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -results $(CURDIR)/results -keep-logs $(SOAK_LOGS) -mode exactly-once
+	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -results $(CURDIR)/results -keep-logs $(SOAK_LOGS) -mode at-least-once -kafka apache-cluster
+	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -results $(CURDIR)/results -keep-logs $(SOAK_LOGS) -mode exactly-once -kafka apache-cluster
 	$(GO) test -count=1 -timeout 60m -run 'TestEffectsExactlyOnce' ./test/inbox/ -soak 5m -v -mode at-least-once
 	$(GO) test -count=1 -timeout 30m -run 'TestEffectsExactlyOnce/kafka$$' ./test/inbox/ -soak 5m -v -mode exactly-once
 
