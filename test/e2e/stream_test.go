@@ -62,9 +62,9 @@ func TestLargeTransactionBoundedMemory(t *testing.T) {
 	t.Logf("peak RSS %d MiB (%d MiB before the transaction) for a %d-row (~%d MiB) transaction", hwm>>20, base>>20, rows, rows*300>>20)
 	// Buffering the transaction would add its ~57 MiB to the footprint; the
 	// in-flight bounds (4 MiB, 5,000 events) and the garbage collector's
-	// headroom add well under 40.
-	if hwm-base > 40<<20 {
-		t.Fatalf("peak RSS grew by %d MiB (%d → %d MiB) > 40 MiB: the transaction was buffered", (hwm-base)>>20, base>>20, hwm>>20)
+	// headroom add 23-37 MiB as measured on 2 cores (GC timing varies it).
+	if hwm-base > 48<<20 {
+		t.Fatalf("peak RSS grew by %d MiB (%d → %d MiB) > 48 MiB: the transaction was buffered", (hwm-base)>>20, base>>20, hwm>>20)
 	}
 }
 
