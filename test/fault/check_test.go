@@ -454,3 +454,58 @@ func (r *report) failures(mode deliveryMode) []string {
 	}
 	return out
 }
+
+// stuckTransactions explains a read_committed read that stopped short: for
+// each partition whose last stable offset lags its high watermark, the
+// producers the leader lists with a transaction open there (producer id,
+// epoch, first offset) and what the coordinators say of those producers'
+// transactional ids. A transaction that a partition holds open and no
+// coordinator knows (a hanging transaction) pins the partition's stable
+// offset forever: every later record is invisible to read_committed readers.
+func stuckTransactions(ctx context.Context, opts []kgo.Opt, topics []string) []string {
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return []string{"stuck transactions: " + err.Error()}
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	lso, err := adm.ListCommittedOffsets(ctx, topics...)
+	if err != nil {
+		return []string{"stuck transactions: list stable offsets: " + err.Error()}
+	}
+	hwm, err := adm.ListEndOffsets(ctx, topics...)
+	if err != nil {
+		return []string{"stuck transactions: list end offsets: " + err.Error()}
+	}
+	var out []string
+	stuck := kadm.TopicsSet{}
+	lso.Each(func(o kadm.ListedOffset) {
+		if h, ok := hwm.Lookup(o.Topic, o.Partition); ok && o.Err == nil && h.Offset > o.Offset {
+			stuck.Add(o.Topic, o.Partition)
+			out = append(out, fmt.Sprintf("%s: stable offset %d, high watermark %d", tpKey(o.Topic, o.Partition), o.Offset, h.Offset))
+		}
+	})
+	if len(stuck) == 0 {
+		return nil
+	}
+	var pids []int64
+	if d, err := adm.DescribeProducers(ctx, stuck); err != nil {
+		out = append(out, "describe producers: "+err.Error())
+	} else {
+		d.EachProducer(func(p kadm.DescribedProducer) {
+			if p.CurrentTxnStartOffset >= 0 {
+				out = append(out, fmt.Sprintf("%s: producer %d epoch %d has a transaction open from offset %d (coordinator epoch %d, last sequence %d)",
+					tpKey(p.Topic, p.Partition), p.ProducerID, p.ProducerEpoch, p.CurrentTxnStartOffset, p.CoordinatorEpoch, p.LastSequence))
+				pids = append(pids, p.ProducerID)
+			}
+		})
+	}
+	if l, err := adm.ListTransactions(ctx, pids, nil); err != nil {
+		out = append(out, "list transactions: "+err.Error())
+	} else {
+		l.Each(func(t kadm.ListedTransaction) {
+			out = append(out, fmt.Sprintf("coordinator %d: transactional id %s, producer %d, state %s", t.Coordinator, t.TxnID, t.ProducerID, t.State))
+		})
+	}
+	return out
+}

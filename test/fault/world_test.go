@@ -809,6 +809,13 @@ func (w *world) run() *runResult {
 	if err != nil {
 		w.errs = append(w.errs, err.Error())
 	}
+	if w.mode.readCommitted() {
+		sctx, scancel := context.WithTimeout(w.ctx, 30*time.Second)
+		for _, l := range stuckTransactions(sctx, w.kafkaOpts(), w.topics) {
+			w.logf("read_committed stops short: %s", l)
+		}
+		scancel()
+	}
 	pairs, _, _ := w.mon.pairs()
 	rep := check(txns, committed, events, recs, w.topics, partitions, pairs)
 	rep.problems = append(problems, rep.problems...)
