@@ -3,6 +3,7 @@ package parity
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"math/big"
@@ -53,104 +54,172 @@ func TestAvroParity(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	for _, q := range []string{corpusTables[0].ddl, `CREATE PUBLICATION avro FOR TABLE public.outbox`,
-		`SELECT pg_create_logical_replication_slot('dbz_avro', 'pgoutput')`, `SELECT pg_create_logical_replication_slot('od_avro', 'pgoutput')`} {
+	var slots []string
+	for _, su := range avroSetups {
+		slots = append(slots, "dbz_"+su.slug(), "od_"+su.slug())
+	}
+	for _, q := range []string{corpusTables[0].ddl, `CREATE PUBLICATION avro FOR TABLE public.outbox`} {
 		if _, err := conn.Exec(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
+	// Every slot before the rows: each run sees all of them.
+	for _, slot := range slots {
+		if _, err := conn.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// One transaction per case; the aggregate type (the topic) and the
 	// event type are the case's name, so each topic holds one payload shape.
-	payloadOf, caseOf := map[string]string{}, map[string]string{}
-	var ids []string
+	a := &avroRun{e: e, reg: reg, kafka: kafka, payloadOf: map[string]string{}, caseOf: map[string]string{}, diffs: map[string]map[string]map[string]bool{}}
 	for _, c := range avroCases {
 		tx, err := conn.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, p := range c.payloads {
-			id := fmt.Sprintf("00000000-0000-0000-0000-%012d", len(ids)+1)
+			id := fmt.Sprintf("00000000-0000-0000-0000-%012d", len(a.ids)+1)
 			if _, err := tx.Exec(ctx, `INSERT INTO public.outbox (id, aggregatetype, aggregateid, type, payload) VALUES ($1, $2, $3, $2, $4)`,
-				id, c.name, fmt.Sprintf("k-%d", len(ids)%2), p); err != nil {
+				id, c.name, fmt.Sprintf("k-%d", len(a.ids)%2), p); err != nil {
 				t.Fatal(err)
 			}
-			ids, caseOf[id] = append(ids, id), c.name
+			a.ids, a.caseOf[id] = append(a.ids, id), c.name
 			// What the consumer should read back: the row's jsonb, as
 			// PostgreSQL normalized it.
 			if err := tx.QueryRow(ctx, `SELECT payload::text FROM public.outbox WHERE id = $1`, id).Scan(&p); err != nil {
 				t.Fatal(err)
 			}
-			payloadOf[id] = p
+			a.payloadOf[id] = p
 		}
 		if err := tx.Commit(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
-	endLSN, err := harness.CurrentWALLSN(ctx, conn)
-	if err != nil {
+	if a.endLSN, err = harness.CurrentWALLSN(ctx, conn); err != nil {
 		t.Fatal(err)
 	}
+	ran := 0
+	for _, su := range avroSetups {
+		if !t.Run(su.name, func(t *testing.T) { ran++; a.run(t, ctx, su) }) {
+			t.FailNow()
+		}
+	}
+	if ran < len(avroSetups) {
+		t.Logf("the Avro difference table not checked: %d of %d setups ran (-run)", ran, len(avroSetups))
+		return
+	}
+	checkTableBetween(t, avroBegin, avroEnd, a.rows())
+}
 
+// avroSetup is one Debezium configuration TestAvroParity runs: EventRouter
+// options over table.expand.json.payload=true, pasted into outboxd's too.
+type avroSetup struct {
+	name string
+	smt  map[string]string
+	// converter: the AvroConverter's options beyond the Confluent wire
+	// format's (value.converter.apicurio.registry.*).
+	converter map[string]string
+}
+
+func (s avroSetup) slug() string { return strings.NewReplacer("+", "_", "-", "_").Replace(s.name) }
+
+// useContentID makes the converter write the content id, which is what
+// Apicurio's Confluent-compatible API serves as a schema id.
+var useContentID = map[string]string{"use-id": "contentId"}
+
+var avroSetups = []avroSetup{
+	{name: "avro", converter: useContentID},
+	// A null member becomes an optional bytes field instead of being
+	// dropped from the derived schema.
+	{name: "avro+nulls", smt: map[string]string{"table.json.payload.null.behavior": "optional_bytes"}, converter: useContentID},
+	// as-confluent alone: the converter writes the global id (one per
+	// artifact version), which Confluent-format readers look up as a
+	// content id. Last, so that the registry holds schemas whose contents
+	// the earlier setups registered under other subjects: the ids part.
+	{name: "avro+globalid"},
+}
+
+// avroRun is what TestAvroParity's setups share.
+type avroRun struct {
+	e                 *env
+	reg               *harness.Apicurio
+	kafka             *harness.ApacheKafka
+	endLSN            uint64
+	ids               []string                              // in commit order
+	payloadOf, caseOf map[string]string                     // by event id
+	diffs             map[string]map[string]map[string]bool // field → case → setups
+}
+
+// run runs Debezium, then outboxd, for one setup and records how their
+// records differ.
+func (a *avroRun) run(t *testing.T, ctx context.Context, su avroSetup) {
+	dbzPrefix, odPrefix := "dbz_"+su.slug()+".", "od_"+su.slug()+"."
+	conn := map[string]string{
+		"message.prefix.exclude.list":                     `outboxd\.heartbeat`,
+		"transforms.outbox.table.expand.json.payload":     "true",
+		"transforms.outbox.route.topic.replacement":       dbzPrefix + "${routedByValue}",
+		"value.converter":                                 "io.apicurio.registry.utils.converter.AvroConverter",
+		"value.converter.apicurio.registry.url":           a.reg.RegistryURL(),
+		"value.converter.apicurio.registry.auto-register": "true",
+		// Confluent's wire format: magic byte 0 and a 4-byte id (the
+		// content id, which the ccompat API serves as the schema id), no
+		// apicurio headers.
+		"value.converter.apicurio.registry.as-confluent":    "true",
+		"value.converter.apicurio.registry.headers.enabled": "false",
+		// A payload the converter cannot take is skipped, not fatal: the
+		// comparison shows it as not published.
+		"errors.tolerance": "all", "errors.log.enable": "true", "errors.log.include.messages": "true",
+	}
+	cfg := "tables:\n  public.outbox:\n    key.format: raw\n    table.expand.json.payload: \"true\"\n" +
+		"    route.topic.replacement: " + odPrefix + "${routedByValue}\n"
+	for k, v := range su.converter {
+		conn["value.converter.apicurio.registry."+k] = v
+	}
+	for k, v := range su.smt {
+		conn["transforms.outbox."+k] = v
+		cfg += "    " + k + ": \"" + v + "\"\n"
+	}
 	// Debezium first, alone: its converter registers the schemas.
-	d := harness.DebeziumForTest(t, harness.DebeziumOptions{DSN: e.dsn, Brokers: kafka.Brokers(), Slot: "dbz_avro", Publication: "avro",
-		Tables: []string{"public.outbox"}, Apicurio: true, Connector: map[string]string{
-			"message.prefix.exclude.list":                     `outboxd\.heartbeat`,
-			"transforms.outbox.table.expand.json.payload":     "true",
-			"transforms.outbox.route.topic.replacement":       "dbz_avro.${routedByValue}",
-			"value.converter":                                 "io.apicurio.registry.utils.converter.AvroConverter",
-			"value.converter.apicurio.registry.url":           reg.RegistryURL(),
-			"value.converter.apicurio.registry.auto-register": "true",
-			// Confluent's wire format: magic byte 0 and a 4-byte id (the
-			// content id, which the ccompat API serves as the schema id),
-			// no apicurio headers.
-			"value.converter.apicurio.registry.as-confluent":    "true",
-			"value.converter.apicurio.registry.headers.enabled": "false",
-			// A payload the converter cannot take is skipped, not fatal:
-			// the comparison shows it as not published.
-			"errors.tolerance": "all", "errors.log.enable": "true", "errors.log.include.messages": "true",
-		}})
-	last := avroCases[len(avroCases)-1].name
-	if err := topicHas(ctx, kafka, "dbz_avro."+last, int64(len(avroCases[len(avroCases)-1].payloads)), d.Alive); err != nil {
+	d := harness.DebeziumForTest(t, harness.DebeziumOptions{DSN: a.e.dsn, Brokers: a.kafka.Brokers(), Slot: "dbz_" + su.slug(),
+		Publication: "avro", Tables: []string{"public.outbox"}, Apicurio: true, Connector: conn})
+	last := avroCases[len(avroCases)-1]
+	if err := topicHas(ctx, a.kafka, dbzPrefix+last.name, int64(len(last.payloads)), d.Alive); err != nil {
 		t.Fatalf("debezium: %v", err)
 	}
-	cl, err := sr.NewClient(sr.URLs(reg.URL()))
+	cl, err := sr.NewClient(sr.URLs(a.reg.URL()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	before := registryContents(t, ctx, cl)
 	var pins []string
 	for _, c := range avroCases {
-		if _, ok := before["dbz_avro."+c.name+"-value"]; ok {
-			pins = append(pins, "--schema-pin", "type:"+c.name+"=dbz_avro."+c.name+"-value")
+		if s := dbzPrefix + c.name + "-value"; before[s] != "" {
+			pins = append(pins, "--schema-pin", "type:"+c.name+"="+s)
+			t.Logf("registered by Debezium's converter: %s: %s", s, before[s])
 		}
 	}
-	for s, v := range before {
-		t.Logf("registered by Debezium's converter: %s: %s", s, v)
-	}
 
-	// Then outboxd, with the same router options.
-	cfg := []byte("tables:\n  public.outbox:\n    key.format: raw\n    table.expand.json.payload: \"true\"\n" +
-		"    route.topic.replacement: od_avro.${routedByValue}\n")
-	startOutboxd(t, ctx, e, kafka.Brokers(), "od_avro", "avro", cfg,
-		append([]string{"--schema-registry-url", reg.URL(), "--on-invalid", "dead-letter"}, pins...)...)
-	if err := waitSlot(ctx, e.dsn, "od_avro", "outboxd to confirm the corpus", func(st harness.SlotState) bool {
-		return st.ConfirmedFlushLSN >= endLSN
+	// Then outboxd, with the same router options and Debezium's schemas.
+	startOutboxd(t, ctx, a.e, a.kafka.Brokers(), "od_"+su.slug(), "avro", []byte(cfg),
+		append([]string{"--schema-registry-url", a.reg.URL(), "--on-invalid", "dead-letter"}, pins...)...)
+	if err := waitSlot(ctx, a.e.dsn, "od_"+su.slug(), "outboxd to confirm the corpus", func(st harness.SlotState) bool {
+		return st.ConfirmedFlushLSN >= a.endLSN
 	}); err != nil {
 		t.Fatal(err)
 	}
-	recs, err := readCluster(ctx, kafka)
+	recs, err := readCluster(ctx, a.kafka)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if after := registryContents(t, ctx, cl); !reflect.DeepEqual(before, after) {
 		t.Errorf("outboxd changed the registry: before %v, after %v", before, after)
 	}
-	byID := map[string]map[string]*kgo.Record{"dbz": {}, "od": {}}
+	byID := map[string]map[string]*kgo.Record{"Debezium": {}, "outboxd": {}}
 	for _, r := range recs {
-		who, _, _ := strings.Cut(r.Topic, "_avro.")
+		who := map[bool]string{true: "Debezium", false: "outboxd"}[strings.HasPrefix(r.Topic, dbzPrefix)]
 		id, _ := header(r, "id")
-		if byID[who] == nil || caseOf[id] == "" {
-			continue // outboxd's dead letters, say
+		if !strings.HasPrefix(r.Topic, dbzPrefix) && !strings.HasPrefix(r.Topic, odPrefix) || a.caseOf[id] == "" {
+			continue // another setup's, or outboxd's dead letters
 		}
 		if byID[who][id] != nil {
 			t.Errorf("%s published %s twice", who, id)
@@ -159,18 +228,20 @@ func TestAvroParity(t *testing.T) {
 	}
 
 	dec := schema.NewDecoder(cl)
-	diffs := map[string]map[string]bool{} // field → cases
 	add := func(field, cs string, format string, args ...any) {
-		if diffs[field] == nil {
-			diffs[field] = map[string]bool{}
+		if a.diffs[field] == nil {
+			a.diffs[field] = map[string]map[string]bool{}
 		}
-		if !diffs[field][cs] {
+		if a.diffs[field][cs] == nil {
+			a.diffs[field][cs] = map[string]bool{}
+		}
+		if !a.diffs[field][cs][su.name] {
 			t.Logf("%s, %s: %s", field, cs, fmt.Sprintf(format, args...))
 		}
-		diffs[field][cs] = true
+		a.diffs[field][cs][su.name] = true
 	}
-	for _, id := range ids {
-		cs, dr, or := caseOf[id], byID["dbz"][id], byID["od"][id]
+	for _, id := range a.ids {
+		cs, dr, or := a.caseOf[id], byID["Debezium"][id], byID["outboxd"][id]
 		if dr == nil || or == nil {
 			add(avroPublished, cs, "debezium %v, outboxd %v", dr != nil, or != nil)
 			if dr == nil && or == nil {
@@ -187,11 +258,13 @@ func TestAvroParity(t *testing.T) {
 			}
 			got, err := dec.DecodeJSON(ctx, r.Value)
 			if err != nil {
-				t.Errorf("%s's value of %s (%s) does not decode: %v", who, id, cs, err)
+				// Read as a Confluent-format consumer reads it: the id's
+				// schema from the ccompat API.
+				add(avroDecoded+who, cs, "does not decode with the schema of id %d: %v", binary.BigEndian.Uint32(r.Value[1:5]), err)
 				continue
 			}
-			if !sameJSON(got, []byte(payloadOf[id])) {
-				add(avroDecoded+who, cs, "%s, the payload %s", got, payloadOf[id])
+			if !sameJSON(got, []byte(a.payloadOf[id])) {
+				add(avroDecoded+who, cs, "%s, the payload %s", got, a.payloadOf[id])
 			}
 		}
 		if dr == nil || or == nil || len(dr.Value) < 5 || len(or.Value) < 5 {
@@ -207,30 +280,43 @@ func TestAvroParity(t *testing.T) {
 			t.Errorf("event %s (%s): keys %q and %q", id, cs, dr.Key, or.Key)
 		}
 	}
-	if t.Failed() {
-		return
-	}
+}
+
+// rows are the differences as table rows: per field, the setups that
+// differ ("all": every setup) and their cases ("all": every case).
+func (a *avroRun) rows() []diffRow {
 	var rows []diffRow
-	var names []string
-	for _, c := range avroCases {
-		names = append(names, c.name)
-	}
 	for _, f := range []string{avroPublished, avroPrefix, avroBody, avroDecoded + "Debezium", avroDecoded + "outboxd"} {
-		var cases []string
-		for _, n := range names {
-			if diffs[f][n] {
-				cases = append(cases, n)
+		bySetups := map[string][]string{}
+		var order []string
+		for _, c := range avroCases {
+			var names []string
+			for _, su := range avroSetups {
+				if a.diffs[f][c.name][su.name] {
+					names = append(names, su.name)
+				}
 			}
+			if len(names) == 0 {
+				continue
+			}
+			key := strings.Join(names, ", ")
+			if len(names) == len(avroSetups) {
+				key = "all"
+			}
+			if bySetups[key] == nil {
+				order = append(order, key)
+			}
+			bySetups[key] = append(bySetups[key], c.name)
 		}
-		switch {
-		case len(cases) == 0:
-			continue
-		case len(cases) == len(names):
-			cases = []string{"all"}
+		for _, k := range order {
+			cases := strings.Join(bySetups[k], ", ")
+			if len(bySetups[k]) == len(avroCases) {
+				cases = "all"
+			}
+			rows = append(rows, diffRow{field: f, setups: k, cases: cases})
 		}
-		rows = append(rows, diffRow{field: f, setups: "avro", cases: strings.Join(cases, ", ")})
 	}
-	checkTableBetween(t, avroBegin, avroEnd, rows)
+	return rows
 }
 
 // Markers around docs/debezium.md's Avro difference table.
