@@ -12,6 +12,7 @@
 //	go run ./test/cmd/bench -cases debezium -quick   # beside Debezium only, on one Apache node: 10k events at 10 ev/txn, 1,000 ev/s, 10 MB idle WAL
 //	go run ./test/cmd/bench -cases eos       # exactly-once vs at-least-once only: drains at 10 and 100 ev/txn, latency at 1,000 ev/s
 //	go run ./test/cmd/bench -cases tracing -brokers kfake -results results   # outboxd's own spans on vs off at 5k ev/s (~3 minutes)
+//	go run ./test/cmd/bench -cases schema -brokers kfake -no-polling   # one backlog plain vs an Avro and a JSON Schema pinned (~30 s on kfake)
 //	go run ./test/cmd/bench -cases drain -outboxd-args '--kafka-linger 5ms'
 //	go run ./test/cmd/bench -cases latency -outboxd-env 'GOMAXPROCS=1'
 //	go run ./test/cmd/bench -cases drain -perf-dir /tmp/perf   # perf record outboxd + walsender
