@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fetch Debezium's PostgreSQL connector and Kafka Connect (test/debezium/pom.xml),
-# and the OpenTelemetry Java jars of its otel profile (the parity suite's tracing
-# test puts them on Connect's classpath), into the harness's cache, once, for the
+# the OpenTelemetry Java jars of its otel profile (the parity suite's tracing
+# test puts them on Connect's classpath) and Apicurio Registry's Avro converter of
+# its apicurio profile (the parity suite's Avro test), into the harness's cache, once, for the
 # parity suite (test/parity). Java and Maven come from .ci/kafka.sh, which runs first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,6 +10,7 @@ cd "$(dirname "$0")/.."
 pom=test/debezium/pom.xml
 dbz="$(sed -n 's:.*<debezium.version>\(.*\)</debezium.version>.*:\1:p' "$pom")"
 otel="$(sed -n 's:.*<otel.version>\(.*\)</otel.version>.*:\1:p' "$pom")"
+apicurio="$(sed -n 's:.*<apicurio.version>\(.*\)</apicurio.version>.*:\1:p' "$pom")"
 cache="${OUTBOXD_KAFKA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/outboxd}"
 
 # fetch DIR MARKER [MVN-ARGS...]: copy the pom's dependencies into
@@ -32,3 +34,5 @@ fetch() {
 
 fetch "debezium-$dbz" "debezium-connector-postgres-$dbz.jar"
 fetch "opentelemetry-java-$otel" "opentelemetry-exporter-sender-jdk-$otel.jar" -P otel -DincludeGroupIds=io.opentelemetry
+fetch "apicurio-converter-$apicurio" "apicurio-registry-utils-converter-$apicurio.jar" -P apicurio \
+  -DincludeGroupIds=io.apicurio,org.apache.avro,org.apache.commons,javax.ws.rs

@@ -364,6 +364,7 @@ type Column struct {
 	Large       *RelayCase
 	MemCurve    *MemCurve    // the memory case (memcurve.go)
 	Tracing     *TracingCase // the tracing case (tracing.go)
+	Schema      *SchemaCase  // the schema case (schema.go)
 	Restarts    int          // servers that died (were stopped from outside) and were restarted
 
 	// Sustained is the sustained case (sustained.go).
@@ -409,7 +410,7 @@ func (r *Column) Failed() bool {
 	if l := r.EOSLatency; l != nil && (l.ALOErr != nil || l.EOSErr != nil) {
 		return true
 	}
-	return (r.BigTxn != nil && r.BigTxn.Err != nil) || (r.Large != nil && r.Large.Err != nil) || r.MemCurve.Failed() || r.Tracing.Failed() || sustainedFailed(r.Sustained)
+	return (r.BigTxn != nil && r.BigTxn.Err != nil) || (r.Large != nil && r.Large.Err != nil) || r.MemCurve.Failed() || r.Tracing.Failed() || r.Schema.Failed() || sustainedFailed(r.Sustained)
 }
 
 // Failed reports whether any column failed to run.
@@ -585,6 +586,12 @@ func (e *Env) runCases(ctx context.Context, res *Column, floor bool) {
 			e.progress("memory case FAILED: %v", m.Err)
 		}
 		res.MemCurve = &m
+	}
+	if cfg.Cases["schema"] {
+		res.Schema = e.SchemaCase(ctx, cfg.DrainEvents, cfg.Reps) // schema.go
+		if res.Schema.Err != nil {
+			e.progress("schema case FAILED: %v", res.Schema.Err)
+		}
 	}
 	if cfg.Cases["tracing"] && floor {
 		res.Tracing = e.TracingCase(ctx, cfg.Reps, cfg.LatencyDuration) // tracing.go: the first column only

@@ -455,6 +455,7 @@ func (r *Results) columnRows(col *Column) []row {
 		}
 	}
 	rows = append(rows, tracingRows(col.Tracing)...) // tracing.go
+	rows = append(rows, schemaRows(col.Schema)...)   // schema.go
 
 	return rows
 }
@@ -485,6 +486,8 @@ CPU:      utime+stime from /proc/<pid>/stat over the run's wall time, as % of on
           the results file is marked busy. Per event: outboxd's CPU over its life, go_memstats_mallocs_total from its
           /metrics at the drain's end (startup included), and the voluntary + involuntary context switches of its
           threads (/proc/<pid>/task/*/status), each ÷ the events.
+schema:   one backlog drained plain and with --schema-pin (Avro, JSON Schema) against franz-go's srfake served by the
+          bench: outboxd fetches each schema once and encodes from its cache, so the ratios are the stage's own cost.
 `
 
 func writeTable(w io.Writer, rows []row8) {

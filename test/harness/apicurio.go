@@ -208,6 +208,12 @@ func (a *Apicurio) Stop() error {
 // --schema-registry-url and sr.URLs take.
 func (a *Apicurio) URL() string { return fmt.Sprintf("http://127.0.0.1:%d/apis/ccompat/v7", a.port) }
 
+// RegistryURL is the base of the registry's own API (v2), what Apicurio's
+// Kafka serdes and Connect converters take (apicurio.registry.url).
+func (a *Apicurio) RegistryURL() string {
+	return fmt.Sprintf("http://127.0.0.1:%d/apis/registry/v2", a.port)
+}
+
 // LogFile is the registry's output.
 func (a *Apicurio) LogFile() string { return filepath.Join(a.dir, "apicurio.log") }
 

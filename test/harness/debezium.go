@@ -55,6 +55,10 @@ type DebeziumOptions struct {
 	// Debezium's tracing needs. Without them it is a no-op, as for most
 	// Debezium users.
 	OTel bool
+	// Apicurio puts Apicurio Registry's Kafka Connect converters
+	// (ApicurioConverterLibs: io.apicurio.registry.utils.converter.AvroConverter)
+	// on Connect's classpath.
+	Apicurio bool
 }
 
 // Debezium is one Kafka Connect standalone JVM running Debezium's
@@ -66,6 +70,7 @@ type Debezium struct {
 	opts     DebeziumOptions
 	libs     string
 	otelLibs string // "": no OpenTelemetry jars on the classpath
+	convLibs string // "": no Apicurio converter jars on the classpath
 	dir      string
 	port     int // REST listener
 
@@ -110,6 +115,20 @@ func DebeziumOTelLibs(ctx context.Context) (string, error) {
 	})
 }
 
+// ApicurioConverterLibs returns the directory of Apicurio Registry's Kafka
+// Connect converter jars (test/debezium/pom.xml, profile apicurio), of the
+// release StartApicurio runs, fetching them when the cache lacks them. Only
+// what Connect's classpath lacks is copied (the converter's own Kafka and
+// Jackson are older releases of Connect's).
+func ApicurioConverterLibs(ctx context.Context) (string, error) {
+	return mavenLibs(ctx, mavenJars{
+		what: "Apicurio Registry converters " + ApicurioVersion, dir: "apicurio-converter-" + ApicurioVersion,
+		marker: "apicurio-registry-utils-converter-" + ApicurioVersion + ".jar",
+		pom:    filepath.Join("test", "debezium", "pom.xml"), script: ".ci/debezium.sh",
+		props: []string{"-P", "apicurio", "-DincludeGroupIds=io.apicurio,org.apache.avro,org.apache.commons,javax.ws.rs"},
+	})
+}
+
 // StartDebezium writes the worker and connector configs and starts Kafka
 // Connect standalone, waiting until the connector's task is RUNNING (REST
 // API) and holds the slot (pg_replication_slots.active). Close it when done.
@@ -127,6 +146,11 @@ func StartDebezium(ctx context.Context, opts DebeziumOptions) (*Debezium, error)
 	}
 	if opts.OTel {
 		if d.otelLibs, err = DebeziumOTelLibs(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if opts.Apicurio {
+		if d.convLibs, err = ApicurioConverterLibs(ctx); err != nil {
 			return nil, err
 		}
 	}
@@ -281,8 +305,10 @@ func (d *Debezium) Start(ctx context.Context) error {
 		args = append(args, "-D"+p)
 	}
 	cp := filepath.Join(d.libs, "*")
-	if d.otelLibs != "" {
-		cp += string(os.PathListSeparator) + filepath.Join(d.otelLibs, "*")
+	for _, dir := range []string{d.otelLibs, d.convLibs} {
+		if dir != "" {
+			cp += string(os.PathListSeparator) + filepath.Join(dir, "*")
+		}
 	}
 	args = append(args, "-Dlog4j2.configurationFile="+logCfg, "-cp", cp,
 		"org.apache.kafka.connect.cli.ConnectStandalone", d.workerPath(), d.connectorPath())

@@ -125,6 +125,13 @@ const tablePath = "docs/debezium.md"
 // them, keeping the explanation of a row whose field and cases still match.
 func checkTable(t *testing.T, rows []diffRow) {
 	t.Helper()
+	checkTableBetween(t, beginMarker, endMarker, rows)
+}
+
+// checkTableBetween is checkTable for the table between the markers begin
+// and end of tablePath.
+func checkTableBetween(t *testing.T, beginMarker, endMarker string, rows []diffRow) {
+	t.Helper()
 	root, err := harness.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)

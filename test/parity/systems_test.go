@@ -156,7 +156,7 @@ type env struct {
 	endLSN uint64
 }
 
-func startOutboxd(t *testing.T, ctx context.Context, e *env, brokers []string, slot, publication string, config []byte) *harness.Proc {
+func startOutboxd(t *testing.T, ctx context.Context, e *env, brokers []string, slot, publication string, config []byte, extra ...string) *harness.Proc {
 	t.Helper()
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "outboxd.yaml")
@@ -169,9 +169,9 @@ func startOutboxd(t *testing.T, ctx context.Context, e *env, brokers []string, s
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	p, err := harness.StartProc(ctx, "outboxd", e.bin, []string{"run", "--postgres", e.dsn, "--slot", slot,
+	p, err := harness.StartProc(ctx, "outboxd", e.bin, append([]string{"run", "--postgres", e.dsn, "--slot", slot,
 		"--publication", publication, "--kafka-brokers", strings.Join(brokers, ","), "--http-addr", addr,
-		"--config", cfg}, nil, dir)
+		"--config", cfg}, extra...), nil, dir)
 	if err != nil {
 		t.Fatal(err)
 	}

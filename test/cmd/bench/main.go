@@ -12,6 +12,7 @@
 //	go run ./test/cmd/bench -cases debezium -quick   # beside Debezium only, on one Apache node: 10k events at 10 ev/txn, 1,000 ev/s, 10 MB idle WAL
 //	go run ./test/cmd/bench -cases eos       # exactly-once vs at-least-once only: drains at 10 and 100 ev/txn, latency at 1,000 ev/s
 //	go run ./test/cmd/bench -cases tracing -brokers kfake -results results   # outboxd's own spans on vs off at 5k ev/s (~3 minutes)
+//	go run ./test/cmd/bench -cases schema -brokers kfake -no-polling   # one backlog plain vs an Avro and a JSON Schema pinned (~30 s on kfake)
 //	go run ./test/cmd/bench -cases drain -outboxd-args '--kafka-linger 5ms'
 //	go run ./test/cmd/bench -cases latency -outboxd-env 'GOMAXPROCS=1'
 //	go run ./test/cmd/bench -cases drain -perf-dir /tmp/perf   # perf record outboxd + walsender
@@ -41,7 +42,7 @@ func main() {
 		quick       = flag.Bool("quick", false, "smoke-test sizes: 10k events per case, 5 s latency runs")
 		outboxdArgs = flag.String("outboxd-args", "", "extra arguments for outboxd run, space-separated (e.g. '--kafka-linger 5ms')")
 		outboxdEnv  = flag.String("outboxd-env", "", "extra environment for outboxd, space-separated KEY=VALUE (e.g. 'GOMAXPROCS=1 GOGC=200')")
-		cases       = flag.String("cases", "drain,latency,resources,eos,debezium,binary,cloudevents,memory", "comma-separated cases to run: drain, latency, resources, eos (exactly-once beside at-least-once), debezium (beside Debezium + Kafka Connect on Apache Kafka), binary (the drains also with --pgoutput-binary off, interleaved), cloudevents (the drains also with --envelope cloudevents, binary and structured mode, interleaved), memory (one 200k-row transaction at the default in-flight bounds and smaller --max-inflight-bytes); not by default: tracing (outboxd's CPU per event and p99 at 5k ev/s with every event an OTLP span vs tracing off, first broker only), sustained (10 min per transaction size at 20k ev/s, 1 and 10 ev/txn; -sustained-* flags), dbzserver (Debezium Server 3.6 beside outboxd in the NATS and RabbitMQ drain cases: .ci/debezium-server.sh, Temurin 25)")
+		cases       = flag.String("cases", "drain,latency,resources,eos,debezium,binary,cloudevents,schema,memory", "comma-separated cases to run: drain, latency, resources, eos (exactly-once beside at-least-once), debezium (beside Debezium + Kafka Connect on Apache Kafka), binary (the drains also with --pgoutput-binary off, interleaved), cloudevents (the drains also with --envelope cloudevents, binary and structured mode, interleaved), schema (one 10 ev/txn backlog drained plain, with an Avro and with a JSON Schema pinned in a registry the bench serves, interleaved), memory (one 200k-row transaction at the default in-flight bounds and smaller --max-inflight-bytes); not by default: tracing (outboxd's CPU per event and p99 at 5k ev/s with every event an OTLP span vs tracing off, first broker only), sustained (10 min per transaction size at 20k ev/s, 1 and 10 ev/txn; -sustained-* flags), dbzserver (Debezium Server 3.6 beside outboxd in the NATS and RabbitMQ drain cases: .ci/debezium-server.sh, Temurin 25)")
 		perfDir     = flag.String("perf-dir", "", "record perf record -g profiles of outboxd and its walsender during each drain into this directory")
 		noPolling   = flag.Bool("no-polling", false, "skip the polling publisher in the drain cases")
 		timeout     = flag.Duration("timeout", 45*time.Minute, "give up after this long")
@@ -74,11 +75,11 @@ apache-cluster ~7 min); -quick took ~4 min. Exits 1 when a measurement misses it
 	cfg.Cases = map[string]bool{}
 	for _, c := range strings.Split(*cases, ",") {
 		switch c = strings.TrimSpace(c); c {
-		case "drain", "latency", "resources", "eos", "debezium", "binary", "cloudevents", "memory", "tracing", "sustained", "dbzserver":
+		case "drain", "latency", "resources", "eos", "debezium", "binary", "cloudevents", "schema", "memory", "tracing", "sustained", "dbzserver":
 			cfg.Cases[c] = true
 		case "":
 		default:
-			fmt.Fprintf(os.Stderr, "bench: unknown case %q (drain, latency, resources, eos, debezium, binary, cloudevents, memory, tracing, sustained, dbzserver)\n", c)
+			fmt.Fprintf(os.Stderr, "bench: unknown case %q (drain, latency, resources, eos, debezium, binary, cloudevents, schema, memory, tracing, sustained, dbzserver)\n", c)
 			os.Exit(2)
 		}
 	}
