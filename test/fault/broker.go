@@ -85,6 +85,9 @@ func runBroker(cfg brokerConfig) error {
 		kfake.DataDir(cfg.DataDir),
 		kfake.AllowAutoTopicCreation(),
 		kfake.DefaultNumPartitions(cfg.Partitions),
+		// Its warnings (a slow EndTxn, a transaction aborted on restart,
+		// a malformed batch) go to broker.log, kept by -keep-logs.
+		kfake.WithLogger(kfake.BasicLogger(os.Stderr, kfake.LogLevelWarn)),
 	)
 	if err != nil {
 		return fmt.Errorf("starting cluster: %w", err)
