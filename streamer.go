@@ -608,7 +608,33 @@ func (s *streamer) finish(ctx context.Context, connAlive bool) {
 		s.commit.flush(tctx) // the progress record first: the confirmation may not pass it
 		if err := s.sendStatus(false); err == nil {
 			s.log.Info("confirmed", "lsn", s.lastSent.String())
+			s.endCopy()
 		}
+	}
+}
+
+// ender is a stream that can end its COPY cleanly (wal.Stream.End).
+type ender interface {
+	End(ctx context.Context) error
+}
+
+// endCopyTimeout bounds ending the COPY after the final confirmation. It
+// comes on top of --shutdown-timeout, which a frozen broker may have used
+// up: a server that answers takes milliseconds.
+const endCopyTimeout = 2 * time.Second
+
+// endCopy ends the replication COPY after the final status update, so
+// that the walsender takes that update before the connection closes
+// (wal.Stream.End says why closing alone can lose it).
+func (s *streamer) endCopy() {
+	e, ok := s.stream.(ender)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), endCopyTimeout)
+	defer cancel()
+	if err := e.End(ctx); err != nil {
+		s.log.Debug("ending the replication stream after the final confirmation", "err", err)
 	}
 }
 

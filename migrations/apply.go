@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd/pgquote"
 )
@@ -151,8 +152,19 @@ func (a *applier) createRole() error {
 		if err := a.exec(Role); err != nil {
 			return err
 		}
-		a.say("created role %s (LOGIN REPLICATION, SELECT on %s); set its password: ALTER ROLE %s PASSWORD '…';",
-			a.o.Role, a.vars.Table, pgquote.Ident(a.o.Role))
+		stats, err := a.readsAllStats()
+		if err != nil {
+			return err
+		}
+		granted := ""
+		if stats {
+			granted = ", pg_read_all_stats"
+		}
+		a.say("created role %s (LOGIN REPLICATION, SELECT on %s%s); set its password: ALTER ROLE %s PASSWORD '…';",
+			a.o.Role, a.vars.Table, granted, pgquote.Ident(a.o.Role))
+		if !stats {
+			a.warnStats()
+		}
 		return nil
 	}
 	if err != nil {
@@ -169,6 +181,9 @@ func (a *applier) createRole() error {
 		fmt.Sprintf("role %s already exists; granted it SELECT on %s", a.o.Role, a.vars.Table)); err != nil {
 		return err
 	}
+	if err := a.grantStats(); err != nil {
+		return err
+	}
 	var missing []string
 	if !login {
 		missing = append(missing, "LOGIN")
@@ -181,6 +196,40 @@ func (a *applier) createRole() error {
 			a.o.Role, strings.Join(missing, " and "), pgquote.Ident(a.o.Role), strings.Join(missing, " "))
 	}
 	return nil
+}
+
+// readsAllStats reports whether the role has pg_read_all_stats' privileges,
+// as the walsender checks them before it shows reply_time.
+func (a *applier) readsAllStats() (bool, error) {
+	var stats bool
+	err := a.conn.QueryRow(a.ctx, `SELECT pg_has_role($1::name, 'pg_read_all_stats', 'USAGE')`, a.o.Role).Scan(&stats)
+	return stats, err
+}
+
+// grantStats gives an existing role pg_read_all_stats (004_role.sql's last
+// block: a role made by a version of setup that did not grant it), or warns
+// when the one running setup may not grant it.
+func (a *applier) grantStats() error {
+	stats, err := a.readsAllStats()
+	if err != nil || stats {
+		return err
+	}
+	if _, err := a.conn.Exec(a.ctx, `GRANT pg_read_all_stats TO `+pgquote.Ident(a.o.Role)); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
+			a.warnStats()
+			return nil
+		}
+		return err
+	}
+	a.say("granted role %s pg_read_all_stats (a standby sees whether the active's client replies)", a.o.Role)
+	return nil
+}
+
+func (a *applier) warnStats() {
+	a.say("warning: role %s lacks pg_read_all_stats, which only a superuser may grant: a standby cannot see whether the active's client replies, "+
+		"so a frozen or partitioned active keeps the slot until wal_sender_timeout, not --replication-timeout; fix (as a superuser): GRANT pg_read_all_stats TO %s;",
+		a.o.Role, pgquote.Ident(a.o.Role))
 }
 
 // PublishedOps lists the publish operations that are on, e.g. "update, delete".

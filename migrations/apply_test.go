@@ -53,7 +53,7 @@ func TestApplyIsIdempotentAndSaysWhatItDid(t *testing.T) {
 	want := []string{
 		"created table public.outbox",
 		"created publication outboxd for public.outbox (publish = 'insert')",
-		`created role outboxd_apply (LOGIN REPLICATION, SELECT on public.outbox); set its password: ALTER ROLE "outboxd_apply" PASSWORD '…';`,
+		`created role outboxd_apply (LOGIN REPLICATION, SELECT on public.outbox, pg_read_all_stats); set its password: ALTER ROLE "outboxd_apply" PASSWORD '…';`,
 	}
 	if got := apply(); strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("first run said:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
@@ -69,6 +69,15 @@ func TestApplyIsIdempotentAndSaysWhatItDid(t *testing.T) {
 	}
 	if got := apply(); strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("second run said:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	// A role made by a setup that did not grant pg_read_all_stats gets it
+	// on the next run.
+	if _, err := conn.Exec(ctx, `REVOKE pg_read_all_stats FROM outboxd_apply`); err != nil {
+		t.Fatal(err)
+	}
+	want = append(want, "granted role outboxd_apply pg_read_all_stats (a standby sees whether the active's client replies)")
+	if got := apply(); strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("run after REVOKE pg_read_all_stats said:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 	// Hardening revokes pg_logical_emit_message from PUBLIC: the role keeps
 	// it for its heartbeats (granted to it by name).

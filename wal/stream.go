@@ -286,3 +286,54 @@ const statusWriteTimeout = 10 * time.Second
 
 // Close releases the stream's hooks. The caller owns and closes the connection.
 func (s *Stream) Close() { s.stop() }
+
+// End ends the replication COPY as the protocol does, after a final status
+// update: it sends CopyDone and reads (and drops) what the server still
+// sends until it is ready for a query again, or ctx ends.
+//
+// Why not just close the connection: the server keeps sending WAL while a
+// shutting-down outboxd waits for its acks without reading, so the
+// walsender is blocked writing, with the socket full. Closing with data
+// unread makes the kernel answer with a reset, and a walsender that wakes
+// to the reset fails its pending write and exits before it reads the status
+// update queued ahead of it: the slot stays where the previous update left
+// it, and the next start sends everything since again. After CopyDone the
+// walsender takes every message before it, the status update included, and
+// stops; reading what it still sends lets it get there.
+func (s *Stream) End(ctx context.Context) error {
+	s.stop() // ctx's cancellation no longer moves the read deadline
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(endTimeout)
+	}
+	nc := s.conn.Conn()
+	if err := errors.Join(nc.SetWriteDeadline(deadline), nc.SetReadDeadline(deadline)); err != nil {
+		return fmt.Errorf("replication stream: end: %w", err)
+	}
+	s.deadline = deadline
+	fe := s.conn.Frontend()
+	fe.Send(&pgproto3.CopyDone{})
+	if err := fe.Flush(); err != nil {
+		return fmt.Errorf("replication stream: end: send CopyDone: %w", err)
+	}
+	for {
+		raw, err := s.conn.ReceiveMessage(context.Background())
+		if err != nil {
+			return fmt.Errorf("replication stream: end: %w", err)
+		}
+		switch m := raw.(type) {
+		case *pgproto3.CopyData: // WAL sent before the server saw CopyDone
+			s.copySeq++
+			if s.cap != nil {
+				s.cap.cutSize(s.copySeq)
+			}
+		case *pgproto3.ErrorResponse:
+			return fmt.Errorf("replication stream: end: %w", pgconn.ErrorResponseToPgError(m))
+		case *pgproto3.ReadyForQuery:
+			return nil
+		}
+	}
+}
+
+// endTimeout bounds End when its context has no deadline.
+const endTimeout = 5 * time.Second

@@ -45,7 +45,7 @@ func (o *setupOptions) register(s *optionSet) {
 	fs.StringVar(&o.Table, "table", "public.outbox", "outbox table, schema.table")
 	fs.StringVar(&o.Publication, "publication", "outboxd", "publication to create, or to add the table to")
 	fs.StringVar(&o.Slot, "slot", "outboxd", "logical replication slot (pgoutput) to create")
-	fs.StringVar(&o.Role, "role", "", "also create this least-privilege role for outboxd run (LOGIN REPLICATION, SELECT on the table); set its password yourself")
+	fs.StringVar(&o.Role, "role", "", "also create this least-privilege role for outboxd run (LOGIN REPLICATION, SELECT on the table, pg_read_all_stats for HA); set its password yourself")
 	fs.BoolVar(&o.Headers, "headers", false, "create the table with a headers jsonb column (its keys become Kafka headers)")
 	fs.BoolVar(&o.NoSlot, "no-slot", false, "don't create the slot (outboxd run creates it on first start)")
 	fs.BoolVar(&o.Print, "print", false, "print the SQL instead of running it (for psql or a DBA); connects to nothing")

@@ -42,6 +42,13 @@ $outboxd$;
 -- granted to the role itself, so that revoking it from PUBLIC (hardening) does
 -- not silently stop them. Only its owner (the bootstrap superuser) may grant
 -- it; anyone else gets a notice.
+-- pg_read_all_stats is for high availability: PostgreSQL shows a walsender's
+-- reply_time (pg_stat_replication) only to its members, and without it a
+-- standby cannot tell a frozen or partitioned active from a healthy one, so
+-- it waits for wal_sender_timeout instead of --replication-timeout. It adds
+-- reading other sessions' statistics and query text, less than REPLICATION
+-- already allows (a base backup is the whole cluster). Only a role holding it
+-- WITH ADMIN OPTION (a superuser) may grant it; anyone else gets a notice.
 DO $outboxd$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'outboxd') THEN
@@ -62,6 +69,13 @@ BEGIN
     END LOOP;
 EXCEPTION WHEN insufficient_privilege THEN
     RAISE NOTICE 'cannot grant EXECUTE on pg_logical_emit_message to %: heartbeats need it once it is revoked from PUBLIC', 'outboxd';
+END
+$outboxd$;
+DO $outboxd$
+BEGIN
+    EXECUTE format('GRANT pg_read_all_stats TO %I', 'outboxd');
+EXCEPTION WHEN insufficient_privilege THEN
+    RAISE NOTICE 'cannot grant pg_read_all_stats to %: a standby then cannot see whether the active replies, and takes over a frozen one only after wal_sender_timeout', 'outboxd';
 END
 $outboxd$;
 

@@ -48,11 +48,7 @@ func TestExactlyOnceTransactionalIDAndCheckpointTopic(t *testing.T) {
 
 	// Another producer with outboxd's transactional id commits a
 	// transaction: outboxd's producer epoch is fenced.
-	var sysid string
-	if err := f.conn.QueryRow(f.ctx, `SELECT system_identifier::text FROM pg_control_system()`).Scan(&sysid); err != nil {
-		t.Fatal(err)
-	}
-	id := "outboxd." + sysid + "." + f.slot
+	id := "outboxd." + f.systemID() + "." + f.slot
 	if !strings.Contains(r.Log(), "transactional_id="+id) {
 		t.Fatalf("log does not name transactional_id=%s:\n%s", id, tailString(r.Log(), 3000))
 	}

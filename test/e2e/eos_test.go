@@ -77,6 +77,7 @@ func TestExactlyOnceSurvivesKill(t *testing.T) {
 // once.
 func TestExactlyOnceStandby(t *testing.T) {
 	f := newFixture(t)
+	f.asSetupRole()
 	args := []string{"--exactly-once", "--checkpoint-topic", "cp." + f.agg}
 	a := f.startRelay(args...)
 	end := f.commit(event{1, "a", "E", `{}`})

@@ -63,16 +63,21 @@ func checkStandby(t *testing.T, r *relay, slot string) {
 // test can watch two instances for several of it.
 const haTimeout = 3 * time.Second
 
-// Two instances on one slot, as the role `outboxd setup --role` creates (no
-// pg_read_all_stats: pg_stat_replication hides its walsenders' reply_time
-// from it): one streams, the other stands by (healthy, ready, role standby,
+// Two instances on one slot, as the role `outboxd setup --role` creates
+// when run by a role that may not grant pg_read_all_stats (not a
+// superuser), so that pg_stat_replication hides its walsenders' reply_time
+// from it: one streams, the other stands by (healthy, ready, role standby,
 // outboxd_active 0) and leaves the healthy active alone for three times
 // --replication-timeout (the same walsender PID throughout: no 57P01), then
 // takes over within 2 s of the active's connection closing, on SIGKILL and
 // on SIGTERM, under load, with nothing lost.
 func TestHAStandbyTakeover(t *testing.T) {
 	f := newFixture(t)
-	f.asSetupRole()
+	role := f.asSetupRole()
+	f.exec(`REVOKE pg_read_all_stats FROM ` + role)
+	if f.readsAllStats(role) {
+		t.Fatalf("role %s still has pg_read_all_stats; the test needs a standby that cannot see reply_time", role)
+	}
 	timeout := []string{"--replication-timeout", haTimeout.String()}
 	a := f.startRelay(timeout...)
 	a.waitRole(t, "active", 30*time.Second)
@@ -177,11 +182,21 @@ func (f *fixture) asSetupRole() string {
 		f.t.Fatalf("could not rewrite the user of %q", f.dsn)
 	}
 	f.dsn = dsn
-	var stats bool
-	if err := f.conn.QueryRow(f.ctx, `SELECT pg_has_role($1, 'pg_read_all_stats', 'USAGE')`, role).Scan(&stats); err != nil || stats {
-		f.t.Fatalf("role %s: pg_read_all_stats %v (err %v); the test needs the least-privilege role", role, stats, err)
+	if stats := f.readsAllStats(role); !stats {
+		f.t.Fatalf("role %s lacks pg_read_all_stats after outboxd setup --role: a standby could not see whether the active replies", role)
 	}
 	return role
+}
+
+// readsAllStats reports whether role may see pg_stat_replication's
+// reply_time (pg_read_all_stats, which setup --role grants).
+func (f *fixture) readsAllStats(role string) bool {
+	f.t.Helper()
+	var stats bool
+	if err := f.conn.QueryRow(f.ctx, `SELECT pg_has_role($1, 'pg_read_all_stats', 'USAGE')`, role).Scan(&stats); err != nil {
+		f.t.Fatal(err)
+	}
+	return stats
 }
 
 // activeStays watches the slot for d: the same walsender PID holds it
@@ -222,11 +237,13 @@ func (f *fixture) activeStays(a *relay, d time.Duration) {
 // reply_time for its silence, terminated the healthy active at once and
 // took the slot (two such hosts took it from each other). The "active" here
 // is a replication client named outboxd that replies every 200 ms with its
-// clock an hour behind; a standby that can see reply_time (the superuser)
-// must leave it alone for three times --replication-timeout, and take over
-// once it stops replying.
+// clock an hour behind; the standby, as the role `outboxd setup --role`
+// creates (pg_read_all_stats lets it see reply_time; without it the standby
+// never takes over here and the test fails), must leave it alone for three
+// times --replication-timeout, and take over once it stops replying.
 func TestHASkewedClockIsNotSilent(t *testing.T) {
 	f := newFixture(t)
+	f.asSetupRole() // the holder too: the active's walsender runs as outboxd's role
 	f.exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, f.slot)
 	pid, holder, release := f.holdSlotAs("outboxd")
 	start := pglogrepl.LSN(f.slotState().ConfirmedFlushLSN)

@@ -20,6 +20,17 @@ import (
 // transaction leaves). It returns the record's offset.
 func (f *fixture) openTransaction(id, topic string, key, value []byte) int64 {
 	f.t.Helper()
+	cl := f.txnClient(id)
+	defer cl.Close() // Close ends no transaction: the coordinator keeps it open
+	return f.beginWith(cl, &kgo.Record{Topic: topic, Key: key, Value: value})[0].Offset
+}
+
+// txnClient is a transactional producer under id whose records go to the
+// partition they name (0 unless set), with a 10-minute transaction
+// timeout: the coordinator keeps a transaction it opens for longer than
+// the test.
+func (f *fixture) txnClient(id string) *kgo.Client {
+	f.t.Helper()
 	opts, err := f.kafka.ClientOpts()
 	if err != nil {
 		f.t.Fatal(err)
@@ -29,15 +40,36 @@ func (f *fixture) openTransaction(id, topic string, key, value []byte) int64 {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	defer cl.Close() // Close ends no transaction: the coordinator keeps it open
+	return cl
+}
+
+// beginWith begins a transaction on cl and writes recs in it (acked, not
+// committed), returning them with their offsets.
+func (f *fixture) beginWith(cl *kgo.Client, recs ...*kgo.Record) []*kgo.Record {
+	f.t.Helper()
 	if err := cl.BeginTransaction(); err != nil {
 		f.t.Fatal(err)
 	}
-	r, err := cl.ProduceSync(f.ctx, &kgo.Record{Topic: topic, Partition: 0, Key: key, Value: value}).First()
-	if err != nil {
+	res := cl.ProduceSync(f.ctx, recs...)
+	if err := res.FirstErr(); err != nil {
 		f.t.Fatal(err)
 	}
-	return r.Offset
+	out := make([]*kgo.Record, len(res))
+	for i, r := range res {
+		out[i] = r.Record
+	}
+	return out
+}
+
+// systemID is the PostgreSQL server's system identifier, as outboxd names
+// its checkpoint key and transactional id with it.
+func (f *fixture) systemID() string {
+	f.t.Helper()
+	var sysid string
+	if err := f.conn.QueryRow(f.ctx, `SELECT system_identifier::text FROM pg_control_system()`).Scan(&sysid); err != nil {
+		f.t.Fatal(err)
+	}
+	return sysid
 }
 
 // events commits events from..to, one per transaction, keys k0..k2.
@@ -177,10 +209,7 @@ func TestHangingOwnTransactionOnTheCheckpointPartition(t *testing.T) {
 	f.waitSlotInactive(10 * time.Second)
 
 	end := f.events(6, 10)
-	var sysid string
-	if err := f.conn.QueryRow(f.ctx, `SELECT system_identifier::text FROM pg_control_system()`).Scan(&sysid); err != nil {
-		t.Fatal(err)
-	}
+	sysid := f.systemID()
 	id := kafka.TransactionalID(kafka.DefaultTransactionalIDPrefix, sysid, f.slot)
 	skipAll := fmt.Sprintf("%X/%X", end>>32, uint32(end))
 	f.openTransaction(id, cp, []byte(sysid+"/"+f.slot), []byte(skipAll))

@@ -185,7 +185,7 @@ func TestOpsSetupRole(t *testing.T) {
 	out := mustCLI(t, f.ctx, "setup", "--postgres", f.dsn, "--slot", f.slot, "--role", role)
 	t.Logf("outboxd setup --role:\n%s", out)
 	wantLines(t, out, "table public.outbox already exists\n", "publication outboxd already includes public.outbox\n",
-		"created role "+role+" (LOGIN REPLICATION, SELECT on public.outbox)", "created slot "+f.slot+" (pgoutput)")
+		"created role "+role+" (LOGIN REPLICATION, SELECT on public.outbox, pg_read_all_stats)", "created slot "+f.slot+" (pgoutput)")
 
 	var repl, super, login, sel, ins bool
 	if err := f.conn.QueryRow(f.ctx, `SELECT rolreplication, rolsuper, rolcanlogin,

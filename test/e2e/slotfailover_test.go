@@ -14,6 +14,7 @@ import (
 // true is refused at startup, naming the version.
 func TestSlotFailoverOption(t *testing.T) {
 	f := newFixture(t)
+	f.asSetupRole()
 	version, err := harness.ServerVersionNum(f.ctx, f.conn)
 	if err != nil {
 		t.Fatal(err)
@@ -67,6 +68,7 @@ func TestSlotFailoverOption(t *testing.T) {
 // vanished after outboxd confirmed it is a gap there too.
 func TestGapExactlyOnceCheckpoint(t *testing.T) {
 	f := newFixture(t)
+	f.asSetupRole()
 	args := []string{"--exactly-once", "--checkpoint-topic", "cp." + f.agg}
 	r := f.startRelay(args...)
 	end := f.commit(event{1, "a", "E", `{}`})

@@ -44,8 +44,8 @@ func TestFaultsHA(t *testing.T) {
 		faults: []faultKind{faultHAKill, faultWalsenderKill, faultHAStop, faultHAKill, faultBrokerStop, faultPGRestart, faultHAKill},
 		// A SIGSTOPped active is cut off once its client has been silent
 		// for --replication-timeout: the standby terminates its walsender.
-		// Both run as the `setup --role` role, with the optional grant of
-		// pg_read_all_stats that lets a standby see that silence (docs/ha.md);
+		// Both run as the `setup --role` role, whose pg_read_all_stats
+		// lets a standby see that silence (docs/ha.md);
 		// the spread keeps them together for several timeouts.
 		relayArgs:   []string{"--replication-timeout", "4s"},
 		standby:     true,
@@ -194,9 +194,10 @@ func (w *world) injectHA(kind faultKind) (string, error) {
 	return detail, nil
 }
 
-// asSetupRole creates role with `outboxd setup --role --no-slot` (plus the
-// documented optional GRANT pg_read_all_stats, for the SIGSTOP takeover)
-// and points outboxd's DSN at it. The role goes with the test's cluster.
+// asSetupRole creates role with `outboxd setup --role --no-slot` and points
+// outboxd's DSN at it; the SIGSTOP takeover needs the pg_read_all_stats
+// setup grants (a standby sees the active's replies). The role goes with
+// the test's cluster.
 func (w *world) asSetupRole(ctx context.Context, role string) {
 	w.t.Helper()
 	out, err := exec.CommandContext(ctx, w.bin, "setup", "--postgres", w.dsn, "--no-slot", "--role", role).CombinedOutput()
@@ -208,8 +209,9 @@ func (w *world) asSetupRole(ctx context.Context, role string) {
 		w.t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	if _, err := conn.Exec(ctx, `GRANT pg_read_all_stats TO `+role); err != nil {
-		w.t.Fatal(err)
+	var stats bool
+	if err := conn.QueryRow(ctx, `SELECT pg_has_role($1, 'pg_read_all_stats', 'USAGE')`, role).Scan(&stats); err != nil || !stats {
+		w.t.Fatalf("role %s: pg_read_all_stats %v (err %v) after outboxd setup --role; the SIGSTOP takeover needs it", role, stats, err)
 	}
 	dsn := strings.Replace(w.relayDSN, "postgres://postgres@", "postgres://"+role+"@", 1)
 	if dsn == w.relayDSN {

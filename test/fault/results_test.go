@@ -50,10 +50,13 @@ func (w *world) writeResults(res *runResult) {
 			"events":     fmt.Sprint(res.rep.eventsCommitted),
 			"lost":       fmt.Sprint(len(res.rep.lost)),
 			"duplicates": fmt.Sprint(res.rep.duplicates),
-			"max-lag":    fmtBytes(res.maxLag),
-			"checks":     fmt.Sprint(res.rep.pairs),
-			"violations": fmt.Sprint(res.rep.violations),
-			"verdict":    verdict,
+			// By fault kind, as the summary's "dups by fault" attributes
+			// them: runs are compared fault by fault.
+			"duplicates-by-fault": w.dupsByKind(res.rep),
+			"max-lag":             fmtBytes(res.maxLag),
+			"checks":              fmt.Sprint(res.rep.pairs),
+			"violations":          fmt.Sprint(res.rep.violations),
+			"verdict":             verdict,
 		},
 	}
 	if p, err := results.Write(*resultsDir, f); err != nil {
@@ -71,7 +74,22 @@ func TestFaultRunResultsFile(t *testing.T) {
 	defer func() { *resultsDir = old }()
 	w := &world{t: t, sc: scenario{name: "short", relayArgs: []string{"--replication-timeout", "5s"}}, mode: deliveryMode{name: "at-least-once"},
 		seed: 7, started: time.Date(2026, 12, 2, 1, 0, 0, 0, time.UTC), faultsDone: map[faultKind]int{faultKill: 2, faultBrokerStop: 1}}
-	w.writeResults(&runResult{rep: &report{eventsCommitted: 1234, duplicates: 5, pairs: 99}, wall: 61 * time.Second, maxLag: 2048})
+	// Five duplicates: two appended while a kill settled, one in each of
+	// the two pg-restarts' windows, one after every window.
+	t0 := w.started
+	w.faultEvents = []faultEvent{
+		{kind: faultPGRestart, start: t0.Add(time.Second), settled: t0.Add(2 * time.Second)},
+		{kind: faultKill, start: t0.Add(3 * time.Second), settled: t0.Add(4 * time.Second)},
+		{kind: faultPGRestart, start: t0.Add(5 * time.Second), settled: t0.Add(6 * time.Second)},
+	}
+	w.mon = &monitor{snaps: []endSnapshot{
+		{at: t0.Add(1500 * time.Millisecond), ends: []int64{1}},
+		{at: t0.Add(3500 * time.Millisecond), ends: []int64{3}},
+		{at: t0.Add(5500 * time.Millisecond), ends: []int64{4}},
+		{at: t0.Add(9 * time.Second), ends: []int64{5}},
+	}}
+	dups := []dupRec{{0, 0}, {0, 1}, {0, 2}, {0, 3}, {0, 4}}
+	w.writeResults(&runResult{rep: &report{eventsCommitted: 1234, duplicates: 5, dupRecs: dups, pairs: 99}, wall: 61 * time.Second, maxLag: 2048})
 	files, err := results.Load(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -83,7 +101,8 @@ func TestFaultRunResultsFile(t *testing.T) {
 		if !strings.HasPrefix(name, "fault-short-at-least-once-") || f.Date != "2026-12-02T01:00:00Z" {
 			t.Fatalf("%s: %+v", name, f)
 		}
-		want := map[string]string{"wall": "1m1s", "faults": "3", "events": "1234", "lost": "0", "duplicates": "5", "checks": "99", "violations": "0", "verdict": "PASS"}
+		want := map[string]string{"wall": "1m1s", "faults": "3", "events": "1234", "lost": "0", "duplicates": "5", "checks": "99", "violations": "0", "verdict": "PASS",
+			"duplicates-by-fault": "kill=2 pg-restart=2 outside-any-fault=1"}
 		for k, v := range want {
 			if f.Figures[k] != v {
 				t.Errorf("figure %s = %q, want %q", k, f.Figures[k], v)

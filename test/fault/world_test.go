@@ -890,22 +890,7 @@ func (w *world) dupsByFault(rep *report) string {
 	if len(rep.dupRecs) == 0 {
 		return "none"
 	}
-	const slack = 200 * time.Millisecond // monitor snapshot granularity
-	counts := make([]int, len(w.faultEvents))
-	outside, unknown := 0, 0
-	for _, d := range rep.dupRecs {
-		at := w.mon.appendedBy(d.pi, d.offset)
-		if at.IsZero() {
-			unknown++
-			continue
-		}
-		i := sort.Search(len(w.faultEvents), func(i int) bool { return w.faultEvents[i].start.After(at) }) - 1
-		if i < 0 || at.After(w.faultEvents[i].settled.Add(slack)) {
-			outside++
-			continue
-		}
-		counts[i]++
-	}
+	counts, outside, unknown := w.attributeDups(rep)
 	var parts, perKill []string
 	for i, f := range w.faultEvents {
 		if f.kind == faultKill || f.kind == faultKillUnderLag || f.kind == faultKillBrokerDown {
@@ -926,6 +911,56 @@ func (w *world) dupsByFault(rep *report) string {
 		s += "\n  dups per kill   " + strings.Join(perKill, " ")
 	}
 	return s
+}
+
+// attributeDups counts the duplicates appended in each fault's window
+// (w.faultEvents' order); outside: in none, unknown: in no monitor snapshot.
+func (w *world) attributeDups(rep *report) (counts []int, outside, unknown int) {
+	const slack = 200 * time.Millisecond // monitor snapshot granularity
+	counts = make([]int, len(w.faultEvents))
+	for _, d := range rep.dupRecs {
+		at := w.mon.appendedBy(d.pi, d.offset)
+		if at.IsZero() {
+			unknown++
+			continue
+		}
+		i := sort.Search(len(w.faultEvents), func(i int) bool { return w.faultEvents[i].start.After(at) }) - 1
+		if i < 0 || at.After(w.faultEvents[i].settled.Add(slack)) {
+			outside++
+			continue
+		}
+		counts[i]++
+	}
+	return counts, outside, unknown
+}
+
+// dupsByKind sums attributeDups by fault kind, for the results file:
+// "kill=547 pg-restart=2804 …" (kinds with none left out), then
+// outside-any-fault and unattributed when there are such; "none" if no
+// duplicate.
+func (w *world) dupsByKind(rep *report) string {
+	if len(rep.dupRecs) == 0 {
+		return "none"
+	}
+	counts, outside, unknown := w.attributeDups(rep)
+	byKind := map[faultKind]int{}
+	for i, f := range w.faultEvents {
+		byKind[f.kind] += counts[i]
+	}
+	var parts []string
+	for k, n := range byKind {
+		if n > 0 {
+			parts = append(parts, fmt.Sprintf("%s=%d", k, n))
+		}
+	}
+	sort.Strings(parts)
+	if outside > 0 {
+		parts = append(parts, fmt.Sprintf("outside-any-fault=%d", outside))
+	}
+	if unknown > 0 {
+		parts = append(parts, fmt.Sprintf("unattributed=%d", unknown))
+	}
+	return strings.Join(parts, " ")
 }
 
 func dupsByProducer(m map[int64]int) string {
