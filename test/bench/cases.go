@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outboxd/outboxd/results"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/test/harness"
 )
@@ -337,8 +338,11 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 // Results is everything one run measured: one Column per broker, all on
 // the same PostgreSQL cluster.
 type Results struct {
-	Config     Config
-	Started    time.Time
+	Config  Config
+	Started time.Time
+	// Commit is the checkout's commit when the run began: the code the
+	// bench built outboxd from (results.Commit).
+	Commit     string
 	Took       time.Duration
 	Machine    Machine
 	PGSettings string
@@ -429,7 +433,7 @@ func (r *Results) Failed() bool {
 // Run starts PostgreSQL, then for each broker of cfg.Brokers in turn starts
 // it, runs the selected cases on it and stops it, and stops everything.
 func Run(ctx context.Context, cfg Config) (*Results, error) {
-	res := &Results{Config: cfg, Started: time.Now()}
+	res := &Results{Config: cfg, Started: time.Now(), Commit: results.Commit()}
 	if len(cfg.Brokers) == 0 {
 		return nil, errors.New("no broker selected")
 	}

@@ -19,7 +19,7 @@ func (r *Results) ResultsFile(args string) *results.File {
 	f := &results.File{
 		Name:     "bench-" + r.Started.UTC().Format("2006-01-02-1504"),
 		Source:   strings.TrimSpace("go run ./test/cmd/bench " + args),
-		Commit:   results.Commit(),
+		Commit:   r.commit(),
 		Date:     r.Started.UTC().Format("2006-01-02T15:04:05Z"),
 		Machine:  fmt.Sprintf("%d cores (%s), %s RAM, Linux %s, %s, PostgreSQL %s", m.NProc, m.CPUModel, m.MemTotal, m.Kernel, m.Go, m.Postgres),
 		Load:     fmt.Sprintf("load average %s at start, %s at end", m.LoadAvg, r.LoadEnd),
@@ -79,4 +79,13 @@ func settingsLine(printed string) string {
 		return "not printed"
 	}
 	return strings.Join(parts, "; ")
+}
+
+// commit is the run's commit: Results.Commit, taken when it began, or the
+// checkout's now for Results built elsewhere (tests, the sustained case).
+func (r *Results) commit() string {
+	if r.Commit != "" {
+		return r.Commit
+	}
+	return results.Commit()
 }

@@ -37,8 +37,8 @@ func (w *world) writeResults(res *runResult) {
 	fmt.Sscan(load, &one)
 	f := &results.File{
 		Name:     fmt.Sprintf("fault-%s-%s-%s-%s", w.sc.name, w.mode.name, kind, w.started.UTC().Format("2006-01-02-150405")),
-		Source:   "go test ./test/fault/ (scenario " + w.sc.name + ")",
-		Commit:   results.Commit(),
+		Source:   "go test ./test/fault/ (scenario " + w.sc.name + ")" + binarySource(),
+		Commit:   w.commit,
 		Date:     w.started.UTC().Format(time.RFC3339),
 		Machine:  fmt.Sprintf("%d cores, %s", runtime.NumCPU(), runtime.Version()),
 		Load:     "load average " + load + " at the end",
@@ -109,4 +109,13 @@ func TestFaultRunResultsFile(t *testing.T) {
 			}
 		}
 	}
+}
+
+// binarySource names an outboxd binary given with -outboxd-bin: the
+// results' commit is then the test code's, not necessarily the binary's.
+func binarySource() string {
+	if *outboxdBin == "" {
+		return ""
+	}
+	return " with -outboxd-bin " + *outboxdBin
 }

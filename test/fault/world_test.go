@@ -18,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outboxd/outboxd/results"
 	"github.com/outboxd/outboxd/test/harness"
 )
 
@@ -138,12 +139,16 @@ type world struct {
 	faultLog    []string
 	errs        []string
 	started     time.Time
+	// commit is the checkout's commit when the run began, the code its
+	// outboxd was built from (results.Commit at the end would name what
+	// the tree holds by then).
+	commit string
 }
 
 func newWorld(t *testing.T, sc scenario, mode deliveryMode, seed uint64) *world {
 	t.Helper()
 	w := &world{t: t, sc: sc, mode: mode, seed: seed, rng: rand.New(rand.NewPCG(seed, 0x5eed)),
-		faultsDone: map[faultKind]int{}, started: time.Now(), httpAddr: map[*harness.Proc]string{}}
+		faultsDone: map[faultKind]int{}, started: time.Now(), commit: results.Commit(), httpAddr: map[*harness.Proc]string{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	w.ctx = ctx
