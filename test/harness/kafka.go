@@ -234,23 +234,16 @@ func startKfake(ctx context.Context, extern bool, opts ...KafkaOption) (*kfakeKa
 // test finishes. On failure the broker log tail is added to the test output.
 func KafkaForTest(t testing.TB, opts ...KafkaOption) *Kafka {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	k, err := StartKafka(ctx, opts...)
-	if err != nil {
-		t.Fatalf("starting kafka: %v", err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() && !k.External() {
-			if k.apache != nil {
-				k.apache.logTails(t)
-			} else {
-				t.Logf("kfaked log tail (%s):\n%s", k.LogFile(), fileTail(k.LogFile(), 8<<10))
+	return serverForTest(t, "kafka", 5*time.Minute, func(ctx context.Context) (*Kafka, error) { return StartKafka(ctx, opts...) },
+		func(k *Kafka) {
+			if !k.External() {
+				if k.apache != nil {
+					k.apache.logTails(t)
+				} else {
+					t.Logf("kfaked log tail (%s):\n%s", k.LogFile(), fileTail(k.LogFile(), 8<<10))
+				}
 			}
-		}
-		k.Close()
-	})
-	return k
+		})
 }
 
 func (k *kfakeKafka) start(ctx context.Context) error {

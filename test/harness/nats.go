@@ -98,19 +98,10 @@ func StartNATS(ctx context.Context, opts ...NATSOption) (*NATS, error) {
 // failure the end of its log is added to the test output.
 func NATSForTest(t testing.TB, opts ...NATSOption) *NATS {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	n, err := StartNATS(ctx, opts...)
-	if err != nil {
-		t.Fatalf("starting nats-server: %v", err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
+	return serverForTest(t, "nats-server", 5*time.Minute, func(ctx context.Context) (*NATS, error) { return StartNATS(ctx, opts...) },
+		func(n *NATS) {
 			t.Logf("nats-server log tail (%s):\n%s", n.LogFile(), fileTail(n.LogFile(), 8<<10))
-		}
-		n.Close()
-	})
-	return n
+		})
 }
 
 // URL is the server's client URL.
@@ -347,21 +338,12 @@ func StartNATSCluster(ctx context.Context, size int) (*NATSCluster, error) {
 // finishes; on failure the end of each node's log is added to the output.
 func NATSClusterForTest(t testing.TB, size int) *NATSCluster {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	c, err := StartNATSCluster(ctx, size)
-	if err != nil {
-		t.Fatalf("starting a nats cluster: %v", err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
+	return serverForTest(t, "a nats cluster", 5*time.Minute, func(ctx context.Context) (*NATSCluster, error) { return StartNATSCluster(ctx, size) },
+		func(c *NATSCluster) {
 			for _, n := range c.Nodes {
 				t.Logf("%s log tail (%s):\n%s", n.name, n.LogFile(), fileTail(n.LogFile(), 4<<10))
 			}
-		}
-		c.Close()
-	})
-	return c
+		})
 }
 
 // URL lists every node's client URL, comma-separated (what nats.Connect

@@ -180,19 +180,12 @@ func externalPostgres(ctx context.Context, dsn string) (*Postgres, error) {
 // tail of the server log is added to the test output.
 func PostgresForTest(t testing.TB, opts ...PGOption) *Postgres {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	p, err := StartPostgres(ctx, opts...)
-	if err != nil {
-		t.Fatalf("starting postgres: %v", err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() && !p.External() {
-			t.Logf("postgres log tail (%s):\n%s", p.LogFile(), p.logTail(8<<10))
-		}
-		p.Close()
-	})
-	return p
+	return serverForTest(t, "postgres", 3*time.Minute, func(ctx context.Context) (*Postgres, error) { return StartPostgres(ctx, opts...) },
+		func(p *Postgres) {
+			if !p.External() {
+				t.Logf("postgres log tail (%s):\n%s", p.LogFile(), p.logTail(8<<10))
+			}
+		})
 }
 
 // DSN returns a superuser DSN for database db.

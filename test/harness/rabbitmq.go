@@ -92,23 +92,14 @@ func StartRabbitMQ(ctx context.Context, conf ...string) (*RabbitMQ, error) {
 // the node's log tail in the output of a failed test.
 func RabbitMQForTest(t testing.TB, conf ...string) *RabbitMQ {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	r, err := StartRabbitMQ(ctx, conf...)
-	if err != nil {
-		t.Fatalf("starting rabbitmq: %v", err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
+	return serverForTest(t, "rabbitmq", 3*time.Minute, func(ctx context.Context) (*RabbitMQ, error) { return StartRabbitMQ(ctx, conf...) },
+		func(r *RabbitMQ) {
 			r.mu.Lock()
 			if r.proc != nil {
 				t.Logf("rabbitmq log tail:\n%s", tail(r.proc.Log(), 4096))
 			}
 			r.mu.Unlock()
-		}
-		r.Close()
-	})
-	return r
+		})
 }
 
 // LogTail is the end of the node's output.
