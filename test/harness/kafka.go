@@ -341,14 +341,7 @@ func (k *kfakeKafka) Stop() error {
 	if k.ctr != nil {
 		return k.dockerStop()
 	}
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.proc == nil {
-		return nil
-	}
-	proc := k.proc
-	k.proc = nil
-	return proc.Stop(time.Minute)
+	return haltProc(&k.mu, &k.proc, func(p *Proc) error { return p.Stop(time.Minute) })
 }
 
 // Pause freezes the broker (SIGSTOP): connections stay open, nothing is
@@ -383,14 +376,7 @@ func (k *kfakeKafka) Kill() error {
 	if k.ctr != nil {
 		return k.dockerKill()
 	}
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.proc == nil {
-		return nil
-	}
-	proc := k.proc
-	k.proc = nil
-	return proc.Kill()
+	return haltProc(&k.mu, &k.proc, (*Proc).Kill)
 }
 
 // Close stops the broker and removes its temp dir. It is meant for cleanup

@@ -227,6 +227,21 @@ func (p *Proc) Stop(timeout time.Duration) error {
 	return nil
 }
 
+// haltProc halts the process *proc with halt and forgets it, holding mu
+// throughout so that nothing starts or signals it meanwhile; with no
+// process it does nothing. *proc is cleared before halt runs: a halt that
+// fails leaves no half-stopped process to use, Start starts a new one.
+func haltProc(mu *sync.Mutex, proc **Proc, halt func(*Proc) error) error {
+	mu.Lock()
+	defer mu.Unlock()
+	p := *proc
+	if p == nil {
+		return nil
+	}
+	*proc = nil
+	return halt(p)
+}
+
 // serverForTest starts a server with start, given at most timeout, for one
 // test: a failed start fails the test, and when the test (and its subtests)
 // ends the server is closed, after onFail has logged what explains a failed

@@ -217,28 +217,16 @@ func (r *RabbitMQ) Running() bool {
 // Stop shuts the node down cleanly (SIGTERM: the script runs rabbitmqctl
 // stop) and waits up to a minute, then kills it.
 func (r *RabbitMQ) Stop() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.proc == nil {
-		return nil
-	}
-	p := r.proc
-	r.proc = nil
-	err := p.Stop(time.Minute)
-	_ = p.Kill() // the Erlang VM and its port programs, if the script left them
-	return err
+	return haltProc(&r.mu, &r.proc, func(p *Proc) error {
+		err := p.Stop(time.Minute)
+		_ = p.Kill() // the Erlang VM and its port programs, if the script left them
+		return err
+	})
 }
 
 // Kill SIGKILLs the node's process group (no clean shutdown) and reaps it.
 func (r *RabbitMQ) Kill() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.proc == nil {
-		return nil
-	}
-	p := r.proc
-	r.proc = nil
-	return p.Kill()
+	return haltProc(&r.mu, &r.proc, (*Proc).Kill)
 }
 
 // Close stops the node (killing it if a clean stop fails), its epmd, and
