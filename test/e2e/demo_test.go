@@ -28,7 +28,7 @@ func TestMakeRunDemo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.CommandContext(ctx, bin, "-once", "-http-addr", freeAddr(t))
+	cmd := exec.CommandContext(ctx, bin, "-once", "-http-addr", harness.FreeAddr(t))
 	cmd.Dir = root
 	out, err := cmd.CombinedOutput()
 	if err != nil {

@@ -133,7 +133,7 @@ func testTableEffectsExactlyOnce(t *testing.T, py, broker string) {
 
 	// Retention: an outboxd inbox with a 1s --retention deletes every
 	// applied row, and counts each once.
-	addr := freeAddr(t)
+	addr := harness.FreeAddr(t)
 	w.startDeliverer("d3", 1, "--retention", "1s", "--retention-interval", "100ms", "--http-addr", addr)
 	left := -1
 	for deadline := time.Now().Add(30 * time.Second); left != 0 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
