@@ -215,19 +215,11 @@ func startKfake(ctx context.Context, extern bool, opts ...KafkaOption) (*kfakeKa
 		return nil, fmt.Errorf("creating kafka temp dir: %w", err)
 	}
 	k.bin, k.dir = bin, dir
-	// A freshly picked port may be taken before kfaked binds it: retry.
-	for attempt := 1; ; attempt++ {
-		if k.port, err = FreePort(); err == nil {
-			err = k.start(ctx)
-		}
-		if err == nil {
-			return k, nil
-		}
-		if attempt == 3 || ctx.Err() != nil {
-			os.RemoveAll(dir)
-			return nil, err
-		}
+	if err := onFreePort(ctx, &k.port, func() error { return k.start(ctx) }, nil); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
 	}
+	return k, nil
 }
 
 // KafkaForTest starts a broker (see StartKafka) that is closed when the

@@ -79,19 +79,11 @@ func StartNATS(ctx context.Context, opts ...NATSOption) (*NATS, error) {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	// A freshly picked port may be taken before the server binds it: retry.
-	for attempt := 1; ; attempt++ {
-		if n.port, err = FreePort(); err == nil {
-			err = n.Start(ctx)
-		}
-		if err == nil {
-			return n, nil
-		}
-		if attempt == 3 || ctx.Err() != nil {
-			n.Close()
-			return nil, err
-		}
+	if err := onFreePort(ctx, &n.port, func() error { return n.Start(ctx) }, nil); err != nil {
+		n.Close()
+		return nil, err
 	}
+	return n, nil
 }
 
 // NATSForTest starts a server that is removed when the test finishes; on

@@ -122,22 +122,12 @@ func (p *Postgres) initAndStart(ctx context.Context, o pgOptions) error {
 	if err := os.WriteFile(filepath.Join(p.dataDir, "pg_hba.conf"), []byte(pgHBA), 0o600); err != nil {
 		return fmt.Errorf("writing pg_hba.conf: %w", err)
 	}
-	// Another process may grab the picked port before postgres binds it;
-	// retry with a new port in that case.
-	for attempt := 1; ; attempt++ {
-		port, err := FreePort()
-		if err != nil {
+	return onFreePort(ctx, &p.port, func() error {
+		if err := appendConf(filepath.Join(p.dataDir, "postgresql.conf"), [][2]string{{"port", fmt.Sprint(p.port)}}); err != nil {
 			return err
 		}
-		p.port = port
-		if err := appendConf(filepath.Join(p.dataDir, "postgresql.conf"), [][2]string{{"port", fmt.Sprint(port)}}); err != nil {
-			return err
-		}
-		err = p.Start(ctx)
-		if err == nil || attempt == 3 || !strings.Contains(p.logTail(4096), "could not bind") {
-			return err
-		}
-	}
+		return p.Start(ctx)
+	}, func(error) bool { return strings.Contains(p.logTail(4096), "could not bind") })
 }
 
 func appendConf(path string, settings [][2]string) error {
