@@ -102,6 +102,22 @@ func RabbitMQForTest(t testing.TB, conf ...string) *RabbitMQ {
 		})
 }
 
+// Channel opens an AMQP channel on the node for a test's own declarations
+// and reads; its connection is closed when the test ends.
+func (r *RabbitMQ) Channel(t testing.TB) *amqp.Channel {
+	t.Helper()
+	conn, err := amqp.Dial(r.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ch
+}
+
 // LogTail is the end of the node's output.
 func (r *RabbitMQ) LogTail() string {
 	r.mu.Lock()
