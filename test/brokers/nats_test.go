@@ -165,7 +165,7 @@ func TestNATSDuplicateIDCounted(t *testing.T) {
 	const series = `outboxd_nats_duplicates_total{kind="duplicate_id"}`
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		m, err := metricValues(f.ctx, r.http, series)
+		m, err := harness.Metrics(f.ctx, r.http)
 		if err == nil && m[series] == 1 {
 			break
 		}

@@ -3,11 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"regexp"
 	"sort"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -307,23 +304,21 @@ func perKey(t *testing.T, recs []*kgo.Record) map[string][]string {
 // metric scrapes one series' value from /metrics ("name" or `name{l="v"}`).
 func (r *relay) metric(t *testing.T, series string) float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + r.http + "/metrics")
+	v, ok := r.metrics(t)[series]
+	if !ok {
+		t.Fatalf("series %s not in /metrics", series)
+	}
+	return v
+}
+
+// metrics scrapes every series from /metrics (harness.Metrics).
+func (r *relay) metrics(t *testing.T) map[string]float64 {
+	t.Helper()
+	m, err := harness.Metrics(context.Background(), r.http)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	for _, line := range strings.Split(string(body), "\n") {
-		if strings.HasPrefix(line, series+" ") {
-			v, err := strconv.ParseFloat(strings.TrimSpace(line[len(series):]), 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return v
-		}
-	}
-	t.Fatalf("series %s not in /metrics", series)
-	return 0
+	return m
 }
 
 // stop sends SIGTERM and waits for a clean exit.

@@ -3,10 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -88,22 +85,7 @@ func reconnect(t *testing.T, f *fixture) {
 // counter never incremented).
 func metricOr0(t *testing.T, r *relay, series string) float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + r.http + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	for _, line := range strings.Split(string(body), "\n") {
-		if v, ok := strings.CutPrefix(line, series+" "); ok {
-			n, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
-	}
-	return 0
+	return r.metrics(t)[series]
 }
 
 // restartWriter commits outbox events, ten per transaction, on its own
