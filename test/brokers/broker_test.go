@@ -248,6 +248,13 @@ func (f *fixture) waitConfirmed(lsn uint64, within time.Duration) {
 	harness.WaitConfirmed(f.ctx, f.t, f.conn, f.slot, lsn, within)
 }
 
+// slotHolds fails the test if the slot is confirmed past lsn within d
+// (harness.SlotHolds); while says what must keep it there.
+func (f *fixture) slotHolds(lsn uint64, d time.Duration, while string) {
+	f.t.Helper()
+	harness.SlotHolds(f.ctx, f.t, f.conn, f.slot, lsn, d, while)
+}
+
 // waitSlotInactive polls until no walsender holds the slot.
 func (f *fixture) waitSlotInactive(within time.Duration) {
 	f.t.Helper()

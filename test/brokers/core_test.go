@@ -6,8 +6,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/outboxd/outboxd/test/harness"
 )
 
 // Routing: the destination is the routed topic, the key the aggregateid,
@@ -71,13 +69,7 @@ func TestAckGate(t *testing.T) {
 		for i := 2; i <= 20; i++ {
 			end = f.commit(ev(i, fmt.Sprintf("k%d", i%5)))
 		}
-		deadline := time.Now().Add(2 * time.Second) // many confirm (20ms) and status (1s) intervals
-		for time.Now().Before(deadline) {
-			if s := f.slotState(); s.ConfirmedFlushLSN > beforeDown {
-				t.Fatalf("confirmed_flush_lsn moved from %s to %s with the broker down", harness.FormatLSN(beforeDown), harness.FormatLSN(s.ConfirmedFlushLSN))
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		f.slotHolds(beforeDown, 2*time.Second, "with the broker down") // many confirm (20ms) and status (1s) intervals
 		if err := f.b.start(f.ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -164,13 +156,7 @@ func TestInvalidRowHolds(t *testing.T) {
 		before := f.walLSN()
 		f.commit(event{2, "k2", "E", big})
 		f.commit(ev(3, "k3"))
-		deadline := time.Now().Add(2 * time.Second)
-		for time.Now().Before(deadline) {
-			if s := f.slotState(); s.ConfirmedFlushLSN > before {
-				t.Fatalf("confirmed_flush_lsn passed the invalid event: %s > %s", harness.FormatLSN(s.ConfirmedFlushLSN), harness.FormatLSN(before))
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		f.slotHolds(before, 2*time.Second, "past the invalid event")
 		if msgs := f.read(f.topic(), 1); len(msgs) != 1 {
 			t.Fatalf("topic holds %v, want event 1 only", ids(msgs))
 		}

@@ -58,13 +58,7 @@ func TestNATSHoldsUntilStreamExists(t *testing.T) {
 	before := f.walLSN()
 	f.commit(ev(1, "k1"))
 	end := f.commit(ev(2, "k2"))
-	deadline := time.Now().Add(2 * time.Second)
-	for time.Now().Before(deadline) {
-		if s := f.slotState(); s.ConfirmedFlushLSN > before {
-			t.Fatalf("confirmed_flush_lsn passed an event without a stream: %s > %s", harness.FormatLSN(s.ConfirmedFlushLSN), harness.FormatLSN(before))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	f.slotHolds(before, 2*time.Second, "past an event without a stream")
 	nc, err := natsgo.Connect(b.srv.URL())
 	if err != nil {
 		t.Fatal(err)

@@ -183,13 +183,7 @@ func TestRabbitMQUnroutableHolds(t *testing.T) {
 	before := f.walLSN()
 	f.commit(ev(1, "k1"))
 	end := f.commit(ev(2, "k1"))
-	deadline := time.Now().Add(2 * time.Second)
-	for time.Now().Before(deadline) {
-		if s := f.slotState(); s.ConfirmedFlushLSN > before {
-			t.Fatalf("confirmed_flush_lsn passed an unroutable event: %s > %s", harness.FormatLSN(s.ConfirmedFlushLSN), harness.FormatLSN(before))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	f.slotHolds(before, 2*time.Second, "past an unroutable event")
 	b.bind(t, f.topic())
 	f.waitConfirmed(end, 60*time.Second)
 	// The probe that found the queue delivered event 1; the session after

@@ -34,14 +34,7 @@ func TestBrokerDownHoldsSlot(t *testing.T) {
 	}
 	// For several confirm intervals (20ms) and status intervals (1s), the slot
 	// must stay before the first unacked transaction.
-	deadline := time.Now().Add(3 * time.Second)
-	for time.Now().Before(deadline) {
-		if s := f.slotState(); s.ConfirmedFlushLSN > beforeDown {
-			t.Fatalf("confirmed_flush_lsn moved from %s to %s while Kafka was down",
-				harness.FormatLSN(beforeDown), harness.FormatLSN(s.ConfirmedFlushLSN))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	f.slotHolds(beforeDown, 3*time.Second, "while Kafka was down")
 	if err := k.Start(f.ctx); err != nil {
 		t.Fatal(err)
 	}

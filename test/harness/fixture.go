@@ -99,6 +99,18 @@ func WaitConfirmed(ctx context.Context, t testing.TB, conn *pgx.Conn, slot strin
 	}
 }
 
+// SlotHolds polls slot for the time given and fails the test as soon as
+// its confirmed_flush_lsn passes lsn; while says what must keep it there
+// ("with the broker down").
+func SlotHolds(ctx context.Context, t testing.TB, conn *pgx.Conn, slot string, lsn uint64, d time.Duration, while string) {
+	t.Helper()
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if s := MustSlotInfo(ctx, t, conn, slot); s.ConfirmedFlushLSN > lsn {
+			t.Fatalf("confirmed_flush_lsn moved from %s to %s %s", FormatLSN(lsn), FormatLSN(s.ConfirmedFlushLSN), while)
+		}
+	}
+}
+
 // WaitSlotInactive polls until no walsender holds slot (the server notices
 // a closed connection asynchronously) and returns its state; it fails the
 // test if the slot is still active after the given time.
