@@ -15,11 +15,7 @@ import (
 func Status(ctx context.Context, addr string) (map[string]any, error) {
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(rctx, http.MethodGet, "http://"+addr+"/status", nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := get(rctx, addr, "/status")
 	if err != nil {
 		return nil, err
 	}
@@ -69,11 +65,7 @@ func WaitStreaming(ctx context.Context, p *Proc, addr string) error {
 // Metrics scrapes outboxd's /metrics from its --http-addr: each sample's
 // value by its series as exposed, "name" or `name{label="value"}`.
 func Metrics(ctx context.Context, addr string) (map[string]float64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := get(ctx, addr, "/metrics")
 	if err != nil {
 		return nil, err
 	}
@@ -94,4 +86,14 @@ func Metrics(ctx context.Context, addr string) (map[string]float64, error) {
 		}
 	}
 	return out, sc.Err()
+}
+
+// get GETs path from outboxd's HTTP endpoints at addr; the caller closes
+// the body.
+func get(ctx context.Context, addr, path string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	return http.DefaultClient.Do(req)
 }
