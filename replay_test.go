@@ -26,18 +26,12 @@ import (
 // xid at an acked position is another history, published from there on;
 // a ring shorter than the replay publishes the part it does not cover.
 func TestRelayVerifiesTheReplayAfterARestart(t *testing.T) {
-	at := time.Date(2026, 12, 2, 4, 0, 0, 0, time.UTC)
-	fixed := func(commit, end wal.LSN, id int) []*wal.Msg {
-		m := txn(commit, end, uuid(id))
-		m[0].Begin.CommitTime = at.Add(time.Duration(commit) * time.Millisecond)
-		return m
-	}
-	t1, t2, t3 := fixed(200, 210, 1), fixed(300, 310, 2), fixed(400, 410, 3)
-	t4 := fixed(500, 510, 4)
-	otherXid := fixed(300, 310, 5)
+	t1, t2, t3 := replayTxn(200, 210, 1), replayTxn(300, 310, 2), replayTxn(400, 410, 3)
+	t4 := replayTxn(500, 510, 4)
+	otherXid := replayTxn(300, 310, 5)
 	otherXid[0].Begin.Xid = 999
-	otherTime := fixed(400, 410, 6)
-	otherTime[0].Begin.CommitTime = at.Add(time.Hour)
+	otherTime := replayTxn(400, 410, 6)
+	otherTime[0].Begin.CommitTime = replayEpoch.Add(time.Hour)
 	heartbeat := &wal.Msg{Kind: wal.KindMessage, Message: wal.Message{Prefix: heartbeatPrefix, Content: []byte("hb"), LSN: 250}}
 	for _, tc := range []struct {
 		name     string
@@ -50,7 +44,7 @@ func TestRelayVerifiesTheReplayAfterARestart(t *testing.T) {
 		{"same history", 0, [][]*wal.Msg{t1, {heartbeat}, t2, t3}, []string{uuid(4)}, 3, 0},
 		{"another xid at an acked position", 0, [][]*wal.Msg{t1, otherXid, t3}, []string{uuid(5), uuid(3), uuid(4)}, 1, 1},
 		{"another commit time at an acked position", 0, [][]*wal.Msg{t1, t2, otherTime}, []string{uuid(6), uuid(4)}, 2, 1},
-		{"a commit position the ring does not have", 0, [][]*wal.Msg{t1, fixed(350, 360, 7), t3}, []string{uuid(7), uuid(3), uuid(4)}, 1, 1},
+		{"a commit position the ring does not have", 0, [][]*wal.Msg{t1, replayTxn(350, 360, 7), t3}, []string{uuid(7), uuid(3), uuid(4)}, 1, 1},
 		{"ring shorter than the replay", 2, [][]*wal.Msg{t1, t2, t3}, []string{uuid(1), uuid(4)}, 2, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -95,6 +89,18 @@ func TestRelayVerifiesTheReplayAfterARestart(t *testing.T) {
 			stop()
 		})
 	}
+}
+
+// replayEpoch is the commit time of the replay tests' transactions at LSN 0.
+var replayEpoch = time.Date(2026, 12, 2, 4, 0, 0, 0, time.UTC)
+
+// replayTxn is a transaction of one event (id) committed at commit, ending at
+// end, with a commit time that is a function of commit: replayed, it is the
+// same transaction.
+func replayTxn(commit, end wal.LSN, id int) []*wal.Msg {
+	m := txn(commit, end, uuid(id))
+	m[0].Begin.CommitTime = replayEpoch.Add(time.Duration(commit) * time.Millisecond)
+	return m
 }
 
 // replayConn is a session on slot s, confirmed up to confirmed, of the
@@ -221,13 +227,7 @@ func BenchmarkTxnRingAdd(b *testing.B) {
 // A replay cut short by another reconnect is verified on in the next
 // session, up to the same acked position; exactly-once mode keeps no ring.
 func TestRelayVerifiesAReplayAcrossSessions(t *testing.T) {
-	at := time.Date(2026, 12, 2, 4, 0, 0, 0, time.UTC)
-	fixed := func(commit, end wal.LSN, id int) []*wal.Msg {
-		m := txn(commit, end, uuid(id))
-		m[0].Begin.CommitTime = at.Add(time.Duration(commit) * time.Millisecond)
-		return m
-	}
-	t1, t2, t3 := fixed(200, 210, 1), fixed(300, 310, 2), fixed(400, 410, 3)
+	t1, t2, t3 := replayTxn(200, 210, 1), replayTxn(300, 310, 2), replayTxn(400, 410, 3)
 	first, second, third := replayConn(42, "a", 100), replayConn(43, "b", 100), replayConn(44, "b", 100)
 	cs := newConnScript(first, second, third)
 	hs := newHeldSink()
