@@ -98,6 +98,7 @@ func newFixture(t *testing.T, b broker) *fixture {
 	}
 	f := &fixture{t: t, ctx: ctx, b: b, db: "db_" + name, slot: "s_" + name, agg: "T" + name, logs: t.TempDir()}
 	f.dsn, f.conn = harness.NewOutboxDatabase(ctx, t, sharedPG, f.db, "insert")
+	t.Cleanup(func() { f.conn.Close(context.Background()) })
 	t.Cleanup(func() { // outboxd is gone by now (cleanups run last-in first-out)
 		c, err := sharedPG.Connect(context.Background(), f.db)
 		if err == nil {

@@ -67,6 +67,7 @@ func newFixture(t *testing.T, opts ...fixtureOpt) *fixture {
 	}
 	f := &fixture{t: t, ctx: ctx, pg: cfg.pg, kafka: cfg.kafka, db: "db_" + name, slot: "s_" + name, agg: "T" + name, logs: t.TempDir()}
 	f.dsn, f.conn = harness.NewOutboxDatabase(ctx, t, f.pg, f.db, cfg.publish)
+	t.Cleanup(func() { f.conn.Close(context.Background()) })
 	// Drop the test's slot at the end (cleanups run last-in first-out, so
 	// outboxd is gone by then): the shared server has 32 slots, and a left
 	// slot would pin WAL for every later test.

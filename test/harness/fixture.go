@@ -16,22 +16,24 @@ import (
 
 // NewOutboxDatabase creates database db on pg with the Debezium-layout
 // outbox table and the publication outboxd (publish = publish), and returns
-// its DSN and a connection to it, closed when the test ends.
+// its DSN and a connection to it. The caller closes the connection (a
+// fixture may replace it after a server restart: the one it holds at the
+// end is the one to close).
 func NewOutboxDatabase(ctx context.Context, t testing.TB, pg *Postgres, db, publish string) (dsn string, conn *pgx.Conn) {
 	t.Helper()
 	dsn, err := pg.NewDatabase(ctx, db)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if conn, err = pg.Connect(ctx, db); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
 	schema, err := OutboxSchema("outboxd", publish)
 	if err != nil {
 		t.Fatal(err)
 	}
+	if conn, err = pg.Connect(ctx, db); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := conn.Exec(ctx, schema); err != nil {
+		conn.Close(context.Background())
 		t.Fatalf("%s: %v", schema, err)
 	}
 	return dsn, conn
