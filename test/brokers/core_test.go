@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/outboxd/outboxd/test/harness"
 )
 
 // Routing: the destination is the routed topic, the key the aggregateid,
@@ -213,14 +215,7 @@ func TestPostgresRestart(t *testing.T) {
 	forEachBroker(t, false, func(t *testing.T, f *fixture) {
 		f.startRelay()
 		f.commit(ev(1, "k1"))
-		f.conn.Close(f.ctx)
-		if err := sharedPG.Restart(f.ctx, "fast"); err != nil {
-			t.Fatal(err)
-		}
-		var err error
-		if f.conn, err = sharedPG.Connect(f.ctx, f.db); err != nil {
-			t.Fatal(err)
-		}
+		f.conn = harness.RestartPostgres(f.ctx, t, sharedPG, "fast", f.db, f.conn)
 		f.commit(ev(2, "k2"))
 		end := f.commit(ev(3, "k3"), ev(4, "k4"))
 		f.waitConfirmed(end, 60*time.Second)

@@ -98,14 +98,7 @@ func TestPostgresConnectionLoss(t *testing.T) {
 
 	// Fast restart of the whole server (the shared cluster: other tests are
 	// not running concurrently, as tests here are not parallel).
-	f.conn.Close(f.ctx)
-	if err := sharedPG.Restart(f.ctx, "fast"); err != nil {
-		t.Fatal(err)
-	}
-	var err error
-	if f.conn, err = sharedPG.Connect(f.ctx, f.db); err != nil {
-		t.Fatal(err)
-	}
+	f.conn = harness.RestartPostgres(f.ctx, t, sharedPG, "fast", f.db, f.conn)
 	end := f.commit(event{3, "a", "E", `{}`})
 	f.waitConfirmed(end, 60*time.Second)
 	got := perKey(t, f.records())

@@ -42,10 +42,7 @@ func TestPGRestartNoMassResend(t *testing.T) {
 		w.waitCommitted(t, w.committed()+600, time.Minute)
 		f.waitConfirmed(f.walLSN(), time.Minute)
 		before := f.slotState().ConfirmedFlushLSN
-		if err := sharedPG.Restart(f.ctx, mode); err != nil {
-			t.Fatalf("pg_ctl restart -m %s: %v", mode, err)
-		}
-		reconnect(t, f)
+		f.conn = harness.RestartPostgres(f.ctx, t, sharedPG, mode, f.db, f.conn)
 		w.waitCommitted(t, w.committed()+300, time.Minute)
 		t.Logf("pg_ctl restart -m %s: the slot was confirmed at %s before it", mode, harness.FormatLSN(before))
 	}
@@ -68,16 +65,6 @@ func TestPGRestartNoMassResend(t *testing.T) {
 	}
 	if skipped == 0 {
 		t.Fatal("no replayed event skipped: the slot was not behind what outboxd acked after the restarts, so the test did not reproduce the re-send")
-	}
-}
-
-// reconnect replaces the fixture's connection, which a restart closed.
-func reconnect(t *testing.T, f *fixture) {
-	t.Helper()
-	f.conn.Close(f.ctx)
-	var err error
-	if f.conn, err = sharedPG.Connect(f.ctx, f.db); err != nil {
-		t.Fatal(err)
 	}
 }
 

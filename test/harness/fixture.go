@@ -39,6 +39,22 @@ func NewOutboxDatabase(ctx context.Context, t testing.TB, pg *Postgres, db, publ
 	return dsn, conn
 }
 
+// RestartPostgres restarts pg (pg_ctl restart -m mode: fast, immediate)
+// under conn, a connection to database db, which it closes first, and
+// returns a new connection to db.
+func RestartPostgres(ctx context.Context, t testing.TB, pg *Postgres, mode, db string, conn *pgx.Conn) *pgx.Conn {
+	t.Helper()
+	conn.Close(ctx)
+	if err := pg.Restart(ctx, mode); err != nil {
+		t.Fatalf("pg_ctl restart -m %s: %v", mode, err)
+	}
+	conn, err := pg.Connect(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}
+
 // StartOutboxd starts the outboxd binary bin with args (and env added to
 // the environment), its output in logDir/outboxd.log, without waiting for
 // anything. It is killed when the test ends, and a failed test's output
