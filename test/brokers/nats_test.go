@@ -59,12 +59,7 @@ func TestNATSHoldsUntilStreamExists(t *testing.T) {
 	f.commit(ev(1, "k1"))
 	end := f.commit(ev(2, "k2"))
 	f.slotHolds(before, 2*time.Second, "past an event without a stream")
-	nc, err := natsgo.Connect(b.srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	js := b.srv.JetStream(t)
 	if _, err := js.CreateStream(f.ctx, jetstream.StreamConfig{Name: nats.StreamName(f.topic()), Subjects: []string{f.topic()}}); err != nil {
 		t.Fatal(err)
 	}
@@ -101,12 +96,7 @@ func TestNATSProgressRecordReportsLostSlot(t *testing.T) {
 	if err := f.conn.QueryRow(f.ctx, `SELECT system_identifier::text FROM pg_control_system()`).Scan(&sysid); err != nil {
 		t.Fatal(err)
 	}
-	nc, err := natsgo.Connect(b.srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	js := b.srv.JetStream(t)
 	key := sysid + "/" + f.slot
 	if err := r.Stop(20 * time.Second); err != nil { // the final confirmation writes the record too
 		t.Fatal(err)

@@ -96,6 +96,22 @@ func NATSForTest(t testing.TB, opts ...NATSOption) *NATS {
 		})
 }
 
+// JetStream connects to the server for a test's own streams and reads; the
+// connection is closed when the test ends.
+func (n *NATS) JetStream(t testing.TB) jetstream.JetStream {
+	t.Helper()
+	nc, err := nats.Connect(n.URL(), n.ClientOptions()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
 // URL is the server's client URL.
 func (n *NATS) URL() string {
 	if n.tlsCA != "" {
