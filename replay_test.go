@@ -26,18 +26,12 @@ import (
 // xid at an acked position is another history, published from there on;
 // a ring shorter than the replay publishes the part it does not cover.
 func TestRelayVerifiesTheReplayAfterARestart(t *testing.T) {
-	at := time.Date(2026, 12, 2, 4, 0, 0, 0, time.UTC)
-	fixed := func(commit, end wal.LSN, id int) []*wal.Msg {
-		m := txn(commit, end, uuid(id))
-		m[0].Begin.CommitTime = at.Add(time.Duration(commit) * time.Millisecond)
-		return m
-	}
-	t1, t2, t3 := fixed(200, 210, 1), fixed(300, 310, 2), fixed(400, 410, 3)
-	t4 := fixed(500, 510, 4)
-	otherXid := fixed(300, 310, 5)
+	t1, t2, t3 := replayTxn(200, 210, 1), replayTxn(300, 310, 2), replayTxn(400, 410, 3)
+	t4 := replayTxn(500, 510, 4)
+	otherXid := replayTxn(300, 310, 5)
 	otherXid[0].Begin.Xid = 999
-	otherTime := fixed(400, 410, 6)
-	otherTime[0].Begin.CommitTime = at.Add(time.Hour)
+	otherTime := replayTxn(400, 410, 6)
+	otherTime[0].Begin.CommitTime = replayEpoch.Add(time.Hour)
 	heartbeat := &wal.Msg{Kind: wal.KindMessage, Message: wal.Message{Prefix: heartbeatPrefix, Content: []byte("hb"), LSN: 250}}
 	for _, tc := range []struct {
 		name     string
@@ -50,34 +44,18 @@ func TestRelayVerifiesTheReplayAfterARestart(t *testing.T) {
 		{"same history", 0, [][]*wal.Msg{t1, {heartbeat}, t2, t3}, []string{uuid(4)}, 3, 0},
 		{"another xid at an acked position", 0, [][]*wal.Msg{t1, otherXid, t3}, []string{uuid(5), uuid(3), uuid(4)}, 1, 1},
 		{"another commit time at an acked position", 0, [][]*wal.Msg{t1, t2, otherTime}, []string{uuid(6), uuid(4)}, 2, 1},
-		{"a commit position the ring does not have", 0, [][]*wal.Msg{t1, fixed(350, 360, 7), t3}, []string{uuid(7), uuid(3), uuid(4)}, 1, 1},
+		{"a commit position the ring does not have", 0, [][]*wal.Msg{t1, replayTxn(350, 360, 7), t3}, []string{uuid(7), uuid(3), uuid(4)}, 1, 1},
 		{"ring shorter than the replay", 2, [][]*wal.Msg{t1, t2, t3}, []string{uuid(1), uuid(4)}, 2, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			first := &fakeConn{stream: newScriptStream(),
-				info: slot.Info{Slot: slot.Slot{Name: "s", Plugin: "pgoutput", ConfirmedFlush: 100}, SessionPID: 42, SystemID: "7", Timeline: 1, ServerStart: "a"}}
-			second := &fakeConn{stream: newScriptStream(),
-				info: slot.Info{Slot: slot.Slot{Name: "s", Plugin: "pgoutput", ConfirmedFlush: 100}, SessionPID: 43, SystemID: "7", Timeline: 1, ServerStart: "b"}}
+			first, second := replayConn(42, "a", 100), replayConn(43, "b", 100)
 			cs := newConnScript(first, second)
 			hs := newHeldSink()
 			r := newTestRelay(t, cs, &fakeSQL{found: true}, hs, nil)
 			if tc.ring != 0 {
 				r.relay.alo().replay = &replayCheck{ring: newTxnRing(tc.ring)}
 			}
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			done := make(chan error, 1)
-			go func() { done <- r.Run(ctx) }()
-			acked := 0
-			ackUntil := func(s *scriptStream, lsn wal.LSN) {
-				t.Helper()
-				waitFor(t, "the confirmation of "+lsn.String(), func() bool {
-					for ; acked < hs.count(); acked++ {
-						hs.ack(acked, nil)
-					}
-					return s.lastSent() == lsn
-				})
-			}
+			ackUntil, stop := runAcked(t, r, hs)
 			for _, m := range [][]*wal.Msg{t1, t2, t3} {
 				first.stream.push(m...)
 			}
@@ -108,10 +86,49 @@ func TestRelayVerifiesTheReplayAfterARestart(t *testing.T) {
 			if d := r.relay.alo().replay.diverged; d != tc.diverged {
 				t.Fatalf("%d replays found to be another history, want %d", d, tc.diverged)
 			}
-			cancel()
-			<-done
+			stop()
 		})
 	}
+}
+
+// replayEpoch is the commit time of the replay tests' transactions at LSN 0.
+var replayEpoch = time.Date(2026, 12, 2, 4, 0, 0, 0, time.UTC)
+
+// replayTxn is a transaction of one event (id) committed at commit, ending at
+// end, with a commit time that is a function of commit: replayed, it is the
+// same transaction.
+func replayTxn(commit, end wal.LSN, id int) []*wal.Msg {
+	m := txn(commit, end, uuid(id))
+	m[0].Begin.CommitTime = replayEpoch.Add(time.Duration(commit) * time.Millisecond)
+	return m
+}
+
+// replayConn is a session on slot s, confirmed up to confirmed, of the
+// server started at start.
+func replayConn(pid int, start string, confirmed wal.LSN) *fakeConn {
+	return &fakeConn{stream: newScriptStream(),
+		info: slot.Info{Slot: slot.Slot{Name: "s", Plugin: "pgoutput", ConfirmedFlush: confirmed}, SessionPID: pid, SystemID: "7", Timeline: 1, ServerStart: start}}
+}
+
+// runAcked runs r in the background until stop (or the test's end) and
+// returns ackUntil: it acks every record hs holds, in order, until s was
+// sent the confirmation of lsn.
+func runAcked(t *testing.T, r *Relay, hs *heldSink) (ackUntil func(s *scriptStream, lsn wal.LSN), stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	acked := 0
+	ackUntil = func(s *scriptStream, lsn wal.LSN) {
+		t.Helper()
+		waitFor(t, "the confirmation of "+lsn.String(), func() bool {
+			for ; acked < hs.count(); acked++ {
+				hs.ack(acked, nil)
+			}
+			return s.lastSent() == lsn
+		})
+	}
+	return ackUntil, func() { cancel(); <-done }
 }
 
 // The ring keeps the newest entries in commit order, moves from past what
@@ -210,35 +227,12 @@ func BenchmarkTxnRingAdd(b *testing.B) {
 // A replay cut short by another reconnect is verified on in the next
 // session, up to the same acked position; exactly-once mode keeps no ring.
 func TestRelayVerifiesAReplayAcrossSessions(t *testing.T) {
-	at := time.Date(2026, 12, 2, 4, 0, 0, 0, time.UTC)
-	fixed := func(commit, end wal.LSN, id int) []*wal.Msg {
-		m := txn(commit, end, uuid(id))
-		m[0].Begin.CommitTime = at.Add(time.Duration(commit) * time.Millisecond)
-		return m
-	}
-	t1, t2, t3 := fixed(200, 210, 1), fixed(300, 310, 2), fixed(400, 410, 3)
-	conn := func(pid int, start string, confirmed wal.LSN) *fakeConn {
-		return &fakeConn{stream: newScriptStream(),
-			info: slot.Info{Slot: slot.Slot{Name: "s", Plugin: "pgoutput", ConfirmedFlush: confirmed}, SessionPID: pid, SystemID: "7", Timeline: 1, ServerStart: start}}
-	}
-	first, second, third := conn(42, "a", 100), conn(43, "b", 100), conn(44, "b", 100)
+	t1, t2, t3 := replayTxn(200, 210, 1), replayTxn(300, 310, 2), replayTxn(400, 410, 3)
+	first, second, third := replayConn(42, "a", 100), replayConn(43, "b", 100), replayConn(44, "b", 100)
 	cs := newConnScript(first, second, third)
 	hs := newHeldSink()
 	r := newTestRelay(t, cs, &fakeSQL{found: true}, hs, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	acked := 0
-	ackUntil := func(s *scriptStream, lsn wal.LSN) {
-		t.Helper()
-		waitFor(t, "the confirmation of "+lsn.String(), func() bool {
-			for ; acked < hs.count(); acked++ {
-				hs.ack(acked, nil)
-			}
-			return s.lastSent() == lsn
-		})
-	}
+	ackUntil, stop := runAcked(t, r, hs)
 	first.stream.push(append(append(t1, t2...), t3...)...)
 	ackUntil(first.stream, 410)
 	first.stream.fail(errors.New("unexpected EOF"))
@@ -258,10 +252,9 @@ func TestRelayVerifiesAReplayAcrossSessions(t *testing.T) {
 	if v := testutil.ToFloat64(r.m.skipped.WithLabelValues("replayed")); v != 3 {
 		t.Fatalf("%v replayed events skipped, want 3", v)
 	}
-	cancel()
-	<-done
+	stop()
 
-	eos := newTestRelay(t, newConnScript(conn(45, "a", 100)), &fakeSQL{found: true}, newHeldSink(), func(c *Config) { c.TxnSink = &fakeReset{} })
+	eos := newTestRelay(t, newConnScript(replayConn(45, "a", 100)), &fakeSQL{found: true}, newHeldSink(), func(c *Config) { c.TxnSink = &fakeReset{} })
 	if _, ok := eos.relay.mode.(*exactlyOnce); !ok { // a mode without a replay ring
 		t.Fatal("exactly-once mode keeps a replay ring")
 	}

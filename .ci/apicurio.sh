@@ -5,23 +5,17 @@
 # apicurio.go). Java and Maven come from .ci/kafka.sh, which runs first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. .ci/lib.sh
 
 pom=test/apicurio/pom.xml
 version="$(sed -n '/<parent>/,/<\/parent>/s:.*<version>\(.*\)</version>.*:\1:p' "$pom")"
-cache="${OUTBOXD_KAFKA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/outboxd}"
 dest="$cache/apicurio-$version"
 [ -f "$dest/app/outboxd-apicurio-runner.jar" ] && exit 0
 
-mkdir -p "$cache"
-tmp="$(mktemp -d "$cache/apicurio-build-XXXXXX")"
-trap 'rm -rf "$tmp"' EXIT
+cache_tmp "$cache" apicurio-build
 # Build in a copy: target/ stays out of the work tree.
 cp -r test/apicurio/. "$tmp/src"
-# Quiet on success (mvn -q still prints colour codes); everything on failure.
-if ! out="$(mvn -q -B -f "$tmp/src/pom.xml" package -DskipTests 2>&1)"; then
-  echo "$out" >&2
-  exit 1
-fi
+mvn_quiet -f "$tmp/src/pom.xml" package -DskipTests
 mkdir -p "$tmp/app"
 mv "$tmp/src/target/lib" "$tmp/app/lib"
 mv "$tmp/src/target/outboxd-apicurio-$version-runner.jar" "$tmp/app/outboxd-apicurio-runner.jar"

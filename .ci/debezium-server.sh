@@ -6,20 +6,15 @@
 # Temurin 25 JDK (test/harness/dbzserver.go). Maven comes from .ci/kafka.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. .ci/lib.sh
 
 pom=test/debezium/pom.xml
 dbz="$(sed -n 's:.*<debezium.version>\(.*\)</debezium.version>.*:\1:p' "$pom")"
-cache="${OUTBOXD_KAFKA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/outboxd}"
 dir="$cache/debezium-server-$dbz"
 [ -f "$dir/debezium-server-dist-$dbz-runner.jar" ] && exit 0
 
-mkdir -p "$cache"
-tmp="$(mktemp -d "$cache/debezium-server-fetch-XXXXXX")"
-trap 'rm -rf "$tmp"' EXIT
-if ! out="$(mvn -q -B dependency:copy -Dartifact="io.debezium:debezium-server-dist:$dbz:tar.gz" -DoutputDirectory="$tmp" 2>&1)"; then
-  echo "$out" >&2
-  exit 1
-fi
+cache_tmp "$cache" debezium-server-fetch
+mvn_quiet dependency:copy -Dartifact="io.debezium:debezium-server-dist:$dbz:tar.gz" -DoutputDirectory="$tmp"
 tgz="$tmp/debezium-server-dist-$dbz.tar.gz"
 # The Cassandra connectors are not needed: only PostgreSQL is read.
 tar -xzf "$tgz" -C "$tmp" --exclude 'debezium-server/connectors'

@@ -6,12 +6,12 @@
 # parity suite (test/parity). Java and Maven come from .ci/kafka.sh, which runs first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. .ci/lib.sh
 
 pom=test/debezium/pom.xml
 dbz="$(sed -n 's:.*<debezium.version>\(.*\)</debezium.version>.*:\1:p' "$pom")"
 otel="$(sed -n 's:.*<otel.version>\(.*\)</otel.version>.*:\1:p' "$pom")"
 apicurio="$(sed -n 's:.*<apicurio.version>\(.*\)</apicurio.version>.*:\1:p' "$pom")"
-cache="${OUTBOXD_KAFKA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/outboxd}"
 
 # fetch DIR MARKER [MVN-ARGS...]: copy the pom's dependencies into
 # $cache/DIR/libs unless MARKER is there (test/harness/apachelibs.go's layout).
@@ -19,15 +19,9 @@ fetch() {
   local dir="$cache/$1" marker="$2"
   shift 2
   [ -f "$dir/libs/$marker" ] && return 0
-  mkdir -p "$dir"
-  local tmp out
-  tmp="$(mktemp -d "$dir/libs-fetch-XXXXXX")"
-  # Quiet on success (mvn -q still prints colour codes); everything on failure.
-  if ! out="$(mvn -q -B -f "$pom" "$@" dependency:copy-dependencies -DoutputDirectory="$tmp" 2>&1)"; then
-    echo "$out" >&2
-    rm -rf "$tmp"
-    exit 1
-  fi
+  local tmp
+  cache_tmp "$dir" libs-fetch
+  mvn_quiet -f "$pom" "$@" dependency:copy-dependencies -DoutputDirectory="$tmp"
   rm -rf "$dir/libs"
   mv "$tmp" "$dir/libs"
 }

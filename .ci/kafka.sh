@@ -5,9 +5,9 @@
 # OUTBOXD_TEST_KAFKA_VERSION names another.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. .ci/lib.sh
 
 version="${OUTBOXD_TEST_KAFKA_VERSION:-$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' test/kafka/pom.xml)}"
-cache="${OUTBOXD_KAFKA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/outboxd}"
 libs="$cache/kafka-$version/libs"
 [ -f "$libs/kafka_2.13-$version.jar" ] && exit 0
 
@@ -19,13 +19,7 @@ if ((${#need[@]})); then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
-mkdir -p "$cache/kafka-$version"
-tmp="$(mktemp -d "$cache/kafka-$version/libs-fetch-XXXXXX")"
-trap 'rm -rf "$tmp"' EXIT
-# Quiet on success (mvn -q still prints colour codes); everything on failure.
-if ! out="$(mvn -q -B -f test/kafka/pom.xml dependency:copy-dependencies -Dkafka.version="$version" -DoutputDirectory="$tmp" 2>&1)"; then
-  echo "$out" >&2
-  exit 1
-fi
+cache_tmp "$cache/kafka-$version" libs-fetch
+mvn_quiet -f test/kafka/pom.xml dependency:copy-dependencies -Dkafka.version="$version" -DoutputDirectory="$tmp"
 rm -rf "$libs"
 mv "$tmp" "$libs"

@@ -117,9 +117,8 @@ type partition struct {
 	hwm     int64
 
 	// Owned by run's goroutine:
-	order    []*Event             // taken and not yet done, in lane order (offsets only)
-	finished map[*Event]bool      // done events in order, waiting for the prefix
-	blocked  map[string]*keyRetry // keys waiting for a retry, with their queued events
+	inOrder doneInOrder          // taken and not yet done, in lane order (offsets only)
+	blocked map[string]*keyRetry // keys waiting for a retry, with their queued events
 	// cautious: record process starts durably before applying (see
 	// countStarts) until a batch commits that no earlier process died on.
 	cautious bool
@@ -142,7 +141,6 @@ func newPartition(topic string, part int32, s *settings, db store, mark func(*Ev
 		done:     make(chan struct{}),
 		notify:   make(chan struct{}, 1),
 		next:     -1,
-		finished: map[*Event]bool{},
 		blocked:  map[string]*keyRetry{},
 		cautious: s.onPoison != Hold,
 	}
@@ -314,7 +312,7 @@ func (p *partition) nextDue() (time.Time, bool) {
 // taken registers events the lane took, in order, for the cumulative mark.
 func (p *partition) taken(evs []*Event) {
 	if p.offsets {
-		p.order = append(p.order, evs...)
+		p.inOrder.take(evs...)
 	}
 }
 
@@ -327,18 +325,37 @@ func (p *partition) finish(evs ...*Event) {
 		}
 		return
 	}
-	for _, ev := range evs {
-		p.finished[ev] = true
-	}
-	var last *Event
-	for len(p.order) > 0 && p.finished[p.order[0]] {
-		last = p.order[0]
-		delete(p.finished, last)
-		p.order = p.order[1:]
-	}
-	if last != nil {
+	if last := p.inOrder.done(evs...); last != nil {
 		p.mark(last)
 	}
+}
+
+// doneInOrder holds a lane's events done out of order (keys retried or on
+// other workers) until the ones taken before them are done too: an offset
+// acknowledges every event before it.
+type doneInOrder struct {
+	order    []*Event        // taken and not done, in lane order
+	finished map[*Event]bool // done, waiting for the prefix
+}
+
+// take appends the lane's next events.
+func (d *doneInOrder) take(evs ...*Event) { d.order = append(d.order, evs...) }
+
+// done marks evs done and returns the last of the events now done with all
+// those before them (nil if none is), forgetting them.
+func (d *doneInOrder) done(evs ...*Event) (last *Event) {
+	if d.finished == nil {
+		d.finished = map[*Event]bool{}
+	}
+	for _, ev := range evs {
+		d.finished[ev] = true
+	}
+	for len(d.order) > 0 && d.finished[d.order[0]] {
+		last = d.order[0]
+		delete(d.finished, last)
+		d.order = d.order[1:]
+	}
+	return last
 }
 
 // apply applies a batch: all in one transaction if it can, else one event at

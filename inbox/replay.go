@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -16,16 +15,7 @@ import (
 // Name does it; the key's lock and the rows' FOR UPDATE make them take the
 // events one at a time, in order.
 func (c *Consumer) replayReleased(ctx context.Context) {
-	t := time.NewTicker(c.cfg.ReleaseInterval)
-	defer t.Stop()
-	for {
-		c.replayOnce(ctx)
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+	every(ctx, c.cfg.ReleaseInterval, c.replayOnce)
 }
 
 func (c *Consumer) replayOnce(ctx context.Context) {

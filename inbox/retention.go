@@ -10,10 +10,17 @@ import (
 // it. A failed DELETE is logged and tried again next interval: the table
 // only grows meanwhile, nothing is lost.
 func (c *Consumer) retain(ctx context.Context) {
-	t := time.NewTicker(c.cfg.RetentionInterval)
+	every(ctx, c.cfg.RetentionInterval, func(ctx context.Context) { c.expireOnce(ctx) })
+}
+
+// every runs do at once and then at each tick of interval, until ctx ends. A
+// run that outlasts interval delays the next instead of stacking them (the
+// ticker drops the ticks it missed).
+func every(ctx context.Context, interval time.Duration, do func(context.Context)) {
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		c.expireOnce(ctx)
+		do(ctx)
 		select {
 		case <-ctx.Done():
 			return

@@ -28,16 +28,15 @@ type shardedLane struct {
 	highWater     int
 
 	mu       sync.Mutex
-	next     int64           // offset after the last event pushed (offsets)
-	order    []*Event        // pushed and not done, in order (offsets)
-	finished map[*Event]bool // done, waiting for the prefix (offsets)
-	inflight int             // pushed and not done
+	next     int64       // offset after the last event pushed (offsets)
+	inOrder  doneInOrder // pushed and not done, in order (offsets)
+	inflight int         // pushed and not done
 	paused   bool
 }
 
 func newShardedLane(workers []*partition, ack func(*Event), o laneOpts, highWater int) *shardedLane {
 	l := &shardedLane{workers: workers, ack: ack, offsets: o.offsets, pause: o.pause, resume: o.resume,
-		highWater: highWater, next: -1, finished: map[*Event]bool{}}
+		highWater: highWater, next: -1}
 	for _, w := range workers {
 		w.mark = l.done
 	}
@@ -64,7 +63,7 @@ func (l *shardedLane) push(evs []*Event, hwm int64) {
 				continue // already pushed: a fetch repeated after a pause
 			}
 			l.next = ev.Offset + 1
-			l.order = append(l.order, ev)
+			l.inOrder.take(ev)
 		}
 		l.inflight++
 		i := l.shard(ev)
@@ -95,14 +94,7 @@ func (l *shardedLane) done(ev *Event) {
 		l.ack(ev)
 		return
 	}
-	l.finished[ev] = true
-	var last *Event
-	for len(l.order) > 0 && l.finished[l.order[0]] {
-		last = l.order[0]
-		delete(l.finished, last)
-		l.order = l.order[1:]
-	}
-	if last != nil {
+	if last := l.inOrder.done(ev); last != nil {
 		l.ack(last) // under mu: marks only move forward
 	}
 }

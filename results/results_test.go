@@ -12,14 +12,32 @@ import (
 var update = flag.Bool("update", false, "rewrite the quoted tables and figures of README, TESTING.md and docs/ from the results files")
 
 // The documents that may quote results, relative to this directory: the
-// READMEs, TESTING.md, CONTRIBUTING.md and every page of docs/.
-func documents(t *testing.T) []string {
+// READMEs, TESTING.md, CONTRIBUTING.md and every page of docs/, read (those
+// that exist).
+func documents(t *testing.T) []document {
 	t.Helper()
 	docs, err := filepath.Glob("../docs/*.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	return append([]string{"../README.md", "../deploy/README.md", "../TESTING.md", "../CONTRIBUTING.md"}, docs...)
+	var out []document
+	for _, path := range append([]string{"../README.md", "../deploy/README.md", "../TESTING.md", "../CONTRIBUTING.md"}, docs...) {
+		b, err := os.ReadFile(path)
+		if os.IsNotExist(err) {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, document{path, b})
+	}
+	return out
+}
+
+// document is a page's path (from this directory) and its text.
+type document struct {
+	path string
+	text []byte
 }
 
 var (
@@ -40,14 +58,8 @@ func TestREADMEQuotesResults(t *testing.T) {
 		t.Fatal("no results files")
 	}
 	quoted := 0
-	for _, doc := range documents(t) {
-		b, err := os.ReadFile(doc)
-		if os.IsNotExist(err) {
-			continue
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, page := range documents(t) {
+		doc, b := page.path, page.text
 		text := string(b)
 		var problems []string
 		text = blockRE.ReplaceAllStringFunc(text, func(m string) string {
@@ -134,14 +146,8 @@ func TestNoStaleCopies(t *testing.T) {
 		"35 MiB measured", "42.8 MiB steady", "10–12 min", "67–86%", "75 s idle", "14 each", "stops at the start of the last transaction", "connectorLogicalName`, `.taskId` and `.connectorName`",
 		"12.6, 6.7 and 5.1", "24–27 MiB",
 	}
-	for _, doc := range documents(t) {
-		b, err := os.ReadFile(doc)
-		if os.IsNotExist(err) {
-			continue
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, page := range documents(t) {
+		doc, b := page.path, page.text
 		for _, s := range stale {
 			if strings.Contains(string(b), s) {
 				t.Errorf("%s still says %q", strings.TrimPrefix(doc, "../"), s)

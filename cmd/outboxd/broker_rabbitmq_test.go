@@ -1,16 +1,9 @@
 package main
 
-import (
-	"strings"
-	"testing"
-)
+import "testing"
 
 func TestRabbitMQFlags(t *testing.T) {
-	pg := []string{"--postgres", "postgres://u@db/app"}
-	for name, tc := range map[string]struct {
-		args []string
-		want string // "" valid
-	}{
+	runValidateCases{
 		"amqp":               {[]string{"--broker", "amqp://u:secret@127.0.0.1:5672/vh", "--rabbitmq-key-in-routing-key"}, ""},
 		"amqps":              {[]string{"--broker", "amqps://u:secret@h:5671/", "--rabbitmq-exchange", "events"}, ""},
 		"exactly-once":       {[]string{"--broker", "amqp://u:secret@h:5672/", "--exactly-once"}, "rabbitmq: exactly-once mode is not available"},
@@ -19,21 +12,5 @@ func TestRabbitMQFlags(t *testing.T) {
 		"default exchange":   {[]string{"--broker", "amqp://h/", "--rabbitmq-exchange", ""}, "--rabbitmq-exchange is empty"},
 		"progress queue":     {[]string{"--broker", "amqp://h/", "--rabbitmq-progress-queue", "amq.p"}, "--rabbitmq-progress-queue must be a queue name that does not start with amq."},
 		"tls pair":           {[]string{"--broker", "amqps://h/", "--rabbitmq-tls-cert", "c.pem"}, "--rabbitmq-tls-cert and --rabbitmq-tls-key go together"},
-	} {
-		t.Run(name, func(t *testing.T) {
-			o, _, err := parseRun(t, append(pg, tc.args...), nil, "")
-			if err != nil {
-				t.Fatal(err)
-			}
-			err = o.validate()
-			switch {
-			case tc.want == "" && err != nil:
-				t.Fatalf("valid options refused: %v", err)
-			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
-				t.Fatalf("error %v, want one saying %q", err, tc.want)
-			case strings.Contains(errString(err), "secret"):
-				t.Fatalf("error shows the password: %v", err)
-			}
-		})
-	}
+	}.run(t)
 }

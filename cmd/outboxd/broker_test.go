@@ -8,11 +8,7 @@ import (
 // --broker picks the broker by its scheme; Kafka stays the default; what a
 // broker cannot honour is refused before anything starts.
 func TestBrokerFlag(t *testing.T) {
-	pg := []string{"--postgres", "postgres://u@db/app"}
-	for name, tc := range map[string]struct {
-		args []string
-		want string // "" valid
-	}{
+	runValidateCases{
 		"kafka default":                {[]string{"--kafka-brokers", "k:9092"}, ""},
 		"nats":                         {[]string{"--broker", "nats://127.0.0.1:4222", "--nats-key-token"}, ""},
 		"nats cluster":                 {[]string{"--broker", "nats://a:4222,nats://b:4222"}, ""},
@@ -36,7 +32,21 @@ func TestBrokerFlag(t *testing.T) {
 		"kafka url mixed":              {[]string{"--broker", "kafka://k:9092,nats://h:4222"}, "nats:// in a kafka:// URL"},
 		"kafka options checked":        {[]string{"--broker", "kafka://k:9092", "--topic-partitions", "0"}, "--topic-partitions and --topic-replication-factor must be positive"},
 		"other broker ignores kafka's": {[]string{"--broker", "nats://h:4222", "--topic-partitions", "0"}, ""},
-	} {
+	}.run(t)
+}
+
+// runValidateCases are outboxd run command lines (after a --postgres) and
+// what validate must say of each: want "" for valid, else a part of the
+// error. No error may show the password "secret" the URLs carry.
+type runValidateCases map[string]struct {
+	args []string
+	want string // "" valid
+}
+
+func (cases runValidateCases) run(t *testing.T) {
+	t.Helper()
+	pg := []string{"--postgres", "postgres://u@db/app"}
+	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			o, _, err := parseRun(t, append(pg, tc.args...), nil, "")
 			if err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -141,15 +140,10 @@ func inboxCommand(ctx context.Context, e env, args []string) (err error) {
 	defer func() { err = redact.Err(err, o.Postgres, o.Broker) }()
 	set := newOptionSet("inbox")
 	o.register(set)
-	if err := set.parse(args, e.getenv); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			set.usage(e.stdout, inboxSummary)
-		}
+	if err := set.parseOrHelp(args, e.getenv, e.stdout, inboxSummary); err != nil {
 		return err
 	}
-	if o.Postgres == "" {
-		o.Postgres = libpqDSN(e.getenv) // as psql does (libpq.go)
-	}
+	o.Postgres = orLibpq(o.Postgres, e.getenv)
 	if err := o.validate(); err != nil {
 		return err
 	}

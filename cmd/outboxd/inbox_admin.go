@@ -60,16 +60,11 @@ func inboxAdminTo(ctx context.Context, w io.Writer, getenv func(string) string, 
 	default:
 		return fmt.Errorf("unknown inbox sub-command %q: want list or release", verb)
 	}
-	if err := set.parse(args, getenv); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			set.usage(w, summary)
-		}
+	if err := set.parseOrHelp(args, getenv, w, summary); err != nil {
 		return err
 	}
 	var errs []error
-	if o.Postgres == "" {
-		o.Postgres = libpqDSN(getenv)
-	}
+	o.Postgres = orLibpq(o.Postgres, getenv)
 	if o.Postgres == "" {
 		errs = append(errs, errors.New("--postgres (OUTBOXD_POSTGRES) is required: the consumer's database"))
 	}

@@ -16,6 +16,15 @@ var libpqVars = []struct{ env, keyword string }{
 	{"PGCONNECT_TIMEOUT", "connect_timeout"}, {"PGTARGETSESSIONATTRS", "target_session_attrs"}, {"PGAPPNAME", "application_name"},
 }
 
+// orLibpq is dsn, or with dsn empty the connection string libpq's PG*
+// variables describe: with --postgres unset, outboxd connects where psql would.
+func orLibpq(dsn string, getenv func(string) string) string {
+	if dsn == "" {
+		return libpqDSN(getenv)
+	}
+	return dsn
+}
+
 // libpqDSN is the keyword/value connection string the PG* variables describe,
 // or "" when none of those naming a server, database, user or service is set
 // (PGPASSWORD alone, or PGSSLMODE alone, is not a place to connect to).

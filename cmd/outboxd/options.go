@@ -197,6 +197,16 @@ func scalar(v any) string {
 	}
 }
 
+// parseOrHelp is parse, and on --help prints the command's usage with its
+// summary to w; the caller returns the error as it is (flag.ErrHelp exits 0).
+func (o *optionSet) parseOrHelp(args []string, getenv func(string) string, w io.Writer, summary string) error {
+	err := o.parse(args, getenv)
+	if errors.Is(err, flag.ErrHelp) {
+		o.usage(w, summary)
+	}
+	return err
+}
+
 // usage prints every option with its default and environment variable.
 func (o *optionSet) usage(w io.Writer, summary string) {
 	sources := "the environment variable shown"

@@ -7,7 +7,6 @@ import (
 
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"net"
@@ -231,10 +230,7 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 func (o *runOptions) load(e env, args []string) (*optionSet, error) {
 	set := newOptionSet("run", "router", "tables")
 	o.register(set)
-	if err := set.parse(args, e.getenv); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			set.usage(e.stdout, runSummary)
-		}
+	if err := set.parseOrHelp(args, e.getenv, e.stdout, runSummary); err != nil {
 		return nil, err
 	}
 	if o.Postgres == "" && o.PostgresFile == "" {

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 
@@ -86,10 +85,7 @@ func setupCommand(ctx context.Context, e env, args []string) (err error) {
 	defer func() { err = redact.Err(err, o.Postgres) }()
 	set := newOptionSet("setup")
 	o.register(set)
-	if err := set.parse(args, e.getenv); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			set.usage(e.stdout, setupSummary)
-		}
+	if err := set.parseOrHelp(args, e.getenv, e.stdout, setupSummary); err != nil {
 		return err
 	}
 	if o.Postgres == "" && !o.Print {

@@ -69,16 +69,11 @@ func slotDropCommand(ctx context.Context, e env, args []string) (err error) {
 	registerPostgresFile(set, &o.Postgres)
 	set.fs.StringVar(&o.Slot, "slot", "", "the replication slot to drop (required)")
 	set.fs.BoolVar(&o.Force, "force", false, "if a process holds the slot, terminate it (pg_terminate_backend) and drop the slot once it lets go")
-	if err := set.parse(args, e.getenv); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			set.usage(e.stdout, slotDropSummary)
-		}
+	if err := set.parseOrHelp(args, e.getenv, e.stdout, slotDropSummary); err != nil {
 		return err
 	}
 	var errs []error
-	if o.Postgres == "" {
-		o.Postgres = libpqDSN(e.getenv) // as psql does (libpq.go)
-	}
+	o.Postgres = orLibpq(o.Postgres, e.getenv)
 	if o.Postgres == "" {
 		errs = append(errs, errors.New("--postgres (OUTBOXD_POSTGRES) is required"))
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"sort"
@@ -46,15 +45,10 @@ func statusCommand(ctx context.Context, e env, args []string) (err error) {
 	defer func() { err = redact.Err(err, o.Postgres) }()
 	set := newOptionSet("status")
 	o.register(set)
-	if err := set.parse(args, e.getenv); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			set.usage(e.stdout, statusSummary)
-		}
+	if err := set.parseOrHelp(args, e.getenv, e.stdout, statusSummary); err != nil {
 		return err
 	}
-	if o.Postgres == "" {
-		o.Postgres = libpqDSN(e.getenv) // as psql does (libpq.go)
-	}
+	o.Postgres = orLibpq(o.Postgres, e.getenv)
 	if o.Postgres == "" {
 		return errors.New("--postgres (OUTBOXD_POSTGRES) is required, or libpq's PGHOST/PGDATABASE/PGUSER/PGSERVICE variables")
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxd/outboxd/router"
@@ -24,25 +25,9 @@ import (
 // exited 1. Only Reset, which the relay runs once START_REPLICATION holds
 // the slot, registers the id.
 func TestFailedTransactionDoesNotReRegisterTheID(t *testing.T) {
-	c := newCluster(t)
+	c, a, b := oldAndNewActive(t)
 	ctx := context.Background()
-	cp := Checkpoints{Topic: "cp", Key: "1/slot"}
-	txn := &Transactional{ID: "outboxd.1.slot", Timeout: 10 * time.Second}
-	a := newSink(t, c, Config{Transactional: txn})
-	if err := a.InitTransactions(ctx, cp); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Begin(); err != nil {
-		t.Fatal(err)
-	}
-	if err := produceSync(a, &router.Record{Topic: "e", Value: []byte("a1"), Partition: -1}); err != nil {
-		t.Fatal(err)
-	}
 	// The takeover: b holds the slot now and registers the id.
-	b := newSink(t, c, Config{Transactional: txn})
-	if err := b.UseCheckpoints(cp); err != nil {
-		t.Fatal(err)
-	}
 	if err := b.Reset(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -66,18 +51,7 @@ func TestFailedTransactionDoesNotReRegisterTheID(t *testing.T) {
 		t.Fatal("a fenced producer's probe was accepted")
 	}
 	// b, the slot's holder, is not fenced.
-	if err := b.Begin(); err != nil {
-		t.Fatalf("the active's Begin after the old one failed: %v", err)
-	}
-	if err := produceSync(b, &router.Record{Topic: "e", Value: []byte("b1"), Partition: -1}); err != nil {
-		t.Fatalf("the active's record after the old one failed: %v (kind %s)", err, sink.KindOf(err))
-	}
-	if err := b.Commit(ctx, sink.Checkpoint{LSN: 0x200}); err != nil {
-		t.Fatalf("the active's commit after the old one failed: %v (kind %s)", err, sink.KindOf(err))
-	}
-	if got := readCommitted(t, c, "e"); len(got) != 1 || got[0] != "b1" {
-		t.Fatalf("read_committed sees %q, want [b1]", got)
-	}
+	activeCommits(t, c, b, "after the old one failed")
 	// Once a holds the slot again, Reset makes it usable (and fences b).
 	if err := a.Reset(ctx); err != nil {
 		t.Fatal(err)
@@ -93,24 +67,8 @@ func TestFailedTransactionDoesNotReRegisterTheID(t *testing.T) {
 // the slot and registered the id in between (the control below holds the
 // reload until it has), the reload fences the slot's holder.
 func TestUnknownCommitOutcomeDoesNotReRegisterTheID(t *testing.T) {
-	c := newCluster(t)
+	c, a, b := oldAndNewActive(t)
 	ctx := context.Background()
-	cp := Checkpoints{Topic: "cp", Key: "1/slot"}
-	txn := &Transactional{ID: "outboxd.1.slot", Timeout: 10 * time.Second}
-	a := newSink(t, c, Config{Transactional: txn})
-	if err := a.InitTransactions(ctx, cp); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Begin(); err != nil {
-		t.Fatal(err)
-	}
-	if err := produceSync(a, &router.Record{Topic: "e", Value: []byte("a1"), Partition: -1}); err != nil {
-		t.Fatal(err)
-	}
-	b := newSink(t, c, Config{Transactional: txn})
-	if err := b.UseCheckpoints(cp); err != nil {
-		t.Fatal(err)
-	}
 	c.ControlKey(int16(kmsg.EndTxn), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		resp := req.(*kmsg.EndTxnRequest).ResponseKind().(*kmsg.EndTxnResponse)
 		resp.ErrorCode = kerr.UnknownServerError.Code
@@ -153,14 +111,50 @@ func TestUnknownCommitOutcomeDoesNotReRegisterTheID(t *testing.T) {
 	if n := reloads.Load(); n != 0 {
 		t.Errorf("the failed producer ran InitProducerID with its old id %d times, want 0", n)
 	}
+	activeCommits(t, c, b, "after the old one's failed commit")
+}
+
+// oldAndNewActive are two instances of one slot sharing a transactional id
+// on a new cluster: a, the old active, registered the id and has a
+// transaction open with record a1 in it; b, the new one, uses the same
+// checkpoints and has registered nothing yet.
+func oldAndNewActive(t *testing.T) (c *kfake.Cluster, a, b *Sink) {
+	t.Helper()
+	c = newCluster(t)
+	ctx := context.Background()
+	cp := Checkpoints{Topic: "cp", Key: "1/slot"}
+	txn := &Transactional{ID: "outboxd.1.slot", Timeout: 10 * time.Second}
+	a = newSink(t, c, Config{Transactional: txn})
+	if err := a.InitTransactions(ctx, cp); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Begin(); err != nil {
+		t.Fatal(err)
+	}
+	if err := produceSync(a, &router.Record{Topic: "e", Value: []byte("a1"), Partition: -1}); err != nil {
+		t.Fatal(err)
+	}
+	b = newSink(t, c, Config{Transactional: txn})
+	if err := b.UseCheckpoints(cp); err != nil {
+		t.Fatal(err)
+	}
+	return c, a, b
+}
+
+// activeCommits checks that b, the slot's holder, is not fenced by what
+// the old active did (when): it commits record b1 in a transaction of its
+// own, the only one read_committed sees.
+func activeCommits(t *testing.T, c *kfake.Cluster, b *Sink, when string) {
+	t.Helper()
+	ctx := context.Background()
 	if err := b.Begin(); err != nil {
-		t.Fatalf("the active's Begin: %v", err)
+		t.Fatalf("the active's Begin %s: %v", when, err)
 	}
 	if err := produceSync(b, &router.Record{Topic: "e", Value: []byte("b1"), Partition: -1}); err != nil {
-		t.Fatalf("the active's record after the old one's failed commit: %v (kind %s)", err, sink.KindOf(err))
+		t.Fatalf("the active's record %s: %v (kind %s)", when, err, sink.KindOf(err))
 	}
 	if err := b.Commit(ctx, sink.Checkpoint{LSN: 0x200}); err != nil {
-		t.Fatalf("the active's commit after the old one's failed commit: %v (kind %s)", err, sink.KindOf(err))
+		t.Fatalf("the active's commit %s: %v (kind %s)", when, err, sink.KindOf(err))
 	}
 	if got := readCommitted(t, c, "e"); len(got) != 1 || got[0] != "b1" {
 		t.Fatalf("read_committed sees %q, want [b1]", got)

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxd/outboxd/router"
@@ -124,13 +123,7 @@ func TestReplayIsDeduplicated(t *testing.T) {
 
 func streamState(t *testing.T, ctx context.Context, srv *harness.NATS, name string) jetstream.StreamState {
 	t.Helper()
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	st, err := js.Stream(ctx, name)
+	st, err := srv.JetStream(t).Stream(ctx, name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,12 +137,7 @@ func TestCheckRejects(t *testing.T) {
 	srv := harness.NATSForTest(t, harness.WithNATSConfig("max_payload: 8192"))
 	ctx := ctxFor(t)
 	s := newSink(t, srv, natssink.Config{KeyToken: true})
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	js := srv.JetStream(t)
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "small", Subjects: []string{"small", "small.>"}, MaxMsgSize: 1024}); err != nil {
 		t.Fatal(err)
 	}
@@ -184,6 +172,7 @@ func TestCheckRejects(t *testing.T) {
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "nostream", Subjects: []string{"nostream.>"}}); err != nil {
 		t.Fatal(err)
 	}
+	var err error
 	for range 2 { // the first is refused by the fence the rejection raised
 		err = s.Probe(ctx, rec)
 	}
@@ -200,12 +189,7 @@ func TestCheckRejects(t *testing.T) {
 func TestFailedPublishIsNotOvertaken(t *testing.T) {
 	srv := harness.NATSForTest(t)
 	ctx := ctxFor(t)
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	js := srv.JetStream(t)
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ord", Subjects: []string{"ord"}, MaxMsgSize: 512}); err != nil {
 		t.Fatal(err)
 	}
@@ -235,7 +219,7 @@ func TestFailedPublishIsNotOvertaken(t *testing.T) {
 	}
 	// The relay's next session: the fence refuses at most one more record
 	// of the failed session, then lets the replay through.
-	err = s.Probe(ctx, b)
+	err := s.Probe(ctx, b)
 	if sink.KindOf(err) != sink.Transient {
 		t.Fatalf("first publish after the failure: %v, want the fence", err)
 	}

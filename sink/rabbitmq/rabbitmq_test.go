@@ -42,21 +42,6 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// admin opens a channel for the test's own declarations and reads.
-func admin(t *testing.T) *amqp.Channel {
-	t.Helper()
-	conn, err := amqp.Dial(node.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ch
-}
-
 // bind declares a durable queue bound to exchange for key.
 func bind(t *testing.T, ch *amqp.Channel, exchange, queue, key string, args amqp.Table) {
 	t.Helper()
@@ -168,7 +153,7 @@ func (r *results) wait(t *testing.T, n int) map[int]error {
 // TestPublishConfirmed: every record is confirmed once, and the queue holds
 // exactly them, in order, with the properties and headers outboxd promises.
 func TestPublishConfirmed(t *testing.T) {
-	ch := admin(t)
+	ch := node.Channel(t)
 	bind(t, ch, "t-publish", "q-publish", "outbox.event.#", nil)
 	s := newSink(t, Config{Exchange: "t-publish", Declare: true, Window: 64})
 	const n = 2000
@@ -205,7 +190,7 @@ func TestPublishConfirmed(t *testing.T) {
 // TestKeyInRoutingKey: with the key in the routing key a binding selects
 // one aggregate.
 func TestKeyInRoutingKey(t *testing.T) {
-	ch := admin(t)
+	ch := node.Channel(t)
 	bind(t, ch, "t-key", "q-key", "outbox.event.Order.a-1", nil)
 	if err := ch.QueueBind("q-key", "outbox.event.Order.a-1", "t-key", false, nil); err != nil {
 		t.Fatal(err)
@@ -238,7 +223,7 @@ func TestKeyInRoutingKey(t *testing.T) {
 // Rejected record, not a confirmed one; the returns are matched to their own
 // records, also when the same event is published twice around a routable one.
 func TestUnroutableRejected(t *testing.T) {
-	ch := admin(t)
+	ch := node.Channel(t)
 	bind(t, ch, "t-return", "q-return", "outbox.event.Order", nil)
 	s := newSink(t, Config{Exchange: "t-return"})
 	recs := []*router.Record{
@@ -271,7 +256,7 @@ func TestUnroutableRejected(t *testing.T) {
 // TestNackRejected: a queue that refuses the message (full, with
 // x-overflow reject-publish) nacks it: a Rejected record.
 func TestNackRejected(t *testing.T) {
-	ch := admin(t)
+	ch := node.Channel(t)
 	bind(t, ch, "t-nack", "q-nack", "outbox.event.Order", amqp.Table{"x-max-length": int32(1), "x-overflow": "reject-publish"})
 	s := newSink(t, Config{Exchange: "t-nack"})
 	var res results
@@ -292,7 +277,7 @@ func TestNackRejected(t *testing.T) {
 // one the server refuses anyway (the sink was told a larger limit) fails
 // Rejected, the records around it are confirmed, and Check learns the limit.
 func TestTooLarge(t *testing.T) {
-	ch := admin(t)
+	ch := node.Channel(t)
 	bind(t, ch, "t-large", "q-large", "#", nil)
 	s := newSink(t, Config{Exchange: "t-large", MaxMessageBytes: 4 * serverMaxMessage})
 	big := record("outbox.event.Order", "a", "big", make([]byte, 2*serverMaxMessage))
@@ -358,7 +343,7 @@ func TestMissingExchange(t *testing.T) {
 	}
 	var res results
 	s.Produce(context.Background(), record("outbox.event.Order", "a", "m1", []byte("1")), res.cb(0))
-	ch := admin(t)
+	ch := node.Channel(t)
 	bind(t, ch, exchange, queue, "#", nil)
 	if errs := res.wait(t, 1); errs[0] != nil {
 		t.Fatal(errs[0])
@@ -416,7 +401,7 @@ func TestNodeKilled(t *testing.T) {
 			t.Logf("rabbitmq log tail:\n%s", node.LogTail())
 		}
 	})
-	ch := admin(t)
+	ch := node.Channel(t)
 	bind(t, ch, "t-kill", "q-kill", "#", nil) // classic: a single-node quorum queue found no leader after a SIGKILL in 3.10 (see docs/rabbitmq.md)
 	s := newSink(t, Config{Exchange: "t-kill", Declare: true, Window: 256})
 	const n = 6000
@@ -452,7 +437,7 @@ func TestNodeKilled(t *testing.T) {
 	if atKill >= n/2 {
 		t.Fatalf("all %d records of the first half were confirmed before the kill: the test proved nothing", atKill)
 	}
-	ch = admin(t) // the old connection died with the node
+	ch = node.Channel(t) // the old connection died with the node
 	got := drain(t, ch, "q-kill", n)
 	seen := map[int]bool{}
 	next := 0
@@ -580,7 +565,7 @@ func TestWriteDenied(t *testing.T) {
 		}
 	}
 	t.Cleanup(func() { _, _ = node.Ctl(ctx, "delete_user", "nowrite") })
-	ch := admin(t)
+	ch := node.Channel(t)
 	bind(t, ch, "t-denied", "q-denied", "#", nil)
 	s := newSink(t, Config{URL: "amqp://nowrite:nowrite@" + node.Addr() + "/", Exchange: "t-denied"})
 	var res results

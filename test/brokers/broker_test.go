@@ -3,7 +3,6 @@ package brokers
 import (
 	"context"
 	"fmt"
-	"net"
 	"regexp"
 	"strings"
 	"testing"
@@ -98,13 +97,7 @@ func newFixture(t *testing.T, b broker) *fixture {
 		name = name[len(name)-40:]
 	}
 	f := &fixture{t: t, ctx: ctx, b: b, db: "db_" + name, slot: "s_" + name, agg: "T" + name, logs: t.TempDir()}
-	var err error
-	if f.dsn, err = sharedPG.NewDatabase(ctx, f.db); err != nil {
-		t.Fatal(err)
-	}
-	if f.conn, err = sharedPG.Connect(ctx, f.db); err != nil {
-		t.Fatal(err)
-	}
+	f.dsn, f.conn = harness.NewOutboxDatabase(ctx, t, sharedPG, f.db, "insert")
 	t.Cleanup(func() { f.conn.Close(context.Background()) })
 	t.Cleanup(func() { // outboxd is gone by now (cleanups run last-in first-out)
 		c, err := sharedPG.Connect(context.Background(), f.db)
@@ -113,11 +106,6 @@ func newFixture(t *testing.T, b broker) *fixture {
 			c.Close(context.Background())
 		}
 	})
-	schema, err := harness.OutboxSchema("outboxd", "insert")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.exec(schema)
 	return f
 }
 
@@ -213,11 +201,7 @@ func (f *fixture) walLSN() uint64 {
 
 func (f *fixture) slotState() harness.SlotState {
 	f.t.Helper()
-	s, err := harness.SlotInfo(f.ctx, f.conn, f.slot)
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	return s
+	return harness.MustSlotInfo(f.ctx, f.t, f.conn, f.slot)
 }
 
 // relay is a running outboxd.
@@ -230,22 +214,13 @@ type relay struct {
 // streams (/status).
 func (f *fixture) startRelay(extra ...string) *relay {
 	f.t.Helper()
-	addr := freeAddr(f.t)
+	addr := harness.FreeAddr(f.t)
 	args := append([]string{"run",
 		"--postgres", f.dsn, "--slot", f.slot, "--publication", "outboxd",
 		"--http-addr", addr, "--confirm-interval", "20ms", "--status-interval", "1s",
 		"--poll-interval", "500ms", "--shutdown-timeout", "10s", "--log-level", "debug",
 	}, append(f.brokerFlags(), extra...)...)
-	p, err := harness.StartProc(f.ctx, "outboxd", outboxdBin, args, nil, f.logs)
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	f.t.Cleanup(func() {
-		_ = p.Kill()
-		if f.t.Failed() {
-			f.t.Logf("outboxd log (%s):\n%s", p.LogPath(), tail(p.Log(), 6000))
-		}
-	})
+	p := harness.StartOutboxd(f.ctx, f.t, outboxdBin, args, nil, f.logs)
 	r := &relay{Proc: p, http: addr}
 	f.last = r
 	if err := harness.WaitStreaming(f.ctx, p, addr); err != nil {
@@ -268,42 +243,23 @@ func tail(s string, n int) string {
 	return s
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // waitConfirmed polls until the slot's confirmed_flush_lsn reaches lsn.
 func (f *fixture) waitConfirmed(lsn uint64, within time.Duration) {
 	f.t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		s := f.slotState()
-		if s.ConfirmedFlushLSN >= lsn {
-			return
-		}
-		if time.Now().After(deadline) {
-			f.t.Fatalf("confirmed_flush_lsn %s did not reach %s within %s", harness.FormatLSN(s.ConfirmedFlushLSN), harness.FormatLSN(lsn), within)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	harness.WaitConfirmed(f.ctx, f.t, f.conn, f.slot, lsn, within)
+}
+
+// slotHolds fails the test if the slot is confirmed past lsn within d
+// (harness.SlotHolds); while says what must keep it there.
+func (f *fixture) slotHolds(lsn uint64, d time.Duration, while string) {
+	f.t.Helper()
+	harness.SlotHolds(f.ctx, f.t, f.conn, f.slot, lsn, d, while)
 }
 
 // waitSlotInactive polls until no walsender holds the slot.
 func (f *fixture) waitSlotInactive(within time.Duration) {
 	f.t.Helper()
-	deadline := time.Now().Add(within)
-	for f.slotState().Active {
-		if time.Now().After(deadline) {
-			f.t.Fatalf("slot still active %s after outboxd exited", within)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	harness.WaitSlotInactive(f.ctx, f.t, f.conn, f.slot, within)
 }
 
 // read reads want messages of topic; call it once the slot confirmed past

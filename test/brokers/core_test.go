@@ -71,13 +71,7 @@ func TestAckGate(t *testing.T) {
 		for i := 2; i <= 20; i++ {
 			end = f.commit(ev(i, fmt.Sprintf("k%d", i%5)))
 		}
-		deadline := time.Now().Add(2 * time.Second) // many confirm (20ms) and status (1s) intervals
-		for time.Now().Before(deadline) {
-			if s := f.slotState(); s.ConfirmedFlushLSN > beforeDown {
-				t.Fatalf("confirmed_flush_lsn moved from %s to %s with the broker down", harness.FormatLSN(beforeDown), harness.FormatLSN(s.ConfirmedFlushLSN))
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		f.slotHolds(beforeDown, 2*time.Second, "with the broker down") // many confirm (20ms) and status (1s) intervals
 		if err := f.b.start(f.ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -164,13 +158,7 @@ func TestInvalidRowHolds(t *testing.T) {
 		before := f.walLSN()
 		f.commit(event{2, "k2", "E", big})
 		f.commit(ev(3, "k3"))
-		deadline := time.Now().Add(2 * time.Second)
-		for time.Now().Before(deadline) {
-			if s := f.slotState(); s.ConfirmedFlushLSN > before {
-				t.Fatalf("confirmed_flush_lsn passed the invalid event: %s > %s", harness.FormatLSN(s.ConfirmedFlushLSN), harness.FormatLSN(before))
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		f.slotHolds(before, 2*time.Second, "past the invalid event")
 		if msgs := f.read(f.topic(), 1); len(msgs) != 1 {
 			t.Fatalf("topic holds %v, want event 1 only", ids(msgs))
 		}
@@ -227,14 +215,7 @@ func TestPostgresRestart(t *testing.T) {
 	forEachBroker(t, false, func(t *testing.T, f *fixture) {
 		f.startRelay()
 		f.commit(ev(1, "k1"))
-		f.conn.Close(f.ctx)
-		if err := sharedPG.Restart(f.ctx, "fast"); err != nil {
-			t.Fatal(err)
-		}
-		var err error
-		if f.conn, err = sharedPG.Connect(f.ctx, f.db); err != nil {
-			t.Fatal(err)
-		}
+		f.conn = harness.RestartPostgres(f.ctx, t, sharedPG, "fast", f.db, f.conn)
 		f.commit(ev(2, "k2"))
 		end := f.commit(ev(3, "k3"), ev(4, "k4"))
 		f.waitConfirmed(end, 60*time.Second)

@@ -1,7 +1,6 @@
 package brokers
 
 import (
-	"bufio"
 	"context"
 	"flag"
 	"fmt"
@@ -68,8 +67,7 @@ END $$`)
 		if time.Since(start) > 5*time.Minute {
 			f.t.Fatalf("the backlog of %d events did not drain in 5 minutes", events)
 		}
-		m, err := metricValues(f.ctx, r.http, "outboxd_inflight_events", "outboxd_inflight_bytes",
-			"go_memstats_heap_inuse_bytes", "go_memstats_next_gc_bytes", "go_memstats_sys_bytes")
+		m, err := harness.Metrics(f.ctx, r.http)
 		if err != nil {
 			f.t.Fatal(err)
 		}
@@ -161,34 +159,6 @@ func startKfake(t *testing.T, _ bool) broker {
 
 func (b *kfakeBroker) flags() []string {
 	return []string{"--kafka-brokers", strings.Join(b.k.Brokers(), ",")}
-}
-
-// metricValues reads unlabelled series from outboxd's /metrics.
-func metricValues(ctx context.Context, addr string, names ...string) (map[string]float64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	out := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		for _, n := range names {
-			if rest, ok := strings.CutPrefix(line, n+" "); ok {
-				v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
-				if err == nil {
-					out[n] = v
-				}
-			}
-		}
-	}
-	return out, sc.Err()
 }
 
 // peakRSS is a process's VmHWM in bytes.

@@ -89,7 +89,7 @@ func TestRabbitMQDurabilityWarning(t *testing.T) {
 	})
 	t.Run("quorum", func(t *testing.T) {
 		b := newRabbitBroker(t, node) // its classic queue stays unbound
-		ch := rabbitChannel(t, node)
+		ch := node.Channel(t)
 		q := b.exchange + ".quorum"
 		if _, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
 			t.Fatal(err)

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/test/harness"
 )
 
 // The short fault suite: one writer commits transactions of 1 to 10 events
@@ -57,14 +59,7 @@ func TestFaultsShort(t *testing.T) {
 			f.exec(`SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1`, f.slot)
 		})
 		step("PostgreSQL fast restart", func() {
-			f.conn.Close(f.ctx)
-			if err := sharedPG.Restart(f.ctx, "fast"); err != nil {
-				t.Fatal(err)
-			}
-			var err error
-			if f.conn, err = sharedPG.Connect(f.ctx, f.db); err != nil {
-				t.Fatal(err)
-			}
+			f.conn = harness.RestartPostgres(f.ctx, t, sharedPG, "fast", f.db, f.conn)
 		})
 		step("SIGTERM outboxd", func() { restartRelay(func() error { return r.Stop(20 * time.Second) }) })
 		step("broker SIGKILL while outboxd is down", func() {

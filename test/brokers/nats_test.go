@@ -58,19 +58,8 @@ func TestNATSHoldsUntilStreamExists(t *testing.T) {
 	before := f.walLSN()
 	f.commit(ev(1, "k1"))
 	end := f.commit(ev(2, "k2"))
-	deadline := time.Now().Add(2 * time.Second)
-	for time.Now().Before(deadline) {
-		if s := f.slotState(); s.ConfirmedFlushLSN > before {
-			t.Fatalf("confirmed_flush_lsn passed an event without a stream: %s > %s", harness.FormatLSN(s.ConfirmedFlushLSN), harness.FormatLSN(before))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	nc, err := natsgo.Connect(b.srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	f.slotHolds(before, 2*time.Second, "past an event without a stream")
+	js := b.srv.JetStream(t)
 	if _, err := js.CreateStream(f.ctx, jetstream.StreamConfig{Name: nats.StreamName(f.topic()), Subjects: []string{f.topic()}}); err != nil {
 		t.Fatal(err)
 	}
@@ -107,12 +96,7 @@ func TestNATSProgressRecordReportsLostSlot(t *testing.T) {
 	if err := f.conn.QueryRow(f.ctx, `SELECT system_identifier::text FROM pg_control_system()`).Scan(&sysid); err != nil {
 		t.Fatal(err)
 	}
-	nc, err := natsgo.Connect(b.srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	js := b.srv.JetStream(t)
 	key := sysid + "/" + f.slot
 	if err := r.Stop(20 * time.Second); err != nil { // the final confirmation writes the record too
 		t.Fatal(err)
@@ -165,7 +149,7 @@ func TestNATSDuplicateIDCounted(t *testing.T) {
 	const series = `outboxd_nats_duplicates_total{kind="duplicate_id"}`
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		m, err := metricValues(f.ctx, r.http, series)
+		m, err := harness.Metrics(f.ctx, r.http)
 		if err == nil && m[series] == 1 {
 			break
 		}

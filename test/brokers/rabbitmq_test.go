@@ -69,7 +69,7 @@ func rabbitNode(t *testing.T, own bool) *harness.RabbitMQ {
 func newRabbitBroker(t *testing.T, node *harness.RabbitMQ, keys ...string) *rabbitBroker {
 	t.Helper()
 	b := &rabbitBroker{node: node, exchange: fmt.Sprintf("e2e-%d", rabbitSeq.Add(1))}
-	ch := rabbitChannel(t, node)
+	ch := node.Channel(t)
 	if err := ch.ExchangeDeclare(b.exchange, "topic", true, false, false, false, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -94,25 +94,9 @@ func newRabbitBroker(t *testing.T, node *harness.RabbitMQ, keys ...string) *rabb
 // bind binds the test's queue to its exchange for key.
 func (b *rabbitBroker) bind(t *testing.T, key string) {
 	t.Helper()
-	if err := rabbitChannel(t, b.node).QueueBind(b.exchange, key, b.exchange, false, nil); err != nil {
+	if err := b.node.Channel(t).QueueBind(b.exchange, key, b.exchange, false, nil); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// rabbitChannel opens a channel on node for the test's own declarations;
-// its connection closes when the test ends.
-func rabbitChannel(t *testing.T, node *harness.RabbitMQ) *amqp.Channel {
-	t.Helper()
-	conn, err := amqp.Dial(node.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ch
 }
 
 func (b *rabbitBroker) flags() []string {
@@ -199,13 +183,7 @@ func TestRabbitMQUnroutableHolds(t *testing.T) {
 	before := f.walLSN()
 	f.commit(ev(1, "k1"))
 	end := f.commit(ev(2, "k1"))
-	deadline := time.Now().Add(2 * time.Second)
-	for time.Now().Before(deadline) {
-		if s := f.slotState(); s.ConfirmedFlushLSN > before {
-			t.Fatalf("confirmed_flush_lsn passed an unroutable event: %s > %s", harness.FormatLSN(s.ConfirmedFlushLSN), harness.FormatLSN(before))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	f.slotHolds(before, 2*time.Second, "past an unroutable event")
 	b.bind(t, f.topic())
 	f.waitConfirmed(end, 60*time.Second)
 	// The probe that found the queue delivered event 1; the session after

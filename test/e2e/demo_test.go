@@ -1,14 +1,12 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"net"
 	"net/http"
 	"os/exec"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,17 +16,8 @@ import (
 // `make run` must work on a fresh machine: the demo starts its own
 // PostgreSQL and broker, relays the sample orders and prints them.
 func TestMakeRunDemo(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	bin, err := harness.BuildBinary(ctx, "./test/cmd/demo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	root, err := harness.ModuleRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.CommandContext(ctx, bin, "-once", "-http-addr", freeAddr(t))
+	ctx, bin, root := buildDemo(t)
+	cmd := exec.CommandContext(ctx, bin, "-once", "-http-addr", harness.FreeAddr(t))
 	cmd.Dir = root
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -51,21 +40,12 @@ func TestMakeRunDemo(t *testing.T) {
 // so; killed hard (SIGKILL of its parent, as of make), it leaves neither
 // outboxd nor PostgreSQL behind: both stop listening.
 func TestMakeRunDemoPortTakenAndKilledHard(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	bin, err := harness.BuildBinary(ctx, "./test/cmd/demo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	root, err := harness.ModuleRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, bin, root := buildDemo(t)
 	// Taken either way: by this listener, or by whoever holds it already.
 	if ln, err := net.Listen("tcp", "127.0.0.1:9187"); err == nil {
 		defer ln.Close()
 	}
-	var out lockedBuffer
+	var out harness.SyncBuffer
 	parent := exec.Command("/bin/sh", "-c", `"$0" -every 1h & wait`, bin) // the parent stands for make
 	parent.Dir, parent.Stdout, parent.Stderr = root, &out, &out
 	if err := parent.Start(); err != nil {
@@ -119,14 +99,18 @@ func TestMakeRunDemoPortTakenAndKilledHard(t *testing.T) {
 	}
 }
 
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
+// buildDemo builds the demo (test/cmd/demo, what make run runs) and returns
+// it, the repository's root it runs in, and a context for the test.
+func buildDemo(t *testing.T) (ctx context.Context, bin, root string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	bin, err := harness.BuildBinary(ctx, "./test/cmd/demo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if root, err = harness.ModuleRoot(); err != nil {
+		t.Fatal(err)
+	}
+	return ctx, bin, root
 }
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-func (l *lockedBuffer) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }

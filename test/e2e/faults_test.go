@@ -34,14 +34,7 @@ func TestBrokerDownHoldsSlot(t *testing.T) {
 	}
 	// For several confirm intervals (20ms) and status intervals (1s), the slot
 	// must stay before the first unacked transaction.
-	deadline := time.Now().Add(3 * time.Second)
-	for time.Now().Before(deadline) {
-		if s := f.slotState(); s.ConfirmedFlushLSN > beforeDown {
-			t.Fatalf("confirmed_flush_lsn moved from %s to %s while Kafka was down",
-				harness.FormatLSN(beforeDown), harness.FormatLSN(s.ConfirmedFlushLSN))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	f.slotHolds(beforeDown, 3*time.Second, "while Kafka was down")
 	if err := k.Start(f.ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -105,14 +98,7 @@ func TestPostgresConnectionLoss(t *testing.T) {
 
 	// Fast restart of the whole server (the shared cluster: other tests are
 	// not running concurrently, as tests here are not parallel).
-	f.conn.Close(f.ctx)
-	if err := sharedPG.Restart(f.ctx, "fast"); err != nil {
-		t.Fatal(err)
-	}
-	var err error
-	if f.conn, err = sharedPG.Connect(f.ctx, f.db); err != nil {
-		t.Fatal(err)
-	}
+	f.conn = harness.RestartPostgres(f.ctx, t, sharedPG, "fast", f.db, f.conn)
 	end := f.commit(event{3, "a", "E", `{}`})
 	f.waitConfirmed(end, 60*time.Second)
 	got := perKey(t, f.records())

@@ -3,12 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"regexp"
 	"sort"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -70,23 +66,12 @@ func newFixture(t *testing.T, opts ...fixtureOpt) *fixture {
 		name = name[:40]
 	}
 	f := &fixture{t: t, ctx: ctx, pg: cfg.pg, kafka: cfg.kafka, db: "db_" + name, slot: "s_" + name, agg: "T" + name, logs: t.TempDir()}
-	var err error
-	if f.dsn, err = f.pg.NewDatabase(ctx, f.db); err != nil {
-		t.Fatal(err)
-	}
-	if f.conn, err = f.pg.Connect(ctx, f.db); err != nil {
-		t.Fatal(err)
-	}
+	f.dsn, f.conn = harness.NewOutboxDatabase(ctx, t, f.pg, f.db, cfg.publish)
 	t.Cleanup(func() { f.conn.Close(context.Background()) })
 	// Drop the test's slot at the end (cleanups run last-in first-out, so
 	// outboxd is gone by then): the shared server has 32 slots, and a left
 	// slot would pin WAL for every later test.
 	t.Cleanup(func() { f.dropSlot() })
-	schema, err := harness.OutboxSchema("outboxd", cfg.publish)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.exec(schema)
 	return f
 }
 
@@ -166,11 +151,7 @@ func (f *fixture) walLSN() uint64 {
 
 func (f *fixture) slotState() harness.SlotState {
 	f.t.Helper()
-	s, err := harness.SlotInfo(f.ctx, f.conn, f.slot)
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	return s
+	return harness.MustSlotInfo(f.ctx, f.t, f.conn, f.slot)
 }
 
 // relay is a running outboxd.
@@ -197,23 +178,14 @@ func (r *relay) waitStreaming(ctx context.Context) error {
 // spawn starts outboxd without waiting for anything.
 func (f *fixture) spawn(extra ...string) (*harness.Proc, *relay) {
 	f.t.Helper()
-	addr := freeAddr(f.t)
+	addr := harness.FreeAddr(f.t)
 	args := append([]string{"run",
 		"--postgres", f.dsn, "--slot", f.slot, "--publication", "outboxd",
 		"--kafka-brokers", strings.Join(f.kafka.Brokers(), ","),
 		"--http-addr", addr, "--confirm-interval", "20ms", "--status-interval", "1s",
 		"--shutdown-timeout", "10s", "--log-level", "debug",
 	}, extra...)
-	p, err := harness.StartProc(f.ctx, "outboxd", outboxdBin, args, f.env, f.logs)
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	f.t.Cleanup(func() {
-		_ = p.Kill()
-		if f.t.Failed() {
-			f.t.Logf("outboxd log (%s):\n%s", p.LogPath(), tailString(p.Log(), 6000))
-		}
-	})
+	p := harness.StartOutboxd(f.ctx, f.t, outboxdBin, args, f.env, f.logs)
 	return p, &relay{Proc: p, http: addr}
 }
 
@@ -224,47 +196,24 @@ func tailString(s string, n int) string {
 	return s
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // waitConfirmed polls until the slot's confirmed_flush_lsn reaches lsn.
 func (f *fixture) waitConfirmed(lsn uint64, within time.Duration) {
 	f.t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		s := f.slotState()
-		if s.ConfirmedFlushLSN >= lsn {
-			return
-		}
-		if time.Now().After(deadline) {
-			f.t.Fatalf("confirmed_flush_lsn %s did not reach %s within %s", harness.FormatLSN(s.ConfirmedFlushLSN), harness.FormatLSN(lsn), within)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	harness.WaitConfirmed(f.ctx, f.t, f.conn, f.slot, lsn, within)
+}
+
+// slotHolds fails the test if the slot is confirmed past lsn within d
+// (harness.SlotHolds); while says what must keep it there.
+func (f *fixture) slotHolds(lsn uint64, d time.Duration, while string) {
+	f.t.Helper()
+	harness.SlotHolds(f.ctx, f.t, f.conn, f.slot, lsn, d, while)
 }
 
 // waitSlotInactive polls until no walsender holds the slot (the server notices
 // a closed connection asynchronously).
 func (f *fixture) waitSlotInactive(within time.Duration) harness.SlotState {
 	f.t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		s := f.slotState()
-		if !s.Active {
-			return s
-		}
-		if time.Now().After(deadline) {
-			f.t.Fatalf("slot still active (pid %d) %s after outboxd exited", s.ActivePID, within)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return harness.WaitSlotInactive(f.ctx, f.t, f.conn, f.slot, within)
 }
 
 func (f *fixture) topic() string { return "outbox.event." + f.agg }
@@ -363,23 +312,21 @@ func perKey(t *testing.T, recs []*kgo.Record) map[string][]string {
 // metric scrapes one series' value from /metrics ("name" or `name{l="v"}`).
 func (r *relay) metric(t *testing.T, series string) float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + r.http + "/metrics")
+	v, ok := r.metrics(t)[series]
+	if !ok {
+		t.Fatalf("series %s not in /metrics", series)
+	}
+	return v
+}
+
+// metrics scrapes every series from /metrics (harness.Metrics).
+func (r *relay) metrics(t *testing.T) map[string]float64 {
+	t.Helper()
+	m, err := harness.Metrics(context.Background(), r.http)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	for _, line := range strings.Split(string(body), "\n") {
-		if strings.HasPrefix(line, series+" ") {
-			v, err := strconv.ParseFloat(strings.TrimSpace(line[len(series):]), 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return v
-		}
-	}
-	t.Fatalf("series %s not in /metrics", series)
-	return 0
+	return m
 }
 
 // stop sends SIGTERM and waits for a clean exit.

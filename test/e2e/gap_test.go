@@ -307,19 +307,10 @@ func TestGapSlotRecreatedBySetup(t *testing.T) {
 // earlier rightly refuses with a gap (the server's WAL ends before what was
 // published): that is TestGapRestoreBeforeWALPassed's case, not this one.
 func TestGapRestoreFromColdCopy(t *testing.T) {
-	primary := harness.PostgresForTest(t)
-	if primary.External() {
-		t.Skip("needs a harness-started server it may stop and restore (" + harness.EnvPostgres + " is set)")
-	}
-	f := newFixture(t, withPostgres(primary))
-	f.asSetupRole()
+	f, primary := restoreFixture(t)
 	f.exec(`CREATE TABLE pad (x text)`) // not in the publication; created before the copy (its catalog WAL would move F1-F3)
 	r := f.startRelay()
-	f.waitConfirmed(f.commit(event{1, "a", "E", `{}`}), 20*time.Second)
-	backup := f.coldCopy(primary)
-	// Bounds cover outboxd's reconnect backoff (up to 15 s) after the
-	// refused connections.
-	poll(t, 60*time.Second, "outboxd streaming again", func() bool { return f.slotState().Active && r.role(t) == "active" })
+	backup := f.coldCopyAfterEvent1(primary, r)
 	var evs []event
 	for n := 2; n <= 6; n++ {
 		evs = append(evs, event{n, "a", "A", `{"pad": "` + strings.Repeat("a", 2000) + `"}`}) // F1-F3 fall inside their WAL
@@ -374,6 +365,31 @@ func (f *fixture) coldCopy(primary *harness.Postgres) string {
 		f.t.Fatal(err)
 	}
 	f.startAgain(primary)
+	return backup
+}
+
+// restoreFixture is a fixture on a server of its own, which the test may
+// stop and restore (it skips against an external one), as the setup role.
+func restoreFixture(t *testing.T) (*fixture, *harness.Postgres) {
+	t.Helper()
+	primary := harness.PostgresForTest(t)
+	if primary.External() {
+		t.Skip("needs a harness-started server it may stop and restore (" + harness.EnvPostgres + " is set)")
+	}
+	f := newFixture(t, withPostgres(primary))
+	f.asSetupRole()
+	return f, primary
+}
+
+// coldCopyAfterEvent1 has r publish event 1, takes a cold copy of primary
+// (coldCopy) and waits until r streams again; it returns the copy's path.
+func (f *fixture) coldCopyAfterEvent1(primary *harness.Postgres, r *relay) string {
+	f.t.Helper()
+	f.waitConfirmed(f.commit(event{1, "a", "E", `{}`}), 20*time.Second)
+	backup := f.coldCopy(primary)
+	// Bounds cover outboxd's reconnect backoff (up to 15 s) after the
+	// refused connections.
+	poll(f.t, 60*time.Second, "outboxd streaming again", func() bool { return f.slotState().Active && r.role(f.t) == "active" })
 	return backup
 }
 
@@ -435,21 +451,14 @@ func freeze(t *testing.T, p *harness.Proc) (thaw func()) {
 //     "already in Kafka" and stream on;
 //   - with --accept-gap: F1-F3 reach Kafka.
 func TestGapRestoreExactlyOnce(t *testing.T) {
-	primary := harness.PostgresForTest(t)
-	if primary.External() {
-		t.Skip("needs a harness-started server it may stop and restore (" + harness.EnvPostgres + " is set)")
-	}
-	f := newFixture(t, withPostgres(primary))
-	f.asSetupRole()
+	f, primary := restoreFixture(t)
 	f.exec(`CREATE TABLE pad (x text)`) // not in the publication
 	eos := []string{"--exactly-once", "--checkpoint-topic", "cp." + f.agg}
 	p, r := f.spawn(eos...)
 	if err := r.waitStreaming(f.ctx); err != nil {
 		t.Fatalf("outboxd did not stream: %v\n%s", err, tailString(p.Log(), 4000))
 	}
-	f.waitConfirmed(f.commit(event{1, "a", "E", `{}`}), 20*time.Second)
-	backup := f.coldCopy(primary)
-	poll(t, 60*time.Second, "outboxd streaming again", func() bool { return f.slotState().Active && r.role(t) == "active" })
+	backup := f.coldCopyAfterEvent1(primary, r)
 	var evs []event
 	for n := 2; n <= 6; n++ {
 		evs = append(evs, event{n, "a", "A", `{"pad": "` + strings.Repeat("a", 2000) + `"}`})
@@ -524,20 +533,13 @@ func TestGapRestoreExactlyOnce(t *testing.T) {
 // LSN alone: F1-F5 were skipped as "already in Kafka" and the slot was
 // confirmed past them, silently.
 func TestGapRestoreSameShapeExactlyOnce(t *testing.T) {
-	primary := harness.PostgresForTest(t)
-	if primary.External() {
-		t.Skip("needs a harness-started server it may stop and restore (" + harness.EnvPostgres + " is set)")
-	}
-	f := newFixture(t, withPostgres(primary))
-	f.asSetupRole()
+	f, primary := restoreFixture(t)
 	eos := []string{"--exactly-once", "--checkpoint-topic", "cp." + f.agg, "--heartbeat-interval", "0"}
 	p, r := f.spawn(eos...)
 	if err := r.waitStreaming(f.ctx); err != nil {
 		t.Fatalf("outboxd did not stream: %v\n%s", err, tailString(p.Log(), 4000))
 	}
-	f.waitConfirmed(f.commit(event{1, "a", "E", `{}`}), 20*time.Second)
-	backup := f.coldCopy(primary)
-	poll(t, 60*time.Second, "outboxd streaming again", func() bool { return f.slotState().Active && r.role(t) == "active" })
+	backup := f.coldCopyAfterEvent1(primary, r)
 	batch := func(first int, key string) []event {
 		var evs []event
 		for n := first; n < first+5; n++ {

@@ -66,7 +66,7 @@ func TestREADMEQuickstart(t *testing.T) {
 	if err := os.Symlink(outboxdBin, filepath.Join(binDir, "outboxd")); err != nil {
 		t.Fatal(err)
 	}
-	httpAddr := freeAddr(t)
+	httpAddr := harness.FreeAddr(t)
 	env := append(os.Environ(),
 		"PATH="+binDir+string(os.PathListSeparator)+os.Getenv("PATH"),
 		"ADMIN_URL="+adminURL,

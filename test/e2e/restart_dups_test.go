@@ -3,10 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -45,10 +42,7 @@ func TestPGRestartNoMassResend(t *testing.T) {
 		w.waitCommitted(t, w.committed()+600, time.Minute)
 		f.waitConfirmed(f.walLSN(), time.Minute)
 		before := f.slotState().ConfirmedFlushLSN
-		if err := sharedPG.Restart(f.ctx, mode); err != nil {
-			t.Fatalf("pg_ctl restart -m %s: %v", mode, err)
-		}
-		reconnect(t, f)
+		f.conn = harness.RestartPostgres(f.ctx, t, sharedPG, mode, f.db, f.conn)
 		w.waitCommitted(t, w.committed()+300, time.Minute)
 		t.Logf("pg_ctl restart -m %s: the slot was confirmed at %s before it", mode, harness.FormatLSN(before))
 	}
@@ -74,36 +68,11 @@ func TestPGRestartNoMassResend(t *testing.T) {
 	}
 }
 
-// reconnect replaces the fixture's connection, which a restart closed.
-func reconnect(t *testing.T, f *fixture) {
-	t.Helper()
-	f.conn.Close(f.ctx)
-	var err error
-	if f.conn, err = sharedPG.Connect(f.ctx, f.db); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // metricOr0 scrapes one series from /metrics; 0 when absent (a labelled
 // counter never incremented).
 func metricOr0(t *testing.T, r *relay, series string) float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + r.http + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	for _, line := range strings.Split(string(body), "\n") {
-		if v, ok := strings.CutPrefix(line, series+" "); ok {
-			n, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
-	}
-	return 0
+	return r.metrics(t)[series]
 }
 
 // restartWriter commits outbox events, ten per transaction, on its own

@@ -197,13 +197,7 @@ func TestInvalidRowFailThenDeadLetter(t *testing.T) {
 	if v := r.metric(t, "outboxd_blocked"); v != 1 {
 		t.Fatalf("outboxd_blocked = %v", v)
 	}
-	deadline := time.Now().Add(2 * time.Second)
-	for time.Now().Before(deadline) {
-		if s := f.slotState(); s.ConfirmedFlushLSN != before {
-			t.Fatalf("slot moved past the invalid row: %s → %s", harness.FormatLSN(before), harness.FormatLSN(s.ConfirmedFlushLSN))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	f.slotHolds(before, 2*time.Second, "past the invalid row")
 	if n := f.topicCount(f.topic()); n != 1 {
 		t.Fatalf("events after the invalid row were published (%d records)", n)
 	}

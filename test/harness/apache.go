@@ -131,19 +131,10 @@ func StartApacheKafka(ctx context.Context, n int, opts ...KafkaOption) (*ApacheK
 // with the nodes' log tails in the output of a failed test.
 func ApacheKafkaForTest(t testing.TB, n int, opts ...KafkaOption) *ApacheKafka {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	c, err := StartApacheKafka(ctx, n, opts...)
-	if err != nil {
-		t.Fatalf("starting apache kafka: %v", err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
+	return serverForTest(t, "apache kafka", 5*time.Minute, func(ctx context.Context) (*ApacheKafka, error) { return StartApacheKafka(ctx, n, opts...) },
+		func(c *ApacheKafka) {
 			c.logTails(t)
-		}
-		c.Close()
-	})
-	return c
+		})
 }
 
 func (c *ApacheKafka) logTails(t testing.TB) {

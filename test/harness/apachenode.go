@@ -243,30 +243,21 @@ func (nd *ApacheNode) StartNoWait(ctx context.Context) error { return nd.start(c
 // Stop shuts the node down cleanly (SIGTERM: controlled shutdown) and waits
 // up to two minutes, then kills it.
 func (nd *ApacheNode) Stop() error {
-	nd.mu.Lock()
-	defer nd.mu.Unlock()
-	if nd.proc == nil {
-		return nil
-	}
-	proc := nd.proc
-	nd.proc = nil
-	if nd.paused {
-		_ = proc.Signal(syscall.SIGCONT)
-		nd.paused = false
-	}
-	return stopJVM(proc)
+	return haltProc(&nd.mu, &nd.proc, func(p *Proc) error {
+		if nd.paused {
+			_ = p.Signal(syscall.SIGCONT)
+			nd.paused = false
+		}
+		return stopJVM(p)
+	})
 }
 
 // Kill SIGKILLs the node (no controlled shutdown) and reaps it.
 func (nd *ApacheNode) Kill() error {
-	nd.mu.Lock()
-	defer nd.mu.Unlock()
-	if nd.proc == nil {
-		return nil
-	}
-	proc := nd.proc
-	nd.proc, nd.paused = nil, false
-	return proc.Kill()
+	return haltProc(&nd.mu, &nd.proc, func(p *Proc) error {
+		nd.paused = false
+		return p.Kill()
+	})
 }
 
 // Pause freezes the node (SIGSTOP): connections stay open, nothing is

@@ -28,17 +28,11 @@ func (k *kfakeKafka) startDocker(ctx context.Context) (_ *kfakeKafka, ok bool, e
 	if err != nil {
 		return nil, true, err
 	}
-	for attempt := 1; ; attempt++ {
-		if k.port, err = FreePort(); err != nil {
-			return nil, true, err
-		}
-		if err = k.runDocker(ctx, img); err == nil {
-			return k, true, nil
-		}
-		if attempt == 3 || ctx.Err() != nil || !strings.Contains(err.Error(), "address already in use") {
-			return nil, true, err
-		}
+	if err := onFreePort(ctx, &k.port, func() error { return k.runDocker(ctx, img) },
+		func(err error) bool { return strings.Contains(err.Error(), "address already in use") }); err != nil {
+		return nil, true, err
 	}
+	return k, true, nil
 }
 
 func (k *kfakeKafka) runDocker(ctx context.Context, img string) error {

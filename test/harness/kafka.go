@@ -215,42 +215,27 @@ func startKfake(ctx context.Context, extern bool, opts ...KafkaOption) (*kfakeKa
 		return nil, fmt.Errorf("creating kafka temp dir: %w", err)
 	}
 	k.bin, k.dir = bin, dir
-	// A freshly picked port may be taken before kfaked binds it: retry.
-	for attempt := 1; ; attempt++ {
-		if k.port, err = FreePort(); err == nil {
-			err = k.start(ctx)
-		}
-		if err == nil {
-			return k, nil
-		}
-		if attempt == 3 || ctx.Err() != nil {
-			os.RemoveAll(dir)
-			return nil, err
-		}
+	if err := onFreePort(ctx, &k.port, func() error { return k.start(ctx) }, nil); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
 	}
+	return k, nil
 }
 
 // KafkaForTest starts a broker (see StartKafka) that is closed when the
 // test finishes. On failure the broker log tail is added to the test output.
 func KafkaForTest(t testing.TB, opts ...KafkaOption) *Kafka {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	k, err := StartKafka(ctx, opts...)
-	if err != nil {
-		t.Fatalf("starting kafka: %v", err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() && !k.External() {
-			if k.apache != nil {
-				k.apache.logTails(t)
-			} else {
-				t.Logf("kfaked log tail (%s):\n%s", k.LogFile(), fileTail(k.LogFile(), 8<<10))
+	return serverForTest(t, "kafka", 5*time.Minute, func(ctx context.Context) (*Kafka, error) { return StartKafka(ctx, opts...) },
+		func(k *Kafka) {
+			if !k.External() {
+				if k.apache != nil {
+					k.apache.logTails(t)
+				} else {
+					t.Logf("kfaked log tail (%s):\n%s", k.LogFile(), fileTail(k.LogFile(), 8<<10))
+				}
 			}
-		}
-		k.Close()
-	})
-	return k
+		})
 }
 
 func (k *kfakeKafka) start(ctx context.Context) error {
@@ -348,14 +333,7 @@ func (k *kfakeKafka) Stop() error {
 	if k.ctr != nil {
 		return k.dockerStop()
 	}
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.proc == nil {
-		return nil
-	}
-	proc := k.proc
-	k.proc = nil
-	return proc.Stop(time.Minute)
+	return haltProc(&k.mu, &k.proc, func(p *Proc) error { return p.Stop(time.Minute) })
 }
 
 // Pause freezes the broker (SIGSTOP): connections stay open, nothing is
@@ -390,14 +368,7 @@ func (k *kfakeKafka) Kill() error {
 	if k.ctr != nil {
 		return k.dockerKill()
 	}
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.proc == nil {
-		return nil
-	}
-	proc := k.proc
-	k.proc = nil
-	return proc.Kill()
+	return haltProc(&k.mu, &k.proc, (*Proc).Kill)
 }
 
 // Close stops the broker and removes its temp dir. It is meant for cleanup

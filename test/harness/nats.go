@@ -79,38 +79,37 @@ func StartNATS(ctx context.Context, opts ...NATSOption) (*NATS, error) {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	// A freshly picked port may be taken before the server binds it: retry.
-	for attempt := 1; ; attempt++ {
-		if n.port, err = FreePort(); err == nil {
-			err = n.Start(ctx)
-		}
-		if err == nil {
-			return n, nil
-		}
-		if attempt == 3 || ctx.Err() != nil {
-			n.Close()
-			return nil, err
-		}
+	if err := onFreePort(ctx, &n.port, func() error { return n.Start(ctx) }, nil); err != nil {
+		n.Close()
+		return nil, err
 	}
+	return n, nil
 }
 
 // NATSForTest starts a server that is removed when the test finishes; on
 // failure the end of its log is added to the test output.
 func NATSForTest(t testing.TB, opts ...NATSOption) *NATS {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	n, err := StartNATS(ctx, opts...)
-	if err != nil {
-		t.Fatalf("starting nats-server: %v", err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
+	return serverForTest(t, "nats-server", 5*time.Minute, func(ctx context.Context) (*NATS, error) { return StartNATS(ctx, opts...) },
+		func(n *NATS) {
 			t.Logf("nats-server log tail (%s):\n%s", n.LogFile(), fileTail(n.LogFile(), 8<<10))
-		}
-		n.Close()
-	})
-	return n
+		})
+}
+
+// JetStream connects to the server for a test's own streams and reads; the
+// connection is closed when the test ends.
+func (n *NATS) JetStream(t testing.TB) jetstream.JetStream {
+	t.Helper()
+	nc, err := nats.Connect(n.URL(), n.ClientOptions()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
 }
 
 // URL is the server's client URL.
@@ -347,21 +346,12 @@ func StartNATSCluster(ctx context.Context, size int) (*NATSCluster, error) {
 // finishes; on failure the end of each node's log is added to the output.
 func NATSClusterForTest(t testing.TB, size int) *NATSCluster {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	c, err := StartNATSCluster(ctx, size)
-	if err != nil {
-		t.Fatalf("starting a nats cluster: %v", err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
+	return serverForTest(t, "a nats cluster", 5*time.Minute, func(ctx context.Context) (*NATSCluster, error) { return StartNATSCluster(ctx, size) },
+		func(c *NATSCluster) {
 			for _, n := range c.Nodes {
 				t.Logf("%s log tail (%s):\n%s", n.name, n.LogFile(), fileTail(n.LogFile(), 4<<10))
 			}
-		}
-		c.Close()
-	})
-	return c
+		})
 }
 
 // URL lists every node's client URL, comma-separated (what nats.Connect

@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -24,4 +25,25 @@ func FreePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// onFreePort sets *port to a free port (FreePort) and runs start, which
+// binds it. Another process may take a freshly picked port before the
+// server binds it, so a failed start is tried again on a new port, three
+// times in all, unless ctx ended or taken (if not nil) says the failure is
+// not that.
+func onFreePort(ctx context.Context, port *int, start func() error, taken func(error) bool) error {
+	for attempt := 1; ; attempt++ {
+		p, err := FreePort()
+		if err != nil {
+			return err
+		}
+		*port = p
+		if err = start(); err == nil {
+			return nil
+		}
+		if attempt == 3 || ctx.Err() != nil || (taken != nil && !taken(err)) {
+			return err
+		}
+	}
 }

@@ -122,22 +122,12 @@ func (p *Postgres) initAndStart(ctx context.Context, o pgOptions) error {
 	if err := os.WriteFile(filepath.Join(p.dataDir, "pg_hba.conf"), []byte(pgHBA), 0o600); err != nil {
 		return fmt.Errorf("writing pg_hba.conf: %w", err)
 	}
-	// Another process may grab the picked port before postgres binds it;
-	// retry with a new port in that case.
-	for attempt := 1; ; attempt++ {
-		port, err := FreePort()
-		if err != nil {
+	return onFreePort(ctx, &p.port, func() error {
+		if err := appendConf(filepath.Join(p.dataDir, "postgresql.conf"), [][2]string{{"port", fmt.Sprint(p.port)}}); err != nil {
 			return err
 		}
-		p.port = port
-		if err := appendConf(filepath.Join(p.dataDir, "postgresql.conf"), [][2]string{{"port", fmt.Sprint(port)}}); err != nil {
-			return err
-		}
-		err = p.Start(ctx)
-		if err == nil || attempt == 3 || !strings.Contains(p.logTail(4096), "could not bind") {
-			return err
-		}
-	}
+		return p.Start(ctx)
+	}, func(error) bool { return strings.Contains(p.logTail(4096), "could not bind") })
 }
 
 func appendConf(path string, settings [][2]string) error {
@@ -180,19 +170,12 @@ func externalPostgres(ctx context.Context, dsn string) (*Postgres, error) {
 // tail of the server log is added to the test output.
 func PostgresForTest(t testing.TB, opts ...PGOption) *Postgres {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	p, err := StartPostgres(ctx, opts...)
-	if err != nil {
-		t.Fatalf("starting postgres: %v", err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() && !p.External() {
-			t.Logf("postgres log tail (%s):\n%s", p.LogFile(), p.logTail(8<<10))
-		}
-		p.Close()
-	})
-	return p
+	return serverForTest(t, "postgres", 3*time.Minute, func(ctx context.Context) (*Postgres, error) { return StartPostgres(ctx, opts...) },
+		func(p *Postgres) {
+			if !p.External() {
+				t.Logf("postgres log tail (%s):\n%s", p.LogFile(), p.logTail(8<<10))
+			}
+		})
 }
 
 // DSN returns a superuser DSN for database db.

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 )
 
@@ -224,4 +225,40 @@ func (p *Proc) Stop(timeout time.Duration) error {
 		return fmt.Errorf("stopping %s: exit code %d; log tail:\n%s", p.name, code, tail(p.Log(), 4096))
 	}
 	return nil
+}
+
+// haltProc halts the process *proc with halt and forgets it, holding mu
+// throughout so that nothing starts or signals it meanwhile; with no
+// process it does nothing. *proc is cleared before halt runs: a halt that
+// fails leaves no half-stopped process to use, Start starts a new one.
+func haltProc(mu *sync.Mutex, proc **Proc, halt func(*Proc) error) error {
+	mu.Lock()
+	defer mu.Unlock()
+	p := *proc
+	if p == nil {
+		return nil
+	}
+	*proc = nil
+	return halt(p)
+}
+
+// serverForTest starts a server with start, given at most timeout, for one
+// test: a failed start fails the test, and when the test (and its subtests)
+// ends the server is closed, after onFail has logged what explains a failed
+// test (its log tails).
+func serverForTest[S interface{ Close() }](t testing.TB, what string, timeout time.Duration, start func(context.Context) (S, error), onFail func(S)) S {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	s, err := start(ctx)
+	if err != nil {
+		t.Fatalf("starting %s: %v", what, err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			onFail(s)
+		}
+		s.Close()
+	})
+	return s
 }

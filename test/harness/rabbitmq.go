@@ -92,23 +92,30 @@ func StartRabbitMQ(ctx context.Context, conf ...string) (*RabbitMQ, error) {
 // the node's log tail in the output of a failed test.
 func RabbitMQForTest(t testing.TB, conf ...string) *RabbitMQ {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	r, err := StartRabbitMQ(ctx, conf...)
-	if err != nil {
-		t.Fatalf("starting rabbitmq: %v", err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
+	return serverForTest(t, "rabbitmq", 3*time.Minute, func(ctx context.Context) (*RabbitMQ, error) { return StartRabbitMQ(ctx, conf...) },
+		func(r *RabbitMQ) {
 			r.mu.Lock()
 			if r.proc != nil {
 				t.Logf("rabbitmq log tail:\n%s", tail(r.proc.Log(), 4096))
 			}
 			r.mu.Unlock()
-		}
-		r.Close()
-	})
-	return r
+		})
+}
+
+// Channel opens an AMQP channel on the node for a test's own declarations
+// and reads; its connection is closed when the test ends.
+func (r *RabbitMQ) Channel(t testing.TB) *amqp.Channel {
+	t.Helper()
+	conn, err := amqp.Dial(r.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ch
 }
 
 // LogTail is the end of the node's output.
@@ -226,28 +233,16 @@ func (r *RabbitMQ) Running() bool {
 // Stop shuts the node down cleanly (SIGTERM: the script runs rabbitmqctl
 // stop) and waits up to a minute, then kills it.
 func (r *RabbitMQ) Stop() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.proc == nil {
-		return nil
-	}
-	p := r.proc
-	r.proc = nil
-	err := p.Stop(time.Minute)
-	_ = p.Kill() // the Erlang VM and its port programs, if the script left them
-	return err
+	return haltProc(&r.mu, &r.proc, func(p *Proc) error {
+		err := p.Stop(time.Minute)
+		_ = p.Kill() // the Erlang VM and its port programs, if the script left them
+		return err
+	})
 }
 
 // Kill SIGKILLs the node's process group (no clean shutdown) and reaps it.
 func (r *RabbitMQ) Kill() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.proc == nil {
-		return nil
-	}
-	p := r.proc
-	r.proc = nil
-	return p.Kill()
+	return haltProc(&r.mu, &r.proc, (*Proc).Kill)
 }
 
 // Close stops the node (killing it if a clean stop fails), its epmd, and

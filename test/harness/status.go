@@ -1,10 +1,13 @@
 package harness
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -12,11 +15,7 @@ import (
 func Status(ctx context.Context, addr string) (map[string]any, error) {
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(rctx, http.MethodGet, "http://"+addr+"/status", nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := get(rctx, addr, "/status")
 	if err != nil {
 		return nil, err
 	}
@@ -61,4 +60,40 @@ func Streaming(st map[string]any) bool { return st["streaming"] == true }
 // WaitStreaming waits until outboxd streams from its slot.
 func WaitStreaming(ctx context.Context, p *Proc, addr string) error {
 	return WaitStatus(ctx, p, addr, "streaming", Streaming)
+}
+
+// Metrics scrapes outboxd's /metrics from its --http-addr: each sample's
+// value by its series as exposed, "name" or `name{label="value"}`.
+func Metrics(ctx context.Context, addr string) (map[string]float64, error) {
+	resp, err := get(ctx, addr, "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		// A label value may hold spaces; the sample value (no timestamp
+		// here) follows the last one.
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 || strings.HasPrefix(line, "#") {
+			continue
+		}
+		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
+			out[line[:i]] = v
+		}
+	}
+	return out, sc.Err()
+}
+
+// get GETs path from outboxd's HTTP endpoints at addr; the caller closes
+// the body.
+func get(ctx context.Context, addr, path string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	return http.DefaultClient.Do(req)
 }

@@ -49,20 +49,7 @@ func (w *world) faultRound(round int) {
 	step := func(what string) {
 		t.Logf("round %d: %s (effects so far %d)", round, what, w.applied())
 	}
-	w.progress(30, "start")
-
-	step("SIGKILL c1 mid-transaction, restart it with 10 events per transaction")
-	w.killMidTransaction("c1")
-	w.startConsumer("c1", 10)
-	w.progress(30, "c1 after its kill")
-
-	step("start c2: Kafka's cooperative rebalance hands it partitions c1 had; on NATS and RabbitMQ it stands by")
-	w.startConsumer("c2", 1)
-	w.progress(30, "c1+c2")
-
-	step("SIGKILL c1 mid-transaction while c2 runs: its partitions (stream, queue) move to c2")
-	w.killMidTransaction("c1")
-	w.progress(30, "c2 alone")
+	w.handOver(step, w.startConsumer, "c1", "c2", 10)
 	w.startConsumer("c1", 1)
 	w.progress(30, "c1 back")
 
@@ -89,6 +76,27 @@ func (w *world) faultRound(round int) {
 	step("SIGKILL outboxd, restart it")
 	w.killRelay()
 	w.progress(30, "after the outboxd restart")
+}
+
+// handOver is the consumer faults of both effect tests (consumers started by
+// start): SIGKILL first mid-transaction and restart it with batch events per
+// transaction, start second beside it, then SIGKILL first mid-transaction
+// again, leaving second alone. Each step waits for progress.
+func (w *world) handOver(step func(string), start func(name string, batch int, extra ...string), first, second string, batch int) {
+	w.progress(30, "start")
+
+	step(fmt.Sprintf("SIGKILL %s mid-transaction, restart it with %d events per transaction", first, batch))
+	w.killMidTransaction(first)
+	start(first, batch)
+	w.progress(30, first+" after its kill")
+
+	step(fmt.Sprintf("start %s: Kafka's cooperative rebalance hands it partitions %s had; on NATS and RabbitMQ it stands by", second, first))
+	start(second, 1)
+	w.progress(30, first+"+"+second)
+
+	step(fmt.Sprintf("SIGKILL %s mid-transaction while %s runs: its partitions (stream, queue) move to %s", first, second, second))
+	w.killMidTransaction(first)
+	w.progress(30, second+" alone")
 }
 
 // drainAndCheck waits until every committed order is applied, stops the

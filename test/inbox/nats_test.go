@@ -23,15 +23,7 @@ import (
 func TestNATSLongHandlerKeptInProgress(t *testing.T) {
 	b := newBench(t)
 	ns := harness.NATSForTest(t)
-	nc, err := nats.Connect(ns.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := ns.JetStream(t)
 	if _, err := js.CreateStream(b.ctx, jetstream.StreamConfig{Name: "orders", Subjects: []string{"orders.>"}}); err != nil {
 		t.Fatal(err)
 	}

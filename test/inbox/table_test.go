@@ -109,20 +109,7 @@ func testTableEffectsExactlyOnce(t *testing.T, py, broker string) {
 	defer stopProducing()
 
 	step := func(what string) { t.Logf("%s (effects so far %d)", what, w.applied()) }
-	w.progress(30, "start")
-
-	step("SIGKILL outboxd inbox d1 mid-transaction, restart it with --batch 100")
-	w.killMidTransaction("d1")
-	w.startDeliverer("d1", 100)
-	w.progress(30, "d1 after its kill")
-
-	step("start d2 (Kafka: a rebalance hands it partitions d1 had; NATS, RabbitMQ: it stands by)")
-	w.startDeliverer("d2", 1)
-	w.progress(30, "d1+d2")
-
-	step("SIGKILL d1 mid-transaction while d2 runs: d2 takes over its events")
-	w.killMidTransaction("d1")
-	w.progress(30, "d2 alone")
+	w.handOver(step, w.startDeliverer, "d1", "d2", 100)
 
 	step("SIGKILL Python worker p1 mid-transaction: p2 goes on alone, then p1 returns")
 	w.killMidTransaction("p1")
@@ -146,7 +133,7 @@ func testTableEffectsExactlyOnce(t *testing.T, py, broker string) {
 
 	// Retention: an outboxd inbox with a 1s --retention deletes every
 	// applied row, and counts each once.
-	addr := freeAddr(t)
+	addr := harness.FreeAddr(t)
 	w.startDeliverer("d3", 1, "--retention", "1s", "--retention-interval", "100ms", "--http-addr", addr)
 	left := -1
 	for deadline := time.Now().Add(30 * time.Second); left != 0 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"strings"
 	"sync"
 	"syscall"
@@ -102,20 +101,10 @@ func newWorld(t *testing.T, within time.Duration, broker string) *world {
 	return w
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // startRelay runs outboxd on the orders database and waits until it streams.
 func (w *world) startRelay(extra ...string) {
 	w.t.Helper()
-	addr := freeAddr(w.t)
+	addr := harness.FreeAddr(w.t)
 	args := append([]string{"run",
 		"--postgres", w.ordersDSN, "--slot", "inbox_e2e", "--publication", "outboxd",
 		"--http-addr", addr, "--confirm-interval", "20ms", "--status-interval", "1s",
