@@ -36,7 +36,18 @@ type Watermark struct {
 	// (watch). Made lazily because the reader acks every event: a fresh
 	// channel per advance was an allocation per event nobody waited on.
 	changed chan struct{}
+	// spare holds Txns that left the queue (confirmed, or folded into the
+	// one before), linked by next, for Begin to reuse: at one event per
+	// transaction a new Txn was one allocation per event. Nothing holds a
+	// Txn once it left: its events are all acked and the reader has seen
+	// its Commit.
+	spare  *Txn
+	spares int
 }
+
+// maxSpareTxns bounds the spare Txns: what one produce response confirms
+// at once at one event per transaction, about.
+const maxSpareTxns = 4096
 
 // NewWatermark starts at the slot's confirmed position.
 func NewWatermark(start wal.LSN) *Watermark {
@@ -47,8 +58,14 @@ func NewWatermark(start wal.LSN) *Watermark {
 
 // Begin opens the next transaction. Transactions must be begun in stream order.
 func (w *Watermark) Begin(now time.Time) *Txn {
-	t := &Txn{started: now}
 	w.mu.Lock()
+	t := w.spare
+	if t != nil {
+		w.spare, w.spares = t.next, w.spares-1
+		*t = Txn{started: now}
+	} else {
+		t = &Txn{started: now}
+	}
 	if w.tail == nil {
 		w.head = t
 	} else {
@@ -107,6 +124,7 @@ func (w *Watermark) Commit(t *Txn, end wal.LSN) {
 			w.tail = prev
 		}
 		t.prev, t.next = nil, nil
+		w.recycle(t)
 	} else {
 		t.committed = true
 		t.end = max(t.end, end)
@@ -144,10 +162,20 @@ func (w *Watermark) advance() {
 		} else {
 			w.head.prev = nil
 		}
+		w.recycle(t)
 		moved = true
 	}
 	if moved || w.events == 0 {
 		w.notify()
+	}
+}
+
+// recycle keeps t, which left the queue, for Begin. Called with mu held.
+func (w *Watermark) recycle(t *Txn) {
+	if w.spares < maxSpareTxns {
+		*t = Txn{next: w.spare}
+		w.spare = t
+		w.spares++
 	}
 }
 
