@@ -29,8 +29,11 @@ type Watermark struct {
 	head, tail *Txn          // oldest and newest unconfirmed transactions
 	confirmed  atomic.Uint64 // a wal.LSN; read without the lock on the hot path
 	published  atomic.Uint64 // a wal.LSN: the end of the last confirmed transaction with events (Idle does not move it)
-	events     int           // in-flight events
-	bytes      int64         // in-flight bytes
+	// In-flight events and bytes: written under mu, read without it by
+	// InFlight, which the reader asks before every message it reads (a
+	// lock there met the acks' lock at every message).
+	events     atomic.Int64
+	bytes      atomic.Int64
 	waiting    bool          // a WaitBelow caller needs a wake-up when counts drop
 	// changed is closed at the next change; nil until someone asks for it
 	// (watch). Made lazily because the reader acks every event: a fresh
@@ -82,8 +85,8 @@ func (w *Watermark) Add(t *Txn, size int) {
 	w.mu.Lock()
 	t.pending++
 	t.added = true
-	w.events++
-	w.bytes += int64(size)
+	w.events.Add(1)
+	w.bytes.Add(int64(size))
 	w.mu.Unlock()
 }
 
@@ -94,8 +97,8 @@ func (w *Watermark) Ack(t *Txn, size int, ok bool) {
 	w.mu.Lock()
 	t.pending--
 	t.failed = t.failed || !ok
-	w.events--
-	w.bytes -= int64(size)
+	w.events.Add(-1)
+	w.bytes.Add(-int64(size))
 	w.advance()
 	if w.waiting {
 		w.waiting = false
@@ -165,7 +168,7 @@ func (w *Watermark) advance() {
 		w.recycle(t)
 		moved = true
 	}
-	if moved || w.events == 0 {
+	if moved || w.events.Load() == 0 {
 		w.notify()
 	}
 }
@@ -219,7 +222,7 @@ type Stats struct {
 func (w *Watermark) Stats() Stats {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	s := Stats{Confirmed: w.Confirmed(), InflightEvents: w.events, InflightBytes: w.bytes}
+	s := Stats{Confirmed: w.Confirmed(), InflightEvents: int(w.events.Load()), InflightBytes: w.bytes.Load()}
 	for t := w.head; t != nil; t = t.next {
 		s.OpenTxns++
 	}
@@ -235,7 +238,7 @@ func (w *Watermark) Stats() Stats {
 func (w *Watermark) WaitBelow(ctx context.Context, maxEvents int, maxBytes int64) error {
 	for {
 		w.mu.Lock()
-		ok := w.events < maxEvents && w.bytes < maxBytes
+		ok := w.events.Load() < int64(maxEvents) && w.bytes.Load() < maxBytes
 		var ch chan struct{}
 		if !ok {
 			w.waiting = true
@@ -268,15 +271,15 @@ func (w *Watermark) Changed() <-chan struct{} {
 func (w *Watermark) Drained() (bool, <-chan struct{}) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.events == 0 {
+	if w.events.Load() == 0 {
 		return true, nil
 	}
 	return false, w.watch()
 }
 
-// InFlight returns the events and bytes handed to the sink and not yet acked.
+// InFlight returns the events and bytes handed to the sink and not yet
+// acked, without taking the lock: each is exact, the pair may straddle an
+// Add or Ack (a bound checked with them is off by one event at most).
 func (w *Watermark) InFlight() (events int, bytes int64) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.events, w.bytes
+	return int(w.events.Load()), w.bytes.Load()
 }

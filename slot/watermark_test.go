@@ -303,3 +303,27 @@ func BenchmarkWatermarkEvent(b *testing.B) {
 		w.Ack(t, 100, true)
 	}
 }
+
+// TestInFlightTakesNoLock: the reader asks InFlight before every message,
+// while acks hold the lock from the broker client's goroutines; it must
+// not wait for them.
+func TestInFlightTakesNoLock(t *testing.T) {
+	w := NewWatermark(1)
+	txn := w.Begin(time.Time{})
+	w.Add(txn, 10)
+	w.mu.Lock()
+	got := make(chan [2]int64, 1)
+	go func() {
+		ev, b := w.InFlight()
+		got <- [2]int64{int64(ev), b}
+	}()
+	select {
+	case v := <-got:
+		if v != [2]int64{1, 10} {
+			t.Errorf("InFlight = %d events, %d bytes, want 1, 10", v[0], v[1])
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("InFlight waited for the watermark's lock")
+	}
+	w.mu.Unlock()
+}
