@@ -32,9 +32,9 @@ type Watermark struct {
 	// In-flight events and bytes: written under mu, read without it by
 	// InFlight, which the reader asks before every message it reads (a
 	// lock there met the acks' lock at every message).
-	events     atomic.Int64
-	bytes      atomic.Int64
-	waiting    bool          // a WaitBelow caller needs a wake-up when counts drop
+	events  atomic.Int64
+	bytes   atomic.Int64
+	waiting bool // a WaitBelow caller needs a wake-up when counts drop
 	// changed is closed at the next change; nil until someone asks for it
 	// (watch). Made lazily because the reader acks every event: a fresh
 	// channel per advance was an allocation per event nobody waited on.
