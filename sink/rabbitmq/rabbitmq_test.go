@@ -165,6 +165,22 @@ func (r *results) wait(t *testing.T, n int) map[int]error {
 	return r.errs
 }
 
+// confirmedAndQueued waits for n callbacks, each nil, and returns the n
+// messages of queue.
+func confirmedAndQueued(t *testing.T, res *results, ch *amqp.Channel, queue string, n int) []amqp.Delivery {
+	t.Helper()
+	for i, err := range res.wait(t, n) {
+		if err != nil {
+			t.Fatalf("record %d: %v", i, err)
+		}
+	}
+	got := drain(t, ch, queue, n)
+	if len(got) != n {
+		t.Fatalf("queue holds %d messages, want %d", len(got), n)
+	}
+	return got
+}
+
 // TestPublishConfirmed: every record is confirmed once, and the queue holds
 // exactly them, in order, with the properties and headers outboxd promises.
 func TestPublishConfirmed(t *testing.T) {
@@ -176,15 +192,7 @@ func TestPublishConfirmed(t *testing.T) {
 	for i := range n {
 		s.Produce(context.Background(), record("outbox.event.Order", "order-"+strconv.Itoa(i%7), "id-"+strconv.Itoa(i), []byte(`{"n":`+strconv.Itoa(i)+`}`)), res.cb(i))
 	}
-	for i, err := range res.wait(t, n) {
-		if err != nil {
-			t.Fatalf("record %d: %v", i, err)
-		}
-	}
-	got := drain(t, ch, "q-publish", n)
-	if len(got) != n {
-		t.Fatalf("queue holds %d messages, want %d", len(got), n)
-	}
+	got := confirmedAndQueued(t, &res, ch, "q-publish", n)
 	for i, d := range got {
 		want := `{"n":` + strconv.Itoa(i) + `}`
 		if string(d.Body) != want || d.MessageId != "id-"+strconv.Itoa(i) {
@@ -657,15 +665,7 @@ func TestProduceCallbackKeepsNoRecord(t *testing.T) {
 		s.ProduceCallback(context.Background(), &rec, callback{&res, i})
 		rec = router.Record{Topic: "reused", Value: []byte("reused")}
 	}
-	for i, err := range res.wait(t, n) {
-		if err != nil {
-			t.Fatalf("record %d: %v", i, err)
-		}
-	}
-	got := drain(t, ch, "q-callback", n)
-	if len(got) != n {
-		t.Fatalf("queue holds %d messages, want %d", len(got), n)
-	}
+	got := confirmedAndQueued(t, &res, ch, "q-callback", n)
 	for i, d := range got {
 		if want := `{"n":` + strconv.Itoa(i) + `}`; string(d.Body) != want || d.MessageId != "id-"+strconv.Itoa(i) || d.RoutingKey != "outbox.event.Order" {
 			t.Fatalf("message %d: id %q body %q routing key %q, want id-%d %s", i, d.MessageId, d.Body, d.RoutingKey, i, want)
