@@ -90,7 +90,7 @@ test-apache: ## only the Apache Kafka runs of make test: e2e on one node (the br
 	OUTBOXD_TEST_KAFKA_KIND=apache $(GO) test -count=1 -timeout 20m $(if $(APACHE_SKIP),-skip '$(APACHE_SKIP)') ./test/e2e/
 	$(GO) test -count=1 -timeout 20m -run TestFaultsShort ./test/fault/ -kafka apache-cluster
 
-bench: ## throughput/latency/resources beside baselines and Debezium, on kfake, one Apache node and a 3-node cluster; writes results/bench-*.json (~30 min on a busy 2-core machine; BENCH_ARGS='-brokers apache' for one column, BENCH_ARGS='-cases debezium -brokers apache' beside Debezium only; not by default: BENCH_ARGS='-cases tracing -brokers kfake', BENCH_ARGS='-cases sustained -brokers apache-cluster')
+bench: ## throughput/latency/resources beside baselines and Debezium, on kfake, one Apache node and a 3-node cluster; writes results/bench-*.json (~30 min on a busy 2-core machine; BENCH_ARGS='-brokers apache' for one column, BENCH_ARGS='-cases debezium -brokers apache' beside Debezium only; not by default: BENCH_ARGS='-cases tracing -brokers kfake', BENCH_ARGS='-cases sustained -brokers apache-cluster'; beside two CPU hogs: BENCH_ARGS='-hogs 2')
 	$(GO) run ./test/cmd/bench -results $(CURDIR)/results $(BENCH_ARGS)
 
 bench-inbox: ## package inbox's effects/s at 1 and 100 events per transaction and with 4 key workers, beside a naive consumer, on Kafka (kfake; OUTBOXD_TEST_KAFKA_KIND=apache for one node), NATS and RabbitMQ in one run; writes results/inbox-bench-*.json (INBOX_BENCH_ARGS='-bench-events 2000 -bench-brokers nats')

@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/outboxd/outboxd/internal/freelist"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
 	"github.com/outboxd/outboxd/slot"
@@ -68,6 +69,10 @@ type streamer struct {
 	wakeAt   time.Time // read deadline while acks are awaited
 	pings    pingStreak
 	skipTxn  bool // the committer skips the current transaction's events (a verified replay)
+	// callbacks is the sink as a sink.CallbackProducer (nil: it is not
+	// one), and spares the events it acked, for reuse (produce).
+	callbacks sink.CallbackProducer
+	spares    *freelist.List[event]
 }
 
 // newStreamer is the session's read loop over stream, from start, with
@@ -77,10 +82,13 @@ func newStreamer(d streamerDeps, stream replStream, wm *slot.Watermark, start wa
 	if tx == nil {
 		tx = new(router.Tx)
 	}
-	return &streamer{
+	s := &streamer{
 		streamerDeps: d, stream: stream, wm: wm, commit: commit, tx: tx,
 		errc: make(chan error, 1), lastSent: start, sentAt: time.Now(),
+		spares: &freelist.List[event]{},
 	}
+	s.callbacks, _ = d.sink.(sink.CallbackProducer)
+	return s
 }
 
 // pingStreak counts keepalives that ask for a reply in quick succession. A
@@ -264,8 +272,10 @@ func (s *streamer) handle(ctx context.Context, msg *wal.Msg, now time.Time) erro
 		if skip {
 			return nil
 		}
-		rec, err := s.router.Route(&msg.Row, *s.tx)
-		return s.publish(ctx, pos, source{rel: msg.Row.Relation}, rec, err, func(cause error) router.Record {
+		e := s.event()
+		var err error
+		e.rec, err = s.router.Route(&msg.Row, *s.tx)
+		return s.publish(ctx, pos, source{rel: msg.Row.Relation}, e, err, func(cause error) router.Record {
 			return s.router.DeadLetter(s.cfg.DeadLetterTopic, &msg.Row, *s.tx, cause)
 		})
 	case wal.KindMessage:
@@ -368,7 +378,9 @@ func (s *streamer) message(ctx context.Context, m *wal.Message) error {
 	if skip {
 		return nil
 	}
-	return s.publish(ctx, pos, source{prefix: m.Prefix}, rec, err, func(cause error) router.Record {
+	e := s.event()
+	e.rec = rec
+	return s.publish(ctx, pos, source{prefix: m.Prefix}, e, err, func(cause error) router.Record {
 		return s.router.DeadLetterMessage(s.cfg.DeadLetterTopic, m, *s.tx, cause)
 	})
 }
@@ -386,17 +398,18 @@ func (src source) table() string {
 	return "message:" + src.prefix
 }
 
-// publish produces a routed record, or applies the invalid-event policy when
-// routing failed, the broker would refuse the record, or the broker refused
-// this event in an earlier session.
-func (s *streamer) publish(ctx context.Context, pos eventPos, src source, rec router.Record, err error, deadLetter func(error) router.Record) error {
+// publish produces a routed record (e.rec), or applies the invalid-event
+// policy when routing failed, the broker would refuse the record, or the
+// broker refused this event in an earlier session.
+func (s *streamer) publish(ctx context.Context, pos eventPos, src source, e *event, err error, deadLetter func(error) router.Record) error {
+	rec := &e.rec
 	if err == nil && s.cfg.Encoder != nil {
-		if err = s.cfg.Encoder.Encode(ctx, src.table(), &rec); err != nil && !errors.Is(err, router.ErrInvalid) {
+		if err = s.cfg.Encoder.Encode(ctx, src.table(), rec); err != nil && !errors.Is(err, router.ErrInvalid) {
 			return err // the registry is away: end the session like a broker outage, resuming at this event
 		}
 	}
 	if err == nil {
-		err = s.sink.Check(ctx, &rec)
+		err = s.sink.Check(ctx, rec)
 	}
 	retry := false
 	if retryable(err) && s.cfg.OnInvalid != OnInvalidDeadLetter {
@@ -405,11 +418,11 @@ func (s *streamer) publish(ctx context.Context, pos eventPos, src source, rec ro
 		// came before it (exactly-once commits that first), and nothing
 		// after it in flight, so no later event can land before it.
 		cause := err
-		if err = s.probe(ctx, &rec, pos); err == nil {
+		if err = s.probe(ctx, rec, pos); err == nil {
 			if s.commit.probeDelivers() {
 				return nil
 			}
-			return s.produce(ctx, &rec, pos, src)
+			return s.produce(ctx, e, pos, src)
 		}
 		if sink.KindOf(err) != sink.Rejected {
 			return err
@@ -420,12 +433,12 @@ func (s *streamer) publish(ctx context.Context, pos eventPos, src source, rec ro
 		// Kafka refused this event in an earlier session. A broker refuses
 		// a whole batch, so the event may only have shared a batch with the
 		// guilty one: try it alone before holding or dead-lettering it.
-		if err = s.probe(ctx, &rec, pos); err == nil {
+		if err = s.probe(ctx, rec, pos); err == nil {
 			delete(s.poison, pos)
 			if s.commit.probeDelivers() {
 				return nil // it is in the broker now
 			}
-			return s.produce(ctx, &rec, pos, src)
+			return s.produce(ctx, e, pos, src)
 		}
 		if sink.KindOf(err) != sink.Rejected {
 			return err
@@ -433,7 +446,7 @@ func (s *streamer) publish(ctx context.Context, pos eventPos, src source, rec ro
 		err, retry = fmt.Errorf("rejected by %s: %s (before: %s)", sinkName(s.sink), err, cause), true
 	}
 	if err == nil {
-		return s.produce(ctx, &rec, pos, src)
+		return s.produce(ctx, e, pos, src)
 	}
 	table, id := src.table(), ""
 	var inv *router.InvalidError
@@ -445,12 +458,13 @@ func (s *streamer) publish(ctx context.Context, pos eventPos, src source, rec ro
 	if s.cfg.OnInvalid != OnInvalidDeadLetter {
 		h := &holdError{pos: pos, table: table, id: id, cause: err}
 		if retry {
-			h.rec = &rec
+			h.rec = rec // e is never reused: it was not produced
 		}
 		return h
 	}
-	dl := deadLetter(err)
-	if s.sink.Check(ctx, &dl) != nil {
+	e.rec = deadLetter(err)
+	dl := &e.rec
+	if s.sink.Check(ctx, dl) != nil {
 		// The dead letter itself must fit, or it would be rejected in turn.
 		note := "the whole value (" + strconv.Itoa(len(dl.Value)) + " bytes): over the dead-letter topic's max.message.bytes"
 		dl.Value = nil
@@ -461,7 +475,7 @@ func (s *streamer) publish(ctx context.Context, pos eventPos, src source, rec ro
 	s.m.skipped.WithLabelValues("invalid").Inc()
 	s.m.deadLettered.Inc()
 	delete(s.poison, pos)
-	return s.produce(ctx, &dl, pos, src)
+	return s.produce(ctx, e, pos, src)
 }
 
 // retryable reports a Check refusal the broker's configuration decides (a
@@ -519,37 +533,70 @@ func eventID(hs []router.Header) string {
 	return ""
 }
 
-// produce hands one record to the sink. Its callback acks the watermark; a
-// failure ends the session so the next one resumes from the slot, which
-// never moved past the failed event. In exactly-once mode it opens the Kafka
-// transaction first, and afterwards splits a PostgreSQL transaction that has
-// made the Kafka one too large or too old.
-func (s *streamer) produce(ctx context.Context, rec *router.Record, pos eventPos, src source) error {
+// event is one event on its way to the broker: its routed record and what
+// its ack needs, in one allocation. Handed to a sink.CallbackProducer (the
+// Kafka sink) it is the callback itself and goes back to the streamer's
+// spares once acked, so that a drain's events cost no allocation of the
+// streamer's; any other sink gets the record and a closure over Done.
+type event struct {
+	rec       router.Record
+	s         *streamer
+	txn       *slot.Txn
+	size      int
+	pos       eventPos
+	src       source
+	commit    time.Time // the transaction's commit time: publish latency
+	published prometheus.Counter
+	reuse     bool // taken back after Done (a CallbackProducer keeps nothing)
+}
+
+// event is a spare event, or a new one.
+func (s *streamer) event() *event { return s.spares.Get() }
+
+// produce hands one record (e.rec) to the sink. Its callback (e.Done) acks
+// the watermark; a failure ends the session so the next one resumes from
+// the slot, which never moved past the failed event. In exactly-once mode
+// it opens the Kafka transaction first, and afterwards splits a PostgreSQL
+// transaction that has made the Kafka one too large or too old.
+func (s *streamer) produce(ctx context.Context, e *event, pos eventPos, src source) error {
 	if err := s.txnErr(s.commit.beforeProduce()); err != nil {
 		return err
 	}
-	txn, size, commit, topic, headers := s.txn, rec.Size(), s.tx.CommitTime, rec.Topic, rec.Headers
-	published := s.publishedCounter(topic)
-	s.wm.Add(txn, size)
-	s.sink.Produce(context.Background(), rec, func(err error) {
-		s.wm.Ack(txn, size, err == nil)
-		if err != nil {
-			s.m.produceErrors.Inc()
-			if sink.KindOf(err) == sink.Rejected {
-				rej := &rejection{pos: pos, topic: topic, table: src.table(), id: eventID(headers), err: err}
-				s.rejected.add(rej)
-				err = rej
-			}
-			select {
-			case s.errc <- err:
-			default:
-			}
-			return
-		}
-		published.Inc()
-		s.m.publishLatency.Observe(time.Since(commit).Seconds())
-	})
+	e.s, e.txn, e.size, e.pos, e.src, e.commit = s, s.txn, e.rec.Size(), pos, src, s.tx.CommitTime
+	e.published = s.publishedCounter(e.rec.Topic)
+	s.wm.Add(e.txn, e.size)
+	if s.callbacks != nil {
+		e.reuse = true
+		s.callbacks.ProduceCallback(context.Background(), &e.rec, e)
+	} else {
+		s.sink.Produce(context.Background(), &e.rec, e.Done)
+	}
 	return s.txnErr(s.commit.afterProduce(ctx, pos))
+}
+
+// Done is the event's ack (sink.Callback). It may run in any goroutine;
+// once it returns the event may be another one.
+func (e *event) Done(err error) {
+	s := e.s
+	s.wm.Ack(e.txn, e.size, err == nil)
+	if err != nil {
+		s.m.produceErrors.Inc()
+		if sink.KindOf(err) == sink.Rejected {
+			rej := &rejection{pos: e.pos, topic: e.rec.Topic, table: e.src.table(), id: eventID(e.rec.Headers), err: err}
+			s.rejected.add(rej)
+			err = rej
+		}
+		select {
+		case s.errc <- err:
+		default:
+		}
+	} else {
+		e.published.Inc()
+		s.m.publishLatency.Observe(time.Since(e.commit).Seconds())
+	}
+	if e.reuse {
+		s.spares.Put(e)
+	}
 }
 
 // txnErr turns a Kafka transaction refused because one of its records

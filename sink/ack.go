@@ -31,3 +31,20 @@ var NoAck = Ack{Partition: -1, Offset: -1}
 type Acker interface {
 	ProduceAck(ctx context.Context, rec *router.Record, done func(Ack, error))
 }
+
+// Callback is Produce's done as an interface: a caller that keeps state
+// per record (the relay: the record itself, its transaction, size and
+// position) implements it on that state, so that the state and the
+// callback are one allocation rather than a struct and a closure.
+type Callback interface {
+	Done(err error)
+}
+
+// CallbackProducer is a Sink that takes a Callback. ProduceCallback is
+// Produce calling cb.Done exactly once; the sink keeps nothing of rec past
+// the call (it copies what it sends) and nothing of cb past Done, so that
+// the caller may reuse both once Done ran. The relay asks for it with a type
+// assertion; a sink without it gets Produce and a closure.
+type CallbackProducer interface {
+	ProduceCallback(ctx context.Context, rec *router.Record, cb Callback)
+}

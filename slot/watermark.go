@@ -29,14 +29,28 @@ type Watermark struct {
 	head, tail *Txn          // oldest and newest unconfirmed transactions
 	confirmed  atomic.Uint64 // a wal.LSN; read without the lock on the hot path
 	published  atomic.Uint64 // a wal.LSN: the end of the last confirmed transaction with events (Idle does not move it)
-	events     int           // in-flight events
-	bytes      int64         // in-flight bytes
-	waiting    bool          // a WaitBelow caller needs a wake-up when counts drop
+	// In-flight events and bytes: written under mu, read without it by
+	// InFlight, which the reader asks before every message it reads (a
+	// lock there met the acks' lock at every message).
+	events  atomic.Int64
+	bytes   atomic.Int64
+	waiting bool // a WaitBelow caller needs a wake-up when counts drop
 	// changed is closed at the next change; nil until someone asks for it
 	// (watch). Made lazily because the reader acks every event: a fresh
 	// channel per advance was an allocation per event nobody waited on.
 	changed chan struct{}
+	// spare holds Txns that left the queue (confirmed, or folded into the
+	// one before), linked by next, for Begin to reuse: at one event per
+	// transaction a new Txn was one allocation per event. Nothing holds a
+	// Txn once it left: its events are all acked and the reader has seen
+	// its Commit.
+	spare  *Txn
+	spares int
 }
+
+// maxSpareTxns bounds the spare Txns: what one produce response confirms
+// at once at one event per transaction, about.
+const maxSpareTxns = 4096
 
 // NewWatermark starts at the slot's confirmed position.
 func NewWatermark(start wal.LSN) *Watermark {
@@ -47,8 +61,14 @@ func NewWatermark(start wal.LSN) *Watermark {
 
 // Begin opens the next transaction. Transactions must be begun in stream order.
 func (w *Watermark) Begin(now time.Time) *Txn {
-	t := &Txn{started: now}
 	w.mu.Lock()
+	t := w.spare
+	if t != nil {
+		w.spare, w.spares = t.next, w.spares-1
+		*t = Txn{started: now}
+	} else {
+		t = &Txn{started: now}
+	}
 	if w.tail == nil {
 		w.head = t
 	} else {
@@ -65,8 +85,8 @@ func (w *Watermark) Add(t *Txn, size int) {
 	w.mu.Lock()
 	t.pending++
 	t.added = true
-	w.events++
-	w.bytes += int64(size)
+	w.events.Add(1)
+	w.bytes.Add(int64(size))
 	w.mu.Unlock()
 }
 
@@ -77,8 +97,8 @@ func (w *Watermark) Ack(t *Txn, size int, ok bool) {
 	w.mu.Lock()
 	t.pending--
 	t.failed = t.failed || !ok
-	w.events--
-	w.bytes -= int64(size)
+	w.events.Add(-1)
+	w.bytes.Add(-int64(size))
 	w.advance()
 	if w.waiting {
 		w.waiting = false
@@ -107,6 +127,7 @@ func (w *Watermark) Commit(t *Txn, end wal.LSN) {
 			w.tail = prev
 		}
 		t.prev, t.next = nil, nil
+		w.recycle(t)
 	} else {
 		t.committed = true
 		t.end = max(t.end, end)
@@ -144,10 +165,20 @@ func (w *Watermark) advance() {
 		} else {
 			w.head.prev = nil
 		}
+		w.recycle(t)
 		moved = true
 	}
-	if moved || w.events == 0 {
+	if moved || w.events.Load() == 0 {
 		w.notify()
+	}
+}
+
+// recycle keeps t, which left the queue, for Begin. Called with mu held.
+func (w *Watermark) recycle(t *Txn) {
+	if w.spares < maxSpareTxns {
+		*t = Txn{next: w.spare}
+		w.spare = t
+		w.spares++
 	}
 }
 
@@ -191,7 +222,7 @@ type Stats struct {
 func (w *Watermark) Stats() Stats {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	s := Stats{Confirmed: w.Confirmed(), InflightEvents: w.events, InflightBytes: w.bytes}
+	s := Stats{Confirmed: w.Confirmed(), InflightEvents: int(w.events.Load()), InflightBytes: w.bytes.Load()}
 	for t := w.head; t != nil; t = t.next {
 		s.OpenTxns++
 	}
@@ -207,7 +238,7 @@ func (w *Watermark) Stats() Stats {
 func (w *Watermark) WaitBelow(ctx context.Context, maxEvents int, maxBytes int64) error {
 	for {
 		w.mu.Lock()
-		ok := w.events < maxEvents && w.bytes < maxBytes
+		ok := w.events.Load() < int64(maxEvents) && w.bytes.Load() < maxBytes
 		var ch chan struct{}
 		if !ok {
 			w.waiting = true
@@ -240,15 +271,15 @@ func (w *Watermark) Changed() <-chan struct{} {
 func (w *Watermark) Drained() (bool, <-chan struct{}) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.events == 0 {
+	if w.events.Load() == 0 {
 		return true, nil
 	}
 	return false, w.watch()
 }
 
-// InFlight returns the events and bytes handed to the sink and not yet acked.
+// InFlight returns the events and bytes handed to the sink and not yet
+// acked, without taking the lock: each is exact, the pair may straddle an
+// Add or Ack (a bound checked with them is off by one event at most).
 func (w *Watermark) InFlight() (events int, bytes int64) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.events, w.bytes
+	return int(w.events.Load()), w.bytes.Load()
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl"
 
+	"github.com/outboxd/outboxd/internal/freelist"
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
 )
@@ -90,6 +91,8 @@ type Sink struct {
 	spent  atomic.Bool
 	topics *topics  // missing topics: created, or their records held
 	watch  lsoWatch // what holds the checkpoint partition (hanging.go)
+	// spares are produced records whose promise ran, for reuse (record).
+	spares freelist.List[produced]
 }
 
 // New builds the producer. It does not contact the brokers: a broker that is
@@ -198,7 +201,20 @@ func (s *Sink) Produce(ctx context.Context, rec *router.Record, done func(error)
 	s.produce(ctx, p)
 }
 
-var _ sink.Acker = (*Sink)(nil)
+var (
+	_ sink.Acker            = (*Sink)(nil)
+	_ sink.CallbackProducer = (*Sink)(nil)
+)
+
+// ProduceCallback is Produce calling cb.Done (sink.CallbackProducer): the
+// relay's per-event state is the callback, no closure. The sink keeps
+// nothing of rec past the call: the franz-go record is a copy of its
+// fields, and the byte slices it shares are never written again.
+func (s *Sink) ProduceCallback(ctx context.Context, rec *router.Record, cb sink.Callback) {
+	p := s.record(rec)
+	p.cb = cb
+	s.produce(ctx, p)
+}
 
 // ProduceAck is Produce passing done the partition and offset franz-go's
 // promise reports for the acked record: sink/otel's span attributes.
@@ -216,7 +232,9 @@ func (s *Sink) produce(ctx context.Context, p *produced) {
 }
 
 // produced is one record on its way to Kafka: the franz-go record, its
-// headers and the caller's callback, in one allocation. franz-go's promise
+// headers and the caller's callback, in one allocation, taken back into
+// the sink's spares once its promise ran (franz-go does not touch a record
+// after its promise), so that a drain's records cost none. franz-go's promise
 // gets only the *kgo.Record back, so the record's Context is the produced
 // itself (franz-go keeps a record's Context for enrichment and only sets it
 // when nil) and promise is one function for every record, not a closure
@@ -228,6 +246,7 @@ type produced struct {
 	s      *Sink
 	done   func(error)           // Produce's
 	ack    func(sink.Ack, error) // ProduceAck's
+	cb     sink.Callback         // ProduceCallback's
 	manual bool                  // an explicit partition: the partitioner must keep it
 }
 
@@ -245,21 +264,27 @@ func (p *produced) Value(key any) any {
 	return nil
 }
 
-// promise is every record's franz-go promise.
+// promise is every record's franz-go promise. The produced goes back to
+// the spares before the caller's callback runs: nothing reads it after.
 func promise(r *kgo.Record, err error) {
 	p := r.Context.(*produced)
+	s := p.s
 	if err != nil {
-		err = p.s.fail(r, err)
+		err = s.fail(r, err)
 	}
-	if p.ack != nil {
-		if err != nil {
-			p.ack(sink.NoAck, err)
-			return
-		}
-		p.ack(sink.Ack{Partition: r.Partition, Offset: r.Offset}, nil)
-		return
+	done, ack, cb := p.done, p.ack, p.cb
+	at := sink.Ack{Partition: r.Partition, Offset: r.Offset}
+	s.spares.Put(p)
+	switch {
+	case cb != nil:
+		cb.Done(err)
+	case ack != nil && err != nil:
+		ack(sink.NoAck, err)
+	case ack != nil:
+		ack(at, nil)
+	default:
+		done(err)
 	}
-	p.done(err)
 }
 
 // fail counts and classifies a record's failure. A batch refused as too
@@ -277,7 +302,8 @@ func (s *Sink) fail(r *kgo.Record, err error) error {
 func (s *Sink) Record(rec *router.Record) *kgo.Record { return &s.record(rec).kr }
 
 func (s *Sink) record(rec *router.Record) *produced {
-	p := &produced{s: s, manual: rec.Partition >= 0}
+	p := s.spares.Get()
+	p.s, p.manual = s, rec.Partition >= 0
 	p.kr = kgo.Record{Topic: rec.Topic, Key: rec.Key, Value: rec.Value, Timestamp: rec.Timestamp, Context: p}
 	if len(rec.Headers) > 0 {
 		hs := p.hdrs[:0]

@@ -109,18 +109,22 @@ type Sink struct {
 // through ProduceAck.
 type publish struct {
 	topic string
-	done  func(error)
-	ack   func(sink.Ack, error)
+	done  func(error)           // Produce's
+	ack   func(sink.Ack, error) // ProduceAck's
+	cb    sink.Callback         // ProduceCallback's
 }
 
 // finish reports the outcome; a is the PubAck's place (sink.NoAck on a
 // failure).
 func (p *publish) finish(a sink.Ack, err error) {
-	if p.ack != nil {
+	switch {
+	case p.cb != nil:
+		p.cb.Done(err)
+	case p.ack != nil:
 		p.ack(a, err)
-		return
+	default:
+		p.done(err)
 	}
-	p.done(err)
 }
 
 // New connects to the server. A server that is down is retried in the
@@ -252,7 +256,18 @@ func (s *Sink) Produce(ctx context.Context, rec *router.Record, done func(error)
 	s.produce(ctx, rec, &publish{topic: rec.Topic, done: done})
 }
 
-var _ sink.Acker = (*Sink)(nil)
+var (
+	_ sink.Acker            = (*Sink)(nil)
+	_ sink.CallbackProducer = (*Sink)(nil)
+)
+
+// ProduceCallback is Produce calling cb.Done (sink.CallbackProducer): the
+// relay's per-event state is the callback, no closure. Nothing of rec is
+// kept past the call: the message is built from it (its data shares the
+// value's bytes, which are never written again).
+func (s *Sink) ProduceCallback(ctx context.Context, rec *router.Record, cb sink.Callback) {
+	s.produce(ctx, rec, &publish{topic: rec.Topic, cb: cb})
+}
 
 // ProduceAck is Produce passing done the PubAck's stream sequence
 // (sink/otel's span attribute).
@@ -297,7 +312,7 @@ func (s *Sink) produce(ctx context.Context, rec *router.Record, p *publish) {
 	s.last[stream] = id
 	s.pending[m] = p
 	s.mu.Unlock()
-	if _, err = s.js.PublishMsgAsync(m, jetstream.WithRetryAttempts(0)); err != nil {
+	if _, err = s.js.PublishMsgAsync(m, noRetries); err != nil {
 		if s.take(m) == nil {
 			return // failed through the callback already
 		}
@@ -306,6 +321,10 @@ func (s *Sink) produce(ctx context.Context, rec *router.Record, p *publish) {
 		p.finish(sink.NoAck, err)
 	}
 }
+
+// noRetries is every publish's WithRetryAttempts(0), made once rather
+// than a closure per publish (the option keeps no state).
+var noRetries = jetstream.WithRetryAttempts(0)
 
 // admit refuses a publish while the fence is up. The fence goes up at a
 // failure, and the relay stops producing at its next read after it sees

@@ -348,3 +348,51 @@ func TestStreamNameCollisionRejected(t *testing.T) {
 		t.Fatalf("colliding topic: %v (kind %v)", err, sink.KindOf(err))
 	}
 }
+
+// callback is a sink.Callback that counts down wg and keeps the error.
+type callback struct {
+	wg  *sync.WaitGroup
+	err *error
+}
+
+func (c callback) Done(err error) { *c.err = err; c.wg.Done() }
+
+// TestProduceCallbackKeepsNoRecord: ProduceCallback (the relay's path)
+// keeps nothing of the record it was handed: the relay reuses it once the
+// call returned, and what is stored is still the record as it was.
+func TestProduceCallbackKeepsNoRecord(t *testing.T) {
+	srv := harness.NATSForTest(t)
+	ctx := ctxFor(t)
+	s := newSink(t, srv, natssink.Config{CreateStreams: true})
+	const n = 50
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	var rec router.Record
+	for i := range n {
+		rec = *record("outbox.event.Callback", "k", fmt.Sprintf("id-%02d", i), fmt.Appendf(nil, "%d", i))
+		if err := s.Check(ctx, &rec); err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		s.ProduceCallback(ctx, &rec, callback{&wg, &errs[i]})
+		rec = router.Record{Topic: "reused", Value: []byte("reused")}
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("record %d: %v", i, err)
+		}
+	}
+	msgs, err := harness.ReadStream(ctx, srv.URL(), "outbox_event_Callback", n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(msgs) != n {
+		t.Fatalf("stream holds %d messages, want %d", len(msgs), n)
+	}
+	for i, m := range msgs {
+		if id := fmt.Sprintf("id-%02d", i); m.Subject != "outbox.event.Callback" || string(m.Data) != fmt.Sprint(i) || m.Header.Get(jetstream.MsgIDHeader) != id {
+			t.Fatalf("message %d: subject %q data %q msg-id %q, want %s", i, m.Subject, m.Data, m.Header.Get(jetstream.MsgIDHeader), id)
+		}
+	}
+}

@@ -128,11 +128,21 @@ type Sink struct {
 // headers table it reuses, and amqp091 has encoded it by the time Publish
 // returns.
 type entry struct {
-	rec      *router.Record
+	rec      router.Record // a copy: the caller may reuse its own (sink.CallbackProducer)
 	key      string
-	done     func(error)
+	done     func(error)   // Produce's
+	cb       sink.Callback // ProduceCallback's
 	tag      uint64
 	returned *amqp.Return
+}
+
+// finish reports the message's outcome to its caller.
+func (e *entry) finish(err error) {
+	if e.cb != nil {
+		e.cb.Done(err)
+		return
+	}
+	e.done(err)
 }
 
 // messageIDIs says whether id is the record's id header (its message_id),
@@ -184,11 +194,23 @@ func New(cfg Config) (*Sink, error) {
 // Produce queues rec for publication; done runs once RabbitMQ confirmed it,
 // or with a sink.Error of kind Rejected when it was returned or nacked.
 func (s *Sink) Produce(_ context.Context, rec *router.Record, done func(error)) {
-	e := &entry{rec: rec, key: s.routingKey(rec), done: done}
+	s.queue(&entry{rec: *rec, key: s.routingKey(rec), done: done})
+}
+
+var _ sink.CallbackProducer = (*Sink)(nil)
+
+// ProduceCallback is Produce calling cb.Done (sink.CallbackProducer): the
+// relay's per-event state is the callback, no closure. The entry holds a
+// copy of rec, so rec itself is not kept.
+func (s *Sink) ProduceCallback(_ context.Context, rec *router.Record, cb sink.Callback) {
+	s.queue(&entry{rec: *rec, key: s.routingKey(rec), cb: cb})
+}
+
+func (s *Sink) queue(e *entry) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		done(&sink.Error{Kind: sink.Transient, Err: errors.New("rabbitmq: sink closed")})
+		e.finish(&sink.Error{Kind: sink.Transient, Err: errors.New("rabbitmq: sink closed")})
 		return
 	}
 	s.pending = append(s.pending, e)
@@ -410,7 +432,7 @@ func (s *Sink) Close() {
 	s.pending = nil
 	s.mu.Unlock()
 	for _, e := range left {
-		e.done(&sink.Error{Kind: sink.Transient, Err: errors.New("rabbitmq: sink closed before the server confirmed the message")})
+		e.finish(&sink.Error{Kind: sink.Transient, Err: errors.New("rabbitmq: sink closed before the server confirmed the message")})
 	}
 }
 
@@ -659,7 +681,7 @@ loop:
 			// Taken off the line before the outcome is known: a failed
 			// publish leaves e in unconfirmed, which goes back in front.
 			published++
-			if err = ch.Publish(s.exchange, e.key, true, false, message(e.rec, hdrs)); err != nil {
+			if err = ch.Publish(s.exchange, e.key, true, false, message(&e.rec, hdrs)); err != nil {
 				err = fmt.Errorf("rabbitmq: publish: %w", err)
 				break
 			}
@@ -725,7 +747,7 @@ func (s *Sink) requeue(back []*entry, cause error) {
 		s.pending = nil
 		s.mu.Unlock()
 		for _, e := range all {
-			e.done(denied)
+			e.finish(denied)
 		}
 		return
 	}
@@ -746,7 +768,7 @@ func (s *Sink) requeue(back []*entry, cause error) {
 	s.pending = append(keep, s.pending...)
 	s.mu.Unlock()
 	for _, e := range refused {
-		e.done(&sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("the message body is %d bytes, more than the server's max_message_size %d (%v): raise max_message_size", len(e.rec.Value), limit, cause)})
+		e.finish(&sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("the message body is %d bytes, more than the server's max_message_size %d (%v): raise max_message_size", len(e.rec.Value), limit, cause)})
 	}
 }
 
@@ -845,11 +867,11 @@ func (s *Sink) readConfirms(confirms <-chan amqp.Confirmation, returns <-chan am
 			}
 			switch {
 			case !c.Ack:
-				e.done(&sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("rabbitmq refused the message (basic.nack) for exchange %q, routing key %q: a queue it routes to refused it (x-overflow reject-publish and full, or unavailable): make room or change the queue", s.exchange, e.key)})
+				e.finish(&sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("rabbitmq refused the message (basic.nack) for exchange %q, routing key %q: a queue it routes to refused it (x-overflow reject-publish and full, or unavailable): make room or change the queue", s.exchange, e.key)})
 			case e.returned != nil:
-				e.done(&sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("rabbitmq returned the message as unroutable (%d %s): no queue is bound to exchange %q for routing key %q; bind one (a durable quorum queue)", e.returned.ReplyCode, e.returned.ReplyText, s.exchange, e.key)})
+				e.finish(&sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("rabbitmq returned the message as unroutable (%d %s): no queue is bound to exchange %q for routing key %q; bind one (a durable quorum queue)", e.returned.ReplyCode, e.returned.ReplyText, s.exchange, e.key)})
 			default:
-				e.done(nil)
+				e.finish(nil)
 			}
 		}
 	}

@@ -150,6 +150,22 @@ func (r *results) wait(t *testing.T, n int) map[int]error {
 	return r.errs
 }
 
+// confirmedAndQueued waits for n callbacks, each nil, and returns the n
+// messages of queue.
+func confirmedAndQueued(t *testing.T, res *results, ch *amqp.Channel, queue string, n int) []amqp.Delivery {
+	t.Helper()
+	for i, err := range res.wait(t, n) {
+		if err != nil {
+			t.Fatalf("record %d: %v", i, err)
+		}
+	}
+	got := drain(t, ch, queue, n)
+	if len(got) != n {
+		t.Fatalf("queue holds %d messages, want %d", len(got), n)
+	}
+	return got
+}
+
 // TestPublishConfirmed: every record is confirmed once, and the queue holds
 // exactly them, in order, with the properties and headers outboxd promises.
 func TestPublishConfirmed(t *testing.T) {
@@ -161,15 +177,7 @@ func TestPublishConfirmed(t *testing.T) {
 	for i := range n {
 		s.Produce(context.Background(), record("outbox.event.Order", "order-"+strconv.Itoa(i%7), "id-"+strconv.Itoa(i), []byte(`{"n":`+strconv.Itoa(i)+`}`)), res.cb(i))
 	}
-	for i, err := range res.wait(t, n) {
-		if err != nil {
-			t.Fatalf("record %d: %v", i, err)
-		}
-	}
-	got := drain(t, ch, "q-publish", n)
-	if len(got) != n {
-		t.Fatalf("queue holds %d messages, want %d", len(got), n)
-	}
+	got := confirmedAndQueued(t, &res, ch, "q-publish", n)
 	for i, d := range got {
 		want := `{"n":` + strconv.Itoa(i) + `}`
 		if string(d.Body) != want || d.MessageId != "id-"+strconv.Itoa(i) {
@@ -616,5 +624,36 @@ func TestProgressConcurrentReaders(t *testing.T) {
 	}
 	if n := wrong.Load(); n > 0 {
 		t.Fatalf("%d of %d loads did not return the record", n, rounds*len(readers))
+	}
+}
+
+// callback is results' sink.Callback for record i.
+type callback struct {
+	r *results
+	i int
+}
+
+func (c callback) Done(err error) { c.r.cb(c.i)(err) }
+
+// TestProduceCallbackKeepsNoRecord: ProduceCallback (the relay's path)
+// keeps nothing of the record it was handed: the relay reuses it once the
+// call returned, and what is published is still the record as it was.
+func TestProduceCallbackKeepsNoRecord(t *testing.T) {
+	ch := admin(t)
+	bind(t, ch, "t-callback", "q-callback", "#", nil)
+	s := newSink(t, Config{Exchange: "t-callback", Declare: true, Window: 8})
+	const n = 200
+	var res results
+	var rec router.Record
+	for i := range n {
+		rec = *record("outbox.event.Order", "order-1", "id-"+strconv.Itoa(i), []byte(`{"n":`+strconv.Itoa(i)+`}`))
+		s.ProduceCallback(context.Background(), &rec, callback{&res, i})
+		rec = router.Record{Topic: "reused", Value: []byte("reused")}
+	}
+	got := confirmedAndQueued(t, &res, ch, "q-callback", n)
+	for i, d := range got {
+		if want := `{"n":` + strconv.Itoa(i) + `}`; string(d.Body) != want || d.MessageId != "id-"+strconv.Itoa(i) || d.RoutingKey != "outbox.event.Order" {
+			t.Fatalf("message %d: id %q body %q routing key %q, want id-%d %s", i, d.MessageId, d.Body, d.RoutingKey, i, want)
+		}
 	}
 }

@@ -11,6 +11,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -51,6 +52,8 @@ type Config struct {
 	Brokers         []string        // broker kinds, one column each, in order (harness kinds: kfake, apache, apache-cluster, external)
 	SkipPolling     bool            // drain cases without the polling publisher
 	PerfDir         string          // if set, `perf record` outboxd and its walsender during drains
+	Hogs            int             // CPU hogs (stress-ng --cpu N) beside the whole run (hogs.go); 0: none
+	HogsLimit       time.Duration   // how long the hogs may run at most (the run's -timeout)
 	Progress        io.Writer       // progress lines (nil: discarded)
 }
 
@@ -116,8 +119,9 @@ type Env struct {
 	BrokerDesc    string // what the broker is, for the table header
 	Machine       Machine
 	PGSettings    string
-	worlds        int // worlds created so far
-	Restarts      int // servers found dead and restarted between cases
+	worlds        int   // worlds created so far
+	Restarts      int   // servers found dead and restarted between cases
+	hogs          *hogs // -hogs (hogs.go); nil without
 }
 
 // alive reports whether pid is a live process (not a zombie).
@@ -210,6 +214,12 @@ func StartEnv(ctx context.Context, cfg Config) (_ *Env, err error) {
 	}
 	if e.logDir, err = os.MkdirTemp("", "outboxd-bench-"); err != nil {
 		return nil, err
+	}
+	if cfg.Hogs > 0 {
+		e.progress("starting %d CPU hogs (stress-ng --cpu %d) for the whole run", cfg.Hogs, cfg.Hogs)
+		if e.hogs, err = startHogs(ctx, cfg.Hogs, cmp.Or(cfg.HogsLimit, time.Hour), e.logDir); err != nil {
+			return nil, err
+		}
 	}
 	e.progress("starting PostgreSQL")
 	var opts []harness.PGOption
@@ -411,6 +421,7 @@ func (e *Env) describeBroker() string {
 // Close stops everything StartEnv and StartBroker started and removes the
 // temp dirs.
 func (e *Env) Close() {
+	e.hogs.close()
 	e.StopBroker()
 	if e.PG != nil {
 		e.PG.Close()

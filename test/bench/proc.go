@@ -151,6 +151,7 @@ type cpuSnapshot struct {
 	self     time.Duration
 	broker   map[int]time.Duration // the broker's processes (kfaked or the Kafka JVMs)
 	postgres map[int]time.Duration // children of the postmaster
+	hogs     map[int]time.Duration // -hogs: stress-ng and its workers (nil without)
 }
 
 // CPUSplit is CPU time by process over one measurement window.
@@ -164,17 +165,20 @@ type CPUSplit struct {
 	Bench     time.Duration // this process: the ceiling reader, the polling publisher, writers, monitors
 	Known     bool          // false when the servers are external (no pids)
 	Label     string        // what the Walsender column holds when it is not a walsender
+	Hogs      time.Duration // -hogs: the CPU hogs' (stress-ng) time, not counted in Others
+	HogsN     int           // how many CPU hogs ran beside the window (0: none)
 	Busy      time.Duration // the whole machine's non-idle CPU time over the window
 }
 
 // Others is the machine's busy time not accounted to the processes above:
-// kernel threads, interrupts and anything else running on the machine.
+// kernel threads, interrupts and anything else running on the machine (the
+// -hogs are accounted: a load the run chose).
 func (c CPUSplit) Others() time.Duration {
-	return max(0, c.Busy-(c.Outboxd+c.Walsender+c.Postgres+c.Broker+c.Bench))
+	return max(0, c.Busy-(c.Outboxd+c.Walsender+c.Postgres+c.Broker+c.Bench+c.Hogs))
 }
 
 func (e *Env) snapshot() cpuSnapshot {
-	s := cpuSnapshot{at: time.Now(), busy: machineBusy(), self: cpuOf(os.Getpid()), broker: map[int]time.Duration{}, postgres: children(e.postmasterPID)}
+	s := cpuSnapshot{at: time.Now(), busy: machineBusy(), self: cpuOf(os.Getpid()), broker: map[int]time.Duration{}, postgres: children(e.postmasterPID), hogs: e.hogs.pids()}
 	for _, pid := range e.brokerPIDs {
 		s.broker[pid] = cpuOf(pid)
 	}
@@ -210,6 +214,14 @@ func (e *Env) split(s cpuSnapshot, walsenders ...int) CPUSplit {
 	for pid, cpu := range now.broker {
 		if before, ok := s.broker[pid]; ok && cpu >= before {
 			c.Broker += cpu - before
+		}
+	}
+	if e.hogs != nil {
+		c.HogsN = e.hogs.n
+		for pid, cpu := range now.hogs {
+			if before, ok := s.hogs[pid]; ok && cpu >= before {
+				c.Hogs += cpu - before
+			}
 		}
 	}
 	switch n := len(s.broker); {
@@ -259,7 +271,11 @@ func (c CPUSplit) String() string {
 		label = "walsender"
 	}
 	parts = append(parts, label+" "+pct(c.Walsender, c.Wall), "pg-other "+pct(c.Postgres, c.Wall),
-		c.BrokerIs+" "+pct(c.Broker, c.Wall), "bench "+pct(c.Bench, c.Wall), "others "+pct(c.Others(), c.Wall))
+		c.BrokerIs+" "+pct(c.Broker, c.Wall), "bench "+pct(c.Bench, c.Wall))
+	if c.HogsN > 0 {
+		parts = append(parts, fmt.Sprintf("%d hogs %s", c.HogsN, pct(c.Hogs, c.Wall)))
+	}
+	parts = append(parts, "others "+pct(c.Others(), c.Wall))
 	return strings.Join(parts, " ") + fmt.Sprintf(" = %s/%d00%%", pct(c.Busy, c.Wall), runtime.NumCPU())
 }
 

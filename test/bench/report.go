@@ -147,7 +147,11 @@ func (r *Results) Table(w io.Writer) (missed []string) {
 	if len(outboxdArgs) > 0 {
 		args = "defaults + " + strings.Join(outboxdArgs, " ")
 	}
-	fmt.Fprintf(w, "outboxd:  %s\n\n", args)
+	fmt.Fprintf(w, "outboxd:  %s\n", args)
+	if h := hogsCommand(r.Config.Hogs); h != "" {
+		fmt.Fprintf(w, "hogs:     %s\n", h)
+	}
+	fmt.Fprintln(w)
 
 	// Each column's rows in groups (a numbered row and its ″ rows), then
 	// merged: the groups of one measurement side by side, brokers in order.
@@ -483,7 +487,8 @@ CPU:      utime+stime from /proc/<pid>/stat over the run's wall time, as % of on
           "others" is the machine's busy time (/proc/stat) not spent in the processes listed: other tenants, kernel threads.
           RSS: VmHWM from /proc/<pid>/status just before outboxd is stopped. MiB = 2^20 bytes.
           A run whose "others" took more than 25% of a core is busy: its outboxd ÷ walsender target is not judged, and
-          the results file is marked busy. Per event: outboxd's CPU over its life, go_memstats_mallocs_total from its
+          the results file is marked busy. With -hogs N, "N hogs" is stress-ng's CPU (not in "others"): a run beside
+          them is judged, and says "beside N CPU hogs"; the load average's busy mark discounts the N hogs. Per event: outboxd's CPU over its life, go_memstats_mallocs_total from its
           /metrics at the drain's end (startup included), and the voluntary + involuntary context switches of its
           threads (/proc/<pid>/task/*/status), each ÷ the events.
 schema:   one backlog drained plain and with --schema-pin (Avro, JSON Schema) against franz-go's srfake served by the

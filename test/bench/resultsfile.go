@@ -23,7 +23,7 @@ func (r *Results) ResultsFile(args string) *results.File {
 		Date:     r.Started.UTC().Format("2006-01-02T15:04:05Z"),
 		Machine:  fmt.Sprintf("%d cores (%s), %s RAM, Linux %s, %s, PostgreSQL %s", m.NProc, m.CPUModel, m.MemTotal, m.Kernel, m.Go, m.Postgres),
 		Load:     fmt.Sprintf("load average %s at start, %s at end", m.LoadAvg, r.LoadEnd),
-		Busy:     busy(m.LoadAvg, m.NProc) || busy(r.LoadEnd, m.NProc) || r.contended(),
+		Busy:     busy(m.LoadAvg, m.NProc, r.Config.Hogs) || busy(r.LoadEnd, m.NProc, r.Config.Hogs) || r.contended(),
 		Settings: settingsLine(buf.String()),
 		Tables:   map[string][][]string{},
 	}
@@ -39,14 +39,15 @@ func (r *Results) ResultsFile(args string) *results.File {
 }
 
 // busy: a 1-minute load average above three quarters of the cores means
-// other work competed for the CPU the figures were measured on.
-func busy(load string, nproc int) bool {
+// other work competed for the CPU the figures were measured on. The -hogs
+// the run started are not other work: each adds one to the load average.
+func busy(load string, nproc, hogs int) bool {
 	fields := strings.Fields(load)
 	if len(fields) == 0 {
 		return false
 	}
 	v, err := strconv.ParseFloat(fields[0], 64)
-	return err == nil && nproc > 0 && v > 0.75*float64(nproc)
+	return err == nil && nproc > 0 && v-float64(hogs) > 0.75*float64(nproc)
 }
 
 // contended reports whether any drain run had others take more than a
@@ -71,7 +72,7 @@ func (r *Results) contended() bool {
 func settingsLine(printed string) string {
 	var parts []string
 	for _, l := range strings.Split(printed, "\n") {
-		if strings.HasPrefix(l, "kafka:") || strings.HasPrefix(l, "outboxd:") {
+		if strings.HasPrefix(l, "kafka:") || strings.HasPrefix(l, "outboxd:") || strings.HasPrefix(l, "hogs:") {
 			parts = append(parts, strings.Join(strings.Fields(l), " "))
 		}
 	}

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -42,8 +43,12 @@ func TestResultsFileIsThePrintedTable(t *testing.T) {
 	if !found {
 		t.Fatalf("no failed apache drain row in %q", main)
 	}
-	if busy("0.9 0.5 0.2", 2) || !busy("1.6", 2) {
+	if busy("0.9 0.5 0.2", 2, 0) || !busy("1.6", 2, 0) {
 		t.Fatal("busy threshold")
+	}
+	// Two hogs add two to the load average; only what is left counts.
+	if busy("3.4 3.0 2.0", 2, 2) || !busy("3.7", 2, 2) {
+		t.Fatal("busy threshold beside two hogs")
 	}
 	// A quiet load average, but others took 30% of a core during a drain.
 	res.Machine.LoadAvg, res.LoadEnd = "0.2 0.2 0.2", "0.3 0.2 0.2"
@@ -53,5 +58,47 @@ func TestResultsFileIsThePrintedTable(t *testing.T) {
 	res.Columns[0].Drains[0].Relays[0].CPU = CPUSplit{Known: true, Wall: time.Second, Busy: 300 * time.Millisecond}
 	if !res.ResultsFile("").Busy {
 		t.Fatal("a drain whose others took 30% of a core is not marked busy")
+	}
+}
+
+// TestHogsInTheResultsFile: a run with -hogs says so in the header and the
+// results file's settings, its drains' CPU split shows the hogs apart from
+// "others", and two hogs' load does not mark the file busy by itself.
+func TestHogsInTheResultsFile(t *testing.T) {
+	split := CPUSplit{Known: true, Wall: time.Second, Outboxd: 250 * time.Millisecond, Walsender: 400 * time.Millisecond,
+		BrokerIs: "kfaked", Hogs: 900 * time.Millisecond, HogsN: 2, Busy: 1650 * time.Millisecond}
+	if got, want := split.String(), "outboxd 25% walsender 40% pg-other 0% kfaked 0% bench 0% 2 hogs 90% others 10% = 165%/"; !strings.HasPrefix(got, want) {
+		t.Errorf("CPU split %q, want it to start %q", got, want)
+	}
+	if split.Contended() {
+		t.Error("the hogs' CPU counted as others: contended")
+	}
+	drain := RelayCase{Name: "d", Events: 1000, PerTxn: 1, Backlog: backlog{Events: 1000, PerTxn: 1, Txns: 1000, PayloadBytes: 200_000},
+		Ceilings: []CeilingRun{{Elapsed: time.Second}}, Relays: []RelayRun{{Elapsed: time.Second, OutboxdCPU: 250 * time.Millisecond, CPU: split}}}
+	res := &Results{Config: Config{Cases: map[string]bool{"drain": true}, DrainEvents: 1000, Hogs: 2},
+		Started: time.Date(2026, 12, 2, 15, 0, 0, 0, time.UTC), LoadEnd: "3.2 2.5 1.5",
+		Machine: Machine{NProc: 2, LoadAvg: "2.9 2.0 1.0"},
+		Columns: []*Column{{Broker: "kfake", Desc: "kfaked", Drains: []RelayCase{drain}}}}
+	f := res.ResultsFile("-hogs 2")
+	if f.Busy {
+		t.Error("a run beside two hogs with nothing else marked busy")
+	}
+	if want := "hogs: " + hogsCommand(2); !strings.Contains(f.Settings, want) || !strings.Contains(hogsCommand(2), "stress-ng --cpu 2") {
+		t.Errorf("settings %q, want them to hold %q", f.Settings, want)
+	}
+	var found bool
+	for _, r := range f.Tables["main"] {
+		if strings.HasPrefix(r[1], "″ CPU per event") {
+			found = true
+			if !strings.Contains(r[1], "beside 2 CPU hogs") || r[7] != "PASS" {
+				t.Errorf("per-event row beside hogs %q: want it labelled and judged (0.62× ≤ 0.70×: PASS, not busy)", r)
+			}
+		}
+	}
+	if !found {
+		t.Fatalf("no per-event row in %q", f.Tables["main"])
+	}
+	if hogsCommand(0) != "" {
+		t.Error("-hogs 0 described")
 	}
 }

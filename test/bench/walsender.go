@@ -143,8 +143,9 @@ func outboxdPerWalsender(broker string, perTxn int) (limit float64, ok bool) {
 func perEventRows(c RelayCase, broker string, perTxn int) []row {
 	n := float64(max(1, c.Backlog.Events))
 	var ob, ws, ratios, allocs, cs []float64
-	busy := 0
+	busy, hogs := 0, 0
 	for _, r := range c.Relays {
+		hogs = max(hogs, r.CPU.HogsN)
 		if !r.CPU.Known || r.CPU.Walsender <= 0 || r.OutboxdCPU <= 0 {
 			continue
 		}
@@ -162,6 +163,9 @@ func perEventRows(c RelayCase, broker string, perTxn int) []row {
 		return nil
 	}
 	label := fmt.Sprintf("  ″ CPU per event: outboxd ÷ walsender, median of %d runs", len(ratios))
+	if hogs > 0 {
+		label += fmt.Sprintf(", beside %d CPU hogs", hogs) // judged all the same: the targets hold there too
+	}
 	if busy > 0 {
 		label += fmt.Sprintf(", %d busy", busy)
 	}

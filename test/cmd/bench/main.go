@@ -16,6 +16,7 @@
 //	go run ./test/cmd/bench -cases drain -outboxd-args '--kafka-linger 5ms'
 //	go run ./test/cmd/bench -cases latency -outboxd-env 'GOMAXPROCS=1'
 //	go run ./test/cmd/bench -cases drain -perf-dir /tmp/perf   # perf record outboxd + walsender
+//	go run ./test/cmd/bench -cases drain -hogs 2   # beside two CPU hogs (stress-ng --cpu 2) for the whole run
 //	go run ./test/cmd/bench -brokers nats,rabbitmq -cases drain,latency   # outboxd --broker nats:// and amqp:// (not in the default list)
 //	go run ./test/cmd/bench -cases sustained -brokers apache-cluster -results results   # 10 min at 20k ev/s per txn size (~25 min)
 //
@@ -44,6 +45,7 @@ func main() {
 		outboxdEnv  = flag.String("outboxd-env", "", "extra environment for outboxd, space-separated KEY=VALUE (e.g. 'GOMAXPROCS=1 GOGC=200')")
 		cases       = flag.String("cases", "drain,latency,resources,eos,debezium,binary,cloudevents,schema,memory", "comma-separated cases to run: drain, latency, resources, eos (exactly-once beside at-least-once), debezium (beside Debezium + Kafka Connect on Apache Kafka), binary (the drains also with --pgoutput-binary off, interleaved), cloudevents (the drains also with --envelope cloudevents, binary and structured mode, interleaved), schema (one 10 ev/txn backlog drained plain, with an Avro and with a JSON Schema pinned in a registry the bench serves, interleaved), memory (one 200k-row transaction at the default in-flight bounds and smaller --max-inflight-bytes); not by default: tracing (outboxd's CPU per event and p99 at 5k ev/s with every event an OTLP span vs tracing off, first broker only), sustained (10 min per transaction size at 20k ev/s, 1 and 10 ev/txn; -sustained-* flags), dbzserver (Debezium Server 3.6 beside outboxd in the NATS and RabbitMQ drain cases: .ci/debezium-server.sh, Temurin 25)")
 		perfDir     = flag.String("perf-dir", "", "record perf record -g profiles of outboxd and its walsender during each drain into this directory")
+		hogs        = flag.Int("hogs", 0, "run `N` CPU hogs (stress-ng --cpu N) beside the whole run: their CPU is the split's \"hogs\", not \"others\", and the outboxd ÷ walsender targets are judged beside them (issue 34: quiet and beside 2)")
 		noPolling   = flag.Bool("no-polling", false, "skip the polling publisher in the drain cases")
 		timeout     = flag.Duration("timeout", 45*time.Minute, "give up after this long")
 		allowMiss   = flag.Bool("allow-miss", false, "exit 0 even when a measurement misses its target")
@@ -103,6 +105,11 @@ apache-cluster ~7 min); -quick took ~4 min. Exits 1 when a measurement misses it
 		os.Exit(2)
 	}
 	cfg.PerfDir = *perfDir
+	if *hogs < 0 {
+		fmt.Fprintf(os.Stderr, "bench: -hogs %d: want 0 or more\n", *hogs)
+		os.Exit(2)
+	}
+	cfg.Hogs, cfg.HogsLimit = *hogs, *timeout
 	cfg.SkipPolling = *noPolling
 	cfg.Progress = os.Stderr
 
