@@ -639,7 +639,7 @@ func (c callback) Done(err error) { c.r.cb(c.i)(err) }
 // keeps nothing of the record it was handed: the relay reuses it once the
 // call returned, and what is published is still the record as it was.
 func TestProduceCallbackKeepsNoRecord(t *testing.T) {
-	ch := admin(t)
+	ch := node.Channel(t)
 	bind(t, ch, "t-callback", "q-callback", "#", nil)
 	s := newSink(t, Config{Exchange: "t-callback", Declare: true, Window: 8})
 	const n = 200
