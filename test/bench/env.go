@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -115,13 +116,17 @@ type Env struct {
 	mq     msgBroker // a nats or rabbitmq column (mq.go); Kafka, kcl and adm are nil then
 
 	postmasterPID int
-	brokerPIDs    []int  // the broker's processes: kfaked, or one JVM per Apache node
-	BrokerDesc    string // what the broker is, for the table header
-	Machine       Machine
-	PGSettings    string
-	worlds        int   // worlds created so far
-	Restarts      int   // servers found dead and restarted between cases
-	hogs          *hogs // -hogs (hogs.go); nil without
+	// brokerPIDs are the broker's processes (kfaked, or one JVM per Apache
+	// node), read by the watch goroutine (checkServers) while the cases
+	// start and stop brokers: only under pidsMu (setBrokerPIDs, brokerProcs).
+	brokerPIDs []int
+	pidsMu     sync.Mutex
+	BrokerDesc string // what the broker is, for the table header
+	Machine    Machine
+	PGSettings string
+	worlds     int   // worlds created so far
+	Restarts   int   // servers found dead and restarted between cases
+	hogs       *hogs // -hogs (hogs.go); nil without
 }
 
 // alive reports whether pid is a live process (not a zombie).
@@ -134,7 +139,7 @@ func alive(pid int) bool {
 // the bench stopped them (other processes on a shared machine), or they
 // crashed.
 func (e *Env) checkServers() error {
-	for _, pid := range e.brokerPIDs {
+	for _, pid := range e.brokerProcs() {
 		if !alive(pid) {
 			if e.mq != nil {
 				return fmt.Errorf("%s (pid %d) exited during the case", e.mq.brokerIs(), pid)
@@ -166,7 +171,7 @@ func (e *Env) ensureServers(ctx context.Context) error {
 		return err
 	}
 	e.postmasterPID = postmasterPID(e.PG.Dir())
-	e.brokerPIDs = e.findBrokerPIDs()
+	e.setBrokerPIDs(e.findBrokerPIDs())
 	return e.checkServers()
 }
 
@@ -277,9 +282,9 @@ func (e *Env) StartBroker(ctx context.Context, kind string) (err error) {
 		if e.mq, err = startMsgBroker(ctx, kind); err != nil {
 			return fmt.Errorf("starting %s: %w", kind, err)
 		}
-		e.brokerPIDs = e.mq.pids()
+		e.setBrokerPIDs(e.mq.pids())
 		e.BrokerDesc = e.mq.desc()
-		e.progress("broker %s ready in %s: %s (pids %v)", kind, time.Since(start).Round(100*time.Millisecond), e.BrokerDesc, e.brokerPIDs)
+		e.progress("broker %s ready in %s: %s (pids %v)", kind, time.Since(start).Round(100*time.Millisecond), e.BrokerDesc, e.brokerProcs())
 		return nil
 	}
 	if e.Kafka, err = harness.StartKafkaKind(ctx, kind); err != nil {
@@ -293,7 +298,7 @@ func (e *Env) StartBroker(ctx context.Context, kind string) (err error) {
 		return err
 	}
 	e.adm = kadm.NewClient(e.kcl)
-	e.brokerPIDs = e.findBrokerPIDs()
+	e.setBrokerPIDs(e.findBrokerPIDs())
 	e.BrokerDesc = e.describeBroker()
 	e.progress("broker %s ready in %s: %s", kind, time.Since(start).Round(100*time.Millisecond), e.BrokerDesc)
 	if err := e.warmBroker(ctx); err != nil {
@@ -358,7 +363,8 @@ func (e *Env) StopBroker() {
 		e.mq.close()
 		e.mq = nil
 	}
-	e.brokerPIDs, e.BrokerDesc = nil, ""
+	e.setBrokerPIDs(nil)
+	e.BrokerDesc = ""
 }
 
 // findBrokerPIDs returns the broker's processes: each Apache node's JVM,
@@ -400,8 +406,8 @@ func (e *Env) describeBroker() string {
 		minISR = 2
 	}
 	var jvm []string
-	if len(e.brokerPIDs) > 0 {
-		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", e.brokerPIDs[0])); err == nil {
+	if pids := e.brokerProcs(); len(pids) > 0 {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pids[0])); err == nil {
 			for _, arg := range strings.Split(string(b), "\x00") {
 				if strings.HasPrefix(arg, "-X") {
 					jvm = append(jvm, arg)
@@ -561,4 +567,16 @@ func (w *world) slotConfirmed(ctx context.Context, slot string) (uint64, int, er
 		return 0, 0, err
 	}
 	return s.ConfirmedFlushLSN, s.ActivePID, nil
+}
+
+func (e *Env) setBrokerPIDs(pids []int) {
+	e.pidsMu.Lock()
+	defer e.pidsMu.Unlock()
+	e.brokerPIDs = pids
+}
+
+func (e *Env) brokerProcs() []int {
+	e.pidsMu.Lock()
+	defer e.pidsMu.Unlock()
+	return e.brokerPIDs
 }

@@ -179,7 +179,7 @@ func (c CPUSplit) Others() time.Duration {
 
 func (e *Env) snapshot() cpuSnapshot {
 	s := cpuSnapshot{at: time.Now(), busy: machineBusy(), self: cpuOf(os.Getpid()), broker: map[int]time.Duration{}, postgres: children(e.postmasterPID), hogs: e.hogs.pids()}
-	for _, pid := range e.brokerPIDs {
+	for _, pid := range e.brokerProcs() {
 		s.broker[pid] = cpuOf(pid)
 	}
 	return s
@@ -210,7 +210,7 @@ func machineBusy() time.Duration {
 // full, processes that ended during it are lost (short-lived backends only).
 func (e *Env) split(s cpuSnapshot, walsenders ...int) CPUSplit {
 	now := e.snapshot()
-	c := CPUSplit{Wall: now.at.Sub(s.at), Busy: now.busy - s.busy, Bench: now.self - s.self, Known: e.postmasterPID > 0 && len(e.brokerPIDs) > 0}
+	c := CPUSplit{Wall: now.at.Sub(s.at), Busy: now.busy - s.busy, Bench: now.self - s.self, Known: e.postmasterPID > 0 && len(e.brokerProcs()) > 0}
 	for pid, cpu := range now.broker {
 		if before, ok := s.broker[pid]; ok && cpu >= before {
 			c.Broker += cpu - before
