@@ -103,7 +103,10 @@ func (b *natsBench) barePublish(ctx context.Context, recs []*router.Record) erro
 	var conv natssink.Sink // Message needs no connection: the defaults' subject
 	futures := make([]jetstream.PubAckFuture, 0, len(recs))
 	for _, rec := range recs {
-		f, err := js.PublishMsgAsync(conv.Message(rec))
+		// With the window full, wait for acks as long as they take: the
+		// default stall wait (200 ms) fails the run on a loaded machine
+		// ("too many outstanding async published messages").
+		f, err := js.PublishMsgAsync(conv.Message(rec), jetstream.WithStallWait(time.Minute))
 		if err != nil {
 			return fmt.Errorf("bare nats publish: %w", err)
 		}
