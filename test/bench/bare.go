@@ -33,7 +33,7 @@ type BareRun struct {
 // The most publishes a bare publisher leaves awaiting their
 // acknowledgement: outboxd's default --max-inflight-events on the broker.
 const (
-	bareWindowNATS     = 50000
+	bareWindowNATS     = 8192
 	bareWindowRabbitMQ = 8192
 )
 
