@@ -34,7 +34,7 @@ type BareRun struct {
 // acknowledgement: outboxd's default --max-inflight-events on the broker.
 const (
 	bareWindowNATS     = 8192
-	bareWindowRabbitMQ = 8192
+	bareWindowRabbitMQ = 4096
 )
 
 // targetBareRatio: outboxd's drain ÷ the bare publisher's.
