@@ -45,8 +45,8 @@ type Config struct {
 	Logger      *slog.Logger // default: discard
 	Version     string       // outboxd_build_info's version label
 
-	MaxInflightEvents  int            // events handed to the sink and not yet acked before reading pauses (50000)
-	MaxInflightBytes   int64          // the same in bytes (32 MiB)
+	MaxInflightEvents  int            // events handed to the sink and not yet acked before reading pauses (16384)
+	MaxInflightBytes   int64          // the same in bytes (16 MiB)
 	StatusInterval     time.Duration  // the longest gap between standby status updates (10s)
 	ConfirmInterval    time.Duration  // the shortest gap between confirmations while events flow (25ms)
 	ReplicationTimeout time.Duration  // silence after which the connection is presumed dead (30s)
@@ -149,10 +149,10 @@ func (c *Config) defaults() error {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	if c.MaxInflightEvents == 0 {
-		c.MaxInflightEvents = 50000
+		c.MaxInflightEvents = 16384
 	}
 	if c.MaxInflightBytes == 0 {
-		c.MaxInflightBytes = 32 << 20
+		c.MaxInflightBytes = 16 << 20
 	}
 	if c.MaxMessageBytes == 0 {
 		c.MaxMessageBytes = 1000012

@@ -46,7 +46,7 @@ type rabbitOptions struct {
 // rabbitMaxInflight is --max-inflight-events with RabbitMQ when it is left
 // at its default: twice the confirm window. RabbitMQ confirms a few
 // thousand messages per second where Kafka acks tens of thousands, so the
-// relay's in-flight bound (50,000 events for Kafka) fills up, and every
+// relay's in-flight bound (16,384 events for Kafka) fills up, and every
 // event beyond the window only waits in the sink's line, costing memory
 // (in the relay and the sink: about 1 KB an event with the Go heap's
 // headroom) without making the drain faster: one window on the wire and
@@ -121,12 +121,7 @@ func (r *rabbitOptions) open(ctx context.Context, b brokerRun) (*openedBroker, e
 	if err != nil {
 		return nil, err
 	}
-	if r.fs != nil {
-		if f := r.fs.Lookup("max-inflight-events"); f != nil && f.Value.String() == f.DefValue && b.Opts.MaxInflightEvents > rabbitMaxInflight {
-			b.Opts.MaxInflightEvents = rabbitMaxInflight
-			b.Log.Info("rabbitmq: --max-inflight-events defaults to twice the confirm window here; set it to hold more", "max_inflight_events", rabbitMaxInflight)
-		}
-	}
+	lowerInflightDefault(r.fs, b, rabbitMaxInflight, "rabbitmq: --max-inflight-events defaults to twice the confirm window here")
 	cfg := rabbitmq.Config{
 		URL: b.URL, TLS: tlsCfg, Exchange: r.Exchange, ExchangeType: r.ExchangeType, Declare: r.DeclareExchange,
 		KeyInRoutingKey: r.KeyRouting, MaxMessageBytes: int(r.MaxMessageSize), Logger: b.Log, Held: b.Held,

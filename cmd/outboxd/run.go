@@ -83,9 +83,9 @@ func (o *runOptions) register(s *optionSet) {
 	fs.DurationVar(&o.StatusInterval, "status-interval", 10*time.Second, "longest gap between standby status updates to PostgreSQL")
 	fs.DurationVar(&o.ConfirmInterval, "confirm-interval", 25*time.Millisecond, "shortest gap between flush LSN confirmations while events flow")
 	fs.DurationVar(&o.ReplicationTimeout, "replication-timeout", 30*time.Second, "silence from PostgreSQL (status updates ask for replies) after which the replication connection is presumed dead and replaced")
-	fs.IntVar(&o.MaxInflightEvents, "max-inflight-events", 50000, "events handed to the broker and not yet acked before reading pauses (RabbitMQ: 8192 unless set)")
-	o.MaxInflightBytes = 32 << 20
-	fs.Var(&o.MaxInflightBytes, "max-inflight-bytes", "bytes handed to the broker and not yet acked before reading pauses")
+	fs.IntVar(&o.MaxInflightEvents, "max-inflight-events", 16384, "events handed to the broker and not yet acked before reading pauses (NATS: 8192, RabbitMQ: 4096 unless set)")
+	o.MaxInflightBytes = 16 << 20
+	fs.Var(&o.MaxInflightBytes, "max-inflight-bytes", "bytes handed to the broker and not yet acked before reading pauses; without GOMEMLIMIT or a cgroup memory limit, the Go memory limit is twice this (at least 32MiB)")
 	o.MaxMessageBytes = 1000012
 	fs.Var(&o.MaxMessageBytes, "max-message-bytes", "largest record batch the producer sends (smaller for a topic whose max.message.bytes is smaller); a larger event is invalid (--on-invalid). Keep it at most the topics' max.message.bytes (Kafka's own limit, 1,048,588 by default): raise both together")
 	fs.DurationVar(&o.HeartbeatInterval, "heartbeat-interval", 10*time.Second, "emit a pg_logical_emit_message heartbeat this often to measure replication delay (0 disables; no table needed)")
@@ -256,7 +256,7 @@ func startupWarnings(ctx context.Context, o *runOptions, set *optionSet, log *sl
 	for _, w := range set.unknownEnv(os.Environ()) {
 		log.Warn(w)
 	}
-	setMemoryLimit(log, getenv)
+	setMemoryLimit(log, getenv, int64(o.MaxInflightBytes))
 	warnings := transportWarnings(*o, getenv)
 	for _, w := range warnings {
 		log.Warn("insecure transport: " + w)

@@ -491,7 +491,7 @@ func BenchmarkProduce(b *testing.B) {
 	if err := ch.QueueBind("q-bench", "#", "t-bench", false, nil); err != nil {
 		b.Fatal(err)
 	}
-	for _, window := range []int{256, 1024, 4096} {
+	for _, window := range []int{1024, 2048, 4096} {
 		b.Run(fmt.Sprintf("window=%d", window), func(b *testing.B) {
 			s, err := New(Config{URL: node.URL(), Exchange: "t-bench", Window: window})
 			if err != nil {

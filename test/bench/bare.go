@@ -33,8 +33,8 @@ type BareRun struct {
 // The most publishes a bare publisher leaves awaiting their
 // acknowledgement: outboxd's default --max-inflight-events on the broker.
 const (
-	bareWindowNATS     = 50000
-	bareWindowRabbitMQ = 8192
+	bareWindowNATS     = 8192
+	bareWindowRabbitMQ = 4096
 )
 
 // targetBareRatio: outboxd's drain ÷ the bare publisher's.

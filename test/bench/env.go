@@ -73,7 +73,7 @@ func DefaultConfig(quick bool) Config {
 		LargeEvents:     20_000,
 		LargePayload:    4096,
 		MemRows:         200_000,
-		MemBounds:       []int64{0, 4 << 20, 8 << 20, 16 << 20},
+		MemBounds:       []int64{0, 4 << 20, 8 << 20, 32 << 20}, // 32 MiB: the default before issue 34
 		Cases:           map[string]bool{"drain": true, "latency": true, "resources": true, "eos": true, "debezium": true, "binary": true, "memory": true},
 		Debezium:        defaultDebezium(quick),
 		Sustained:       defaultSustained(quick),

@@ -10,9 +10,9 @@ import (
 )
 
 // The memory case: one large transaction (200,000 rows of ~200-byte
-// payloads) relayed with the default in-flight bounds and with smaller
-// --max-inflight-bytes, to show what the defaults cost in RSS and what a
-// smaller bound costs in drain speed. The bounds' runs interleave (every
+// payloads) relayed with the default in-flight bounds and with other
+// --max-inflight-bytes (smaller, and the old default 32 MiB), to show what
+// the defaults cost in RSS and what a bound costs in drain speed. The bounds' runs interleave (every
 // bound once per round, the order reversed in odd rounds), so that the
 // machine's load falls on every bound alike.
 
@@ -32,7 +32,9 @@ type MemCurve struct {
 }
 
 // targetRSSDefaults: the 200k-row transaction at the default bounds fits
-// a 64 MiB container (issue 27).
+// a 64 MiB container (issue 27), on every broker (issue 34): the sinks
+// differ in what an in-flight event costs, and outboxd's default Go memory
+// limit (internal/memlimit.ForInflight) is what holds them all.
 const targetRSSDefaults = 64 << 20
 
 // MemCurveCase measures rows rows in one transaction at each bound, reps
@@ -113,7 +115,7 @@ func mibText(b int64) string {
 }
 
 // memCurveRows renders the memory case: the default bounds' peak RSS
-// (checked on kfake), then each bound's drain beside the default's.
+// (checked on every broker), then each bound's drain beside the default's.
 func memCurveRows(m *MemCurve, broker string) []row {
 	if m == nil {
 		return nil
@@ -132,9 +134,10 @@ func memCurveRows(m *MemCurve, broker string) []row {
 	var rows []row
 	if def != nil && len(def.Runs) > 0 {
 		r := fastest(def.Runs)
-		// kfake and one Apache node: a slower broker's acks fill the
-		// in-flight window, which is what the bounds bound.
-		tgt, res := target(broker == "kfake" || broker == "apache", "≤ 64 MiB peak RSS", peakOf(def.Runs) <= targetRSSDefaults)
+		// Every broker: a slower broker's acks fill the in-flight window,
+		// which is what the bounds bound, and a sink's per-event cost
+		// (NATS keeps each message until its PubAck) adds to it.
+		tgt, res := target(true, "≤ 64 MiB peak RSS", peakOf(def.Runs) <= targetRSSDefaults)
 		rows = append(rows, row{"3", label + ": default bounds", fmt.Sprintf("%s (%s), peak RSS %.1f MiB", secs(r.Elapsed), rate(n, r.Elapsed), mib(peakOf(def.Runs))),
 			"read-only ceiling " + secs(m.Ceiling.Elapsed), "", tgt, res})
 	}

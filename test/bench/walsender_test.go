@@ -56,7 +56,7 @@ func TestWalsenderRows(t *testing.T) {
 }
 
 // TestMemCurveRows: the default bounds' peak RSS is checked against 64 MiB
-// (kfake, Apache), each smaller bound is shown beside the default.
+// on every broker (issue 34), each other bound is shown beside the default.
 func TestMemCurveRows(t *testing.T) {
 	m := &MemCurve{Backlog: backlog{Events: 200_000, PerTxn: 200_000}, Ceiling: CeilingRun{Elapsed: 4 * time.Second},
 		Points: []MemPoint{
@@ -74,8 +74,20 @@ func TestMemCurveRows(t *testing.T) {
 	if r := memCurveRows(m, "kfake"); r[0][6] != "PASS" {
 		t.Errorf("60 MiB: %q", r[0])
 	}
-	if r := memCurveRows(m, "apache-cluster"); r[0][6] != "—" {
-		t.Errorf("cluster: %q", r[0])
+	for _, b := range []string{"kfake", "apache", "apache-cluster", "nats", "rabbitmq", "external"} {
+		if r := memCurveRows(m, b); r[0][5] != "≤ 64 MiB peak RSS" || r[0][6] != "PASS" {
+			t.Errorf("%s, 60 MiB: %q", b, r[0])
+		}
+	}
+	m.Points[0].Runs[1].PeakRSS = 64<<20 + 1
+	for _, b := range []string{"nats", "rabbitmq"} {
+		if r := memCurveRows(m, b); r[0][6] != "FAIL" {
+			t.Errorf("%s, 64 MiB + 1 byte: %q", b, r[0])
+		}
+	}
+	m.Points[0].Runs[1].PeakRSS = 64 << 20
+	if r := memCurveRows(m, "nats"); r[0][6] != "PASS" {
+		t.Errorf("nats, 64 MiB: %q", r[0])
 	}
 }
 

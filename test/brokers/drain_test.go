@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxd/outboxd/sink/rabbitmq"
 	"github.com/outboxd/outboxd/test/harness"
 )
 
@@ -140,8 +141,8 @@ func TestRabbitMQInflightBound(t *testing.T) {
 	f := newFixture(t, startRabbitMQ(t, false))
 	d := f.drain("rabbitmq", 20_000)
 	t.Logf("%v", d)
-	if d.inflightEvents > 8192 {
-		t.Fatalf("%.0f events in flight; RabbitMQ's default bound is 8192", d.inflightEvents)
+	if d.inflightEvents > 2*rabbitmq.DefaultWindow {
+		t.Fatalf("%.0f events in flight; RabbitMQ's default bound is %d", d.inflightEvents, 2*rabbitmq.DefaultWindow)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxd/outboxd/sink/rabbitmq"
+	"github.com/outboxd/outboxd/test/fault"
 	"github.com/outboxd/outboxd/test/harness"
 )
 
@@ -214,5 +215,75 @@ func TestRabbitMQUnroutableDeadLettered(t *testing.T) {
 	f.waitConfirmed(end, 60*time.Second)
 	if dead := f.read(dlq, 1); len(dead) != 1 || dead[0].headers["id"] != eventID(1) {
 		t.Fatalf("dead-letter destination holds %v, want event 1", ids(dead))
+	}
+}
+
+// The duplicates after a SIGKILL of outboxd are bounded by the publisher-
+// confirm window (docs/rabbitmq.md#duplicates): the slot is confirmed up
+// to what RabbitMQ confirmed, so a restart replays only what was published
+// and not confirmed (at most rabbitmq.DefaultWindow messages) and the
+// events of the transaction in progress that were confirmed before the rest
+// of it (at most its size − 1). The third term docs/rabbitmq.md states, for
+// a kill within --confirm-interval of a confirm (what RabbitMQ confirmed
+// and outboxd had not yet passed to the slot), is taken out: mid-drain, with
+// the window full of a backlog, a proxy stops passing RabbitMQ's replies
+// (its confirms) while outboxd's publishes still reach it, until the slot
+// stops moving; then outboxd is killed.
+func TestRabbitMQRelayKillDuplicatesBounded(t *testing.T) {
+	b := newRabbitBroker(t, rabbitNode(t, false), "#")
+	f := newFixture(t, b)
+	// The slot first, then a backlog of six windows (writeInBackground: 10
+	// events per transaction), so the drain is RabbitMQ's pace and the
+	// window is full when the replies stall.
+	if err := f.startRelay().Kill(); err != nil {
+		t.Fatal(err)
+	}
+	f.waitSlotInactive(10 * time.Second)
+	const total, perTxn = 6 * rabbitmq.DefaultWindow, 10
+	end := <-f.writeInBackground(total)
+	proxy, err := fault.NewProxy("rabbitmq", b.addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	f.via = b.flagsVia(proxy.Addr())
+	ch := rabbitChannel(t, b.node)
+	r := f.startRelay()
+	for { // once events flow (the queue's depth: read would take them all first)
+		q, err := ch.QueueDeclarePassive(b.exchange, true, false, false, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if q.Messages >= 200 {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	proxy.StallReplies()
+	// Every confirm outboxd took is in the slot once it has not moved for
+	// 50 confirm intervals (the test's --confirm-interval is 20ms).
+	last, still := f.slotState().ConfirmedFlushLSN, time.Now()
+	for time.Since(still) < time.Second {
+		time.Sleep(20 * time.Millisecond)
+		if c := f.slotState().ConfirmedFlushLSN; c != last {
+			last, still = c, time.Now()
+		}
+	}
+	if last >= end {
+		t.Fatalf("the slot was confirmed to the end (%s) before the replies stalled: the backlog drained too fast to test the window", harness.FormatLSN(end))
+	}
+	if err := r.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	f.waitSlotInactive(10 * time.Second)
+	proxy.Pass()
+	f.startRelay()
+	f.waitConfirmed(end, 2*time.Minute)
+	dups := f.checkDelivered(f.read(f.topic(), total), total)
+	bound := rabbitmq.DefaultWindow + perTxn - 1
+	t.Logf("%d events, %d duplicates after SIGKILL of outboxd with the window full (bound: confirm window %d + transaction %d − 1 = %d)",
+		total, dups, rabbitmq.DefaultWindow, perTxn, bound)
+	if dups > bound {
+		t.Fatalf("%d duplicates after SIGKILL of outboxd, more than the confirm window %d + a transaction's %d − 1 = %d", dups, rabbitmq.DefaultWindow, perTxn, bound)
 	}
 }

@@ -24,6 +24,10 @@ const (
 	// ModeCut closed every connection and refuses (RST) new ones until the
 	// cut ends; then the proxy passes again.
 	ModeCut
+	// ModeStallReplies forwards what clients send but holds what servers
+	// send back (replies, acks, heartbeats), keeping connections open: a
+	// server that takes every message and whose acks never arrive.
+	ModeStallReplies
 )
 
 func (m ProxyMode) String() string {
@@ -36,6 +40,8 @@ func (m ProxyMode) String() string {
 		return "stall"
 	case ModeCut:
 		return "cut"
+	case ModeStallReplies:
+		return "stall-replies"
 	}
 	return fmt.Sprintf("mode(%d)", int(m))
 }
@@ -155,6 +161,10 @@ func (p *Proxy) Delay(d time.Duration) { p.setMode(ModeDelay, d, 0) }
 // Stall stops forwarding but keeps connections open.
 func (p *Proxy) Stall() { p.setMode(ModeStall, 0, 0) }
 
+// StallReplies stops forwarding from the server to the client only
+// (ModeStallReplies).
+func (p *Proxy) StallReplies() { p.setMode(ModeStallReplies, 0, 0) }
+
 // Blackhole silently partitions every existing connection: from now on its
 // bytes are dropped in both directions and a close on either side is not
 // passed on, as after a lost NAT/conntrack entry or a failover that moved
@@ -244,8 +254,8 @@ func (p *Proxy) serve(client net.Conn) {
 
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); p.pipe(pc, client, server) }()
-	go func() { defer wg.Done(); p.pipe(pc, server, client) }()
+	go func() { defer wg.Done(); p.pipe(pc, client, server, false) }()
+	go func() { defer wg.Done(); p.pipe(pc, server, client, true) }()
 	wg.Wait()
 	p.mu.Lock()
 	delete(p.conns, pc)
@@ -259,13 +269,14 @@ type chunk struct {
 
 // pipe copies src to dst through a small queue so that a delay applies per
 // chunk without reordering, and a stall holds bytes without closing. Any
-// error on either side closes the whole connection pair.
-func (p *Proxy) pipe(pc *proxyConn, src, dst net.Conn) {
+// error on either side closes the whole connection pair. toClient: src is
+// the server.
+func (p *Proxy) pipe(pc *proxyConn, src, dst net.Conn, toClient bool) {
 	q := make(chan chunk, 16)
 	go func() {
 		defer close(q)
 		for {
-			if !p.waitUnstalled(pc) {
+			if !p.waitUnstalled(pc, toClient) {
 				return
 			}
 			buf := make([]byte, 32<<10)
@@ -290,7 +301,7 @@ func (p *Proxy) pipe(pc *proxyConn, src, dst net.Conn) {
 		}
 	}()
 	for c := range q {
-		if !p.waitForward(pc, c.at) {
+		if !p.waitForward(pc, c.at, toClient) {
 			break
 		}
 		if pc.blackholed.Load() {
@@ -308,13 +319,19 @@ func (p *Proxy) pipe(pc *proxyConn, src, dst net.Conn) {
 	}
 }
 
-// waitUnstalled blocks while the proxy stalls; false if the connection closed.
-func (p *Proxy) waitUnstalled(pc *proxyConn) bool {
+// stalls reports whether mode m holds the bytes of one direction.
+func stalls(m ProxyMode, toClient bool) bool {
+	return m == ModeStall || (m == ModeStallReplies && toClient)
+}
+
+// waitUnstalled blocks while the proxy stalls this direction; false if the
+// connection closed.
+func (p *Proxy) waitUnstalled(pc *proxyConn, toClient bool) bool {
 	for {
 		p.mu.Lock()
 		m, ch := p.modeLocked(time.Now()), p.changed
 		p.mu.Unlock()
-		if m != ModeStall {
+		if !stalls(m, toClient) {
 			return true
 		}
 		select {
@@ -326,12 +343,15 @@ func (p *Proxy) waitUnstalled(pc *proxyConn) bool {
 }
 
 // waitForward blocks until a chunk read at 'at' may be written: never
-// while stalled, and not before at+delay in delay mode.
-func (p *Proxy) waitForward(pc *proxyConn, at time.Time) bool {
+// while this direction is stalled, and not before at+delay in delay mode.
+func (p *Proxy) waitForward(pc *proxyConn, at time.Time, toClient bool) bool {
 	for {
 		p.mu.Lock()
 		m, d, ch := p.modeLocked(time.Now()), p.delay, p.changed
 		p.mu.Unlock()
+		if stalls(m, toClient) {
+			m = ModeStall
+		}
 		switch m {
 		case ModeStall:
 			select {

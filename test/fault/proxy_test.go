@@ -137,3 +137,56 @@ func TestProxyBlackhole(t *testing.T) {
 		t.Fatalf("blackholed connection later: want a timeout, got %v", err)
 	}
 }
+
+// StallReplies: what the client sends reaches the server, what the server
+// sends back waits until the proxy passes again, on the same connection.
+func TestProxyStallReplies(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	got := make(chan string, 1)
+	go func() { // reports the first line, then echoes it
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		line, _ := bufio.NewReader(c).ReadString('\n')
+		got <- line
+		_, _ = c.Write([]byte(line))
+		_, _ = io.Copy(io.Discard, c)
+	}()
+	p, err := NewProxy("test", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	p.StallReplies()
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var ne net.Error
+	if _, err := roundTrip(c, "ping", 300*time.Millisecond); !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("stall-replies: want a timeout, got %v", err)
+	}
+	select {
+	case line := <-got:
+		if line != "ping\n" {
+			t.Fatalf("server read %q", line)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the client's bytes did not reach the server")
+	}
+	if p.Mode() != ModeStallReplies || p.Mode().String() != "stall-replies" {
+		t.Fatalf("mode %v", p.Mode())
+	}
+	p.Pass()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	if line, err := bufio.NewReader(c).ReadString('\n'); err != nil || line != "ping\n" {
+		t.Fatalf("after stall-replies: %q %v", line, err)
+	}
+}
