@@ -247,7 +247,7 @@ func TestRabbitMQRelayKillDuplicatesBounded(t *testing.T) {
 	}
 	t.Cleanup(proxy.Close)
 	f.via = b.flagsVia(proxy.Addr())
-	ch := rabbitChannel(t, b.node)
+	ch := b.node.Channel(t)
 	r := f.startRelay()
 	for { // once events flow (the queue's depth: read would take them all first)
 		q, err := ch.QueueDeclarePassive(b.exchange, true, false, false, false, nil)
