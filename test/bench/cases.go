@@ -47,8 +47,11 @@ type RelayCase struct {
 	// DbzServer are Debezium Server's runs on NATS and RabbitMQ (the
 	// dbzserver case, dbzserver.go), interleaved with Relays.
 	DbzServer []DbzServerRun
-	Polling   *PollRun // nil when not measured
-	Err       error
+	// OutboxdOrder is what a consumer read back after each outboxd run
+	// of the dbzserver case (dbzorder.go), beside DbzServerRun.Order.
+	OutboxdOrder []OrderRun
+	Polling      *PollRun // nil when not measured
+	Err          error
 }
 
 // Ceiling is the fastest ceiling read.
@@ -189,6 +192,12 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 			}
 		}
 	}
+	if dbzs {
+		if err := w.createDecodingSlot(ctx, slot("ord", 0)); err != nil {
+			c.Err = err
+			return c
+		}
+	}
 	e.progress("%s: writing %d events, %d per transaction", name, events, perTxn)
 	if c.Backlog, err = w.writeBacklog(ctx, events, perTxn, payload); err != nil {
 		c.Err = err
@@ -197,6 +206,13 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 	e.progress("%s: backlog written in %s (%.0f ev/s, %.0f B/payload); %d× read-only ceiling and outboxd%s", name,
 		c.Backlog.Took.Round(time.Millisecond), EventsPerSec(int64(events), c.Backlog.Took), float64(c.Backlog.PayloadBytes)/float64(events), reps,
 		map[bool]string{true: " (at-least-once and --exactly-once)", false: ""}[eos])
+	var ref map[int64]orderRef // the commit order, for the dbzserver case
+	if dbzs {
+		if ref, err = w.commitOrder(ctx, slot("ord", 0)); err != nil {
+			c.Err = err
+			return c
+		}
+	}
 	var endLSN uint64
 	ceiling := func(rep int) error {
 		r, err := e.readCeiling(ctx, w, slot("ceil", rep), events, caseTimeout(events))
@@ -223,6 +239,13 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 				return fmt.Errorf("%s: %w", label, err)
 			}
 			*runs = append(*runs, r)
+			if dbzs && !exactlyOnce {
+				o, err := e.orderOf(ctx, w, ref, int64(events))
+				if err != nil {
+					return fmt.Errorf("reading back outboxd's run: %w", err)
+				}
+				c.OutboxdOrder = append(c.OutboxdOrder, o)
+			}
 			e.progress("%s: %s %s (%.0f ev/s; kafka complete at %s, slot confirmed at %s), peak RSS %.1f MiB, walsender %.0f%% busy, %.2f µs/ev, outboxd %.2f µs/ev, %.1f allocs/ev, %.2f context switches/ev, CPU %s",
 				name, label, r.Elapsed.Round(time.Millisecond), EventsPerSec(int64(events), r.Elapsed),
 				r.KafkaAt.Round(time.Millisecond), r.ConfirmedAt.Round(time.Millisecond), mib(r.PeakRSS), 100*r.busy(), float64(r.walsenderPerEvent(events))/1e3,
@@ -297,6 +320,9 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 				r, err := e.drainDbzServer(ctx, w, slot("dbzs", rep), int64(events), endLSN, caseTimeout(events))
 				if err != nil {
 					return err
+				}
+				if r.Order, err = e.orderOf(ctx, w, ref, int64(events)); err != nil {
+					return fmt.Errorf("reading back Debezium Server's run: %w", err)
 				}
 				c.DbzServer = append(c.DbzServer, r)
 				e.progress("%s: Debezium Server %s (%.0f ev/s from its slot's activation), %.2f µs/ev, peak RSS %.1f MiB, confirmed %v, CPU %s", name,

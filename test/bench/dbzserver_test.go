@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -47,11 +48,89 @@ func TestDbzServerColumns(t *testing.T) {
 			if d.Delivered != events || d.Elapsed <= 0 || d.CPU <= 0 || d.PeakRSS < 32<<20 {
 				t.Errorf("Debezium Server run %+v: want exactly %d messages, its CPU and RSS", d, events)
 			}
-			if r := dbzServerRows(c, kind); len(r) != 1 {
+			// Read back in full: each relay keeps every aggregate's
+			// commit order, nothing lost or repeated.
+			want := OrderRun{Read: events}
+			if len(c.OutboxdOrder) != 1 || c.OutboxdOrder[0] != want || d.Order != want {
+				t.Errorf("read back: outboxd %+v, Debezium Server %+v; want %+v each", c.OutboxdOrder, d.Order, want)
+			}
+			if r := dbzServerRows(c, kind); len(r) != 3 {
 				t.Errorf("rows %q", r)
 			} else {
-				t.Logf("%s: %q", kind, r[0])
+				t.Logf("%s: %q", kind, r)
 			}
 		})
+	}
+}
+
+// TestCheckOrder judges a made-up read-back against a made-up commit
+// order: a late event of an aggregate is a violation, a repeat a
+// duplicate (not judged for order), an unread event lost.
+func TestCheckOrder(t *testing.T) {
+	// Commit order: 3 (a), 1 (b), 2 (a), 4 (b), 5 (a).
+	ref, err := parseCommitOrder([]string{
+		`table public.outbox: INSERT: id[uuid]:'00000000-0000-0000-0000-000000000003' aggregatetype[character varying]:'x' aggregateid[character varying]:'a' type[character varying]:'T' payload[jsonb]:'{"seq": 3}'`,
+		`table public.outbox: INSERT: id[uuid]:'x' aggregateid[character varying]:'b' payload[jsonb]:'{"seq": 1, "note": "n"}'`,
+		`table public.outbox: INSERT: id[uuid]:'x' aggregateid[character varying]:'a' payload[jsonb]:'{"seq": 2}'`,
+		`table public.outbox: INSERT: id[uuid]:'x' aggregateid[character varying]:'b' payload[jsonb]:'{"seq": 4}'`,
+		`table public.outbox: INSERT: id[uuid]:'x' aggregateid[character varying]:'a' payload[jsonb]:'{"seq": 5}'`,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		read []int64
+		want OrderRun
+	}{
+		{[]int64{3, 1, 2, 4, 5}, OrderRun{Read: 5}},
+		{[]int64{1, 4, 3, 2, 5}, OrderRun{Read: 5}},                      // aggregates interleave freely
+		{[]int64{2, 3, 1, 4, 5}, OrderRun{Read: 5, Violations: 1}},       // 3 after 2 (a)
+		{[]int64{3, 1, 2, 3, 2, 4}, OrderRun{Read: 6, Dups: 2, Lost: 1}}, // 3 and 2 again, 5 never
+		{[]int64{4, 1, 5, 3, 2}, OrderRun{Read: 5, Violations: 3}},       // 1 after 4; 3 and 2 after 5
+	} {
+		got, err := checkOrder(ref, c.read)
+		if err != nil || got != c.want {
+			t.Errorf("checkOrder(%v) = %+v, %v; want %+v", c.read, got, err, c.want)
+		}
+	}
+	if _, err := checkOrder(ref, []int64{9}); err == nil {
+		t.Error("an event the backlog does not hold: no error")
+	}
+	if _, err := parseCommitOrder([]string{`table public.outbox: INSERT: id[uuid]:'x' payload[jsonb]:'{}'`}); err == nil {
+		t.Error("a line without seq or aggregateid: no error")
+	}
+	// Debezium Server's JSON converter writes the jsonb payload as a string.
+	for body, want := range map[string]int64{`{"seq": 17, "total": 3}`: 17, `"{\"items\": 2, \"seq\": 42}"`: 42} {
+		if got, ok := seqOf([]byte(body)); !ok || got != want {
+			t.Errorf("seqOf(%s) = %d, %v; want %d", body, got, ok, want)
+		}
+	}
+}
+
+// TestDbzServerRowsOrder renders made-up runs: the order row sums each
+// relay's read-backs; the confirmation row is each relay's slowest run,
+// and a run that never confirmed says so with the bound.
+func TestDbzServerRowsOrder(t *testing.T) {
+	c := RelayCase{Backlog: backlog{Events: 1000},
+		Relays:       []RelayRun{{Elapsed: time.Second}},
+		OutboxdOrder: []OrderRun{{Read: 1000}, {Read: 1000}},
+		DbzServer: []DbzServerRun{{Elapsed: 2 * time.Second, Order: OrderRun{Read: 1000, Violations: 2}, ConfirmedOK: true, ConfirmedIn: 5 * time.Millisecond},
+			{Elapsed: 3 * time.Second, Order: OrderRun{Read: 998, Lost: 2, Violations: 1}}},
+	}
+	r := dbzServerRows(c, KindNATS)
+	if len(r) != 3 {
+		t.Fatalf("rows %q", r)
+	}
+	if r[2][2] != "0 violations, 0 lost, 0 duplicates in 2,000 read" || r[2][3] != "3 violations, 2 lost, 0 duplicates in 1,998 read" ||
+		!strings.Contains(r[2][1], "(2 + 2 runs)") {
+		t.Errorf("order row %q", r[2])
+	}
+	if r[1][2] != "≤ 10 ms (poll interval)" || r[1][3] != "not within 120 s in 1 of 2 runs (offset.flush.interval.ms=0)" {
+		t.Errorf("confirm row %q", r[1])
+	}
+	c.Relays = []RelayRun{{Elapsed: time.Second, KafkaAt: time.Second, ConfirmedAt: 1250 * time.Millisecond}}
+	c.DbzServer[1].ConfirmedOK, c.DbzServer[1].ConfirmedIn = true, 40*time.Second
+	if r := confirmRow(c); r[2] != ms(250*time.Millisecond) || r[3] != ms(40*time.Second)+" (offset.flush.interval.ms=0)" {
+		t.Errorf("confirm row %q", r)
 	}
 }
