@@ -50,8 +50,10 @@ type RelayCase struct {
 	// OutboxdOrder is what a consumer read back after each outboxd run
 	// of the dbzserver case (dbzorder.go), beside DbzServerRun.Order.
 	OutboxdOrder []OrderRun
-	Polling      *PollRun // nil when not measured
-	Err          error
+	// Kills are the dbzserver case's kill rounds (dbzkill.go).
+	Kills   []KillRun
+	Polling *PollRun // nil when not measured
+	Err     error
 }
 
 // Ceiling is the fastest ceiling read.
@@ -150,6 +152,7 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 	if c.Err = e.ensureServers(ctx); c.Err != nil {
 		return c
 	}
+	unwatched := ctx // for the kill rounds' broker kills
 	ctx, stop := e.watch(ctx)
 	defer stop()
 	defer func() {
@@ -196,6 +199,12 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 		if err := w.createDecodingSlot(ctx, slot("ord", 0)); err != nil {
 			c.Err = err
 			return c
+		}
+		for _, k := range killSlots {
+			if err := w.createSlot(ctx, slot(k.slot, 0)); err != nil {
+				c.Err = err
+				return c
+			}
 		}
 	}
 	e.progress("%s: writing %d events, %d per transaction", name, events, perTxn)
@@ -346,6 +355,18 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 				c.Err = err
 				return c
 			}
+		}
+	}
+	if dbzs {
+		for _, k := range killSlots {
+			e.progress("%s: %s, SIGKILL of the %s at half the drain", name, k.relay, k.killed)
+			r, err := e.killRound(unwatched, w, ref, k.relay, k.killed, slot(k.slot, 0), int64(events))
+			if err != nil {
+				c.Err = err
+				return c
+			}
+			c.Kills = append(c.Kills, r)
+			e.progress("%s: %s, %s killed: %s", name, k.relay, k.killed, killCell(r))
 		}
 	}
 	if polling {

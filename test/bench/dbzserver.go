@@ -208,10 +208,10 @@ func dbzServerRows(c RelayCase, broker string) []row {
 	if best.Confirmed {
 		confirmed = "slot confirmed"
 	}
-	return []row{{"", fmt.Sprintf("  ″ vs Debezium Server %s (%s sink, Outbox Event Router), from its slot's activation, fastest of %d", harness.DebeziumVersion, map[string]string{KindNATS: "nats-jetstream", KindRabbitMQ: "rabbitmq"}[broker], len(c.DbzServer)),
+	return append(append([]row{{"", fmt.Sprintf("  ″ vs Debezium Server %s (%s sink, Outbox Event Router), from its slot's activation, fastest of %d", harness.DebeziumVersion, map[string]string{KindNATS: "nats-jetstream", KindRabbitMQ: "rabbitmq"}[broker], len(c.DbzServer)),
 		fmt.Sprintf("%s, %.2f µs/ev, peak RSS %.1f MiB", rate(n, ob.Elapsed), perEvent(ob.OutboxdCPU, n), mib(ob.PeakRSS)),
 		fmt.Sprintf("Debezium Server %s (%s), %.2f µs/ev, peak RSS %.1f MiB, %s", rate(n, best.Elapsed), secs(best.Elapsed), perEvent(best.CPU, n), mib(best.PeakRSS), confirmed),
-		rs, "—", "—"}, confirmRow(c), orderRow(c)}
+		rs, "—", "—"}}, confirmRow(c), orderRow(c)), killRows(c.Kills)...)
 }
 
 // confirmRow is the drain's end → the slot confirmed past the last commit,

@@ -21,7 +21,7 @@ func TestDbzServerColumns(t *testing.T) {
 	if !harness.DebeziumServerCached() {
 		t.Skip("Debezium Server " + harness.DebeziumVersion + " is not unpacked in the harness's cache: run .ci/debezium-server.sh")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	cfg := DefaultConfig(true)
 	cfg.Cases = map[string]bool{"drain": true, "dbzserver": true}
@@ -54,7 +54,22 @@ func TestDbzServerColumns(t *testing.T) {
 			if len(c.OutboxdOrder) != 1 || c.OutboxdOrder[0] != want || d.Order != want {
 				t.Errorf("read back: outboxd %+v, Debezium Server %+v; want %+v each", c.OutboxdOrder, d.Order, want)
 			}
-			if r := dbzServerRows(c, kind); len(r) != 3 {
+			// Every kill round ran to its end; outboxd lost nothing
+			// and kept each aggregate's order (duplicates are allowed:
+			// at-least-once).
+			if len(c.Kills) != len(killSlots) {
+				t.Fatalf("%d kill rounds, want %d", len(c.Kills), len(killSlots))
+			}
+			for _, k := range c.Kills {
+				t.Logf("%s, %s killed: %s", k.Relay, k.Killed, killCell(k))
+				if k.Err != "" || k.At < events/2 {
+					t.Errorf("kill round %+v", k)
+				}
+				if k.Relay == "outboxd" && (!k.Complete || k.Order.Lost != 0 || k.Order.Violations != 0) {
+					t.Errorf("outboxd's kill round %+v: want complete, nothing lost, in order", k)
+				}
+			}
+			if r := dbzServerRows(c, kind); len(r) != 5 {
 				t.Errorf("rows %q", r)
 			} else {
 				t.Logf("%s: %q", kind, r)
@@ -109,7 +124,8 @@ func TestCheckOrder(t *testing.T) {
 
 // TestDbzServerRowsOrder renders made-up runs: the order row sums each
 // relay's read-backs; the confirmation row is each relay's slowest run,
-// and a run that never confirmed says so with the bound.
+// and a run that never confirmed says so with the bound; the kill rounds
+// are one row per fault, outboxd's beside Debezium Server's.
 func TestDbzServerRowsOrder(t *testing.T) {
 	c := RelayCase{Backlog: backlog{Events: 1000},
 		Relays:       []RelayRun{{Elapsed: time.Second}},
@@ -117,8 +133,14 @@ func TestDbzServerRowsOrder(t *testing.T) {
 		DbzServer: []DbzServerRun{{Elapsed: 2 * time.Second, Order: OrderRun{Read: 1000, Violations: 2}, ConfirmedOK: true, ConfirmedIn: 5 * time.Millisecond},
 			{Elapsed: 3 * time.Second, Order: OrderRun{Read: 998, Lost: 2, Violations: 1}}},
 	}
+	c.Kills = []KillRun{
+		{Relay: "outboxd", Killed: KillRelay, At: 500, Complete: true, Order: OrderRun{Read: 1400, Dups: 400}},
+		{Relay: "Debezium Server", Killed: KillRelay, At: 600, Complete: true, Order: OrderRun{Read: 1000, Lost: 0}},
+		{Relay: "outboxd", Killed: KillBroker, At: 510, Complete: true, Order: OrderRun{Read: 1000}},
+		{Relay: "Debezium Server", Killed: KillBroker, At: 520, Exited: true, Order: OrderRun{Read: 900, Lost: 100}},
+	}
 	r := dbzServerRows(c, KindNATS)
-	if len(r) != 3 {
+	if len(r) != 5 {
 		t.Fatalf("rows %q", r)
 	}
 	if r[2][2] != "0 violations, 0 lost, 0 duplicates in 2,000 read" || r[2][3] != "3 violations, 2 lost, 0 duplicates in 1,998 read" ||
@@ -127,6 +149,18 @@ func TestDbzServerRowsOrder(t *testing.T) {
 	}
 	if r[1][2] != "≤ 10 ms (poll interval)" || r[1][3] != "not within 120 s in 1 of 2 runs (offset.flush.interval.ms=0)" {
 		t.Errorf("confirm row %q", r[1])
+	}
+	if r[3][2] != "0 lost, 400 duplicates, 0 order violations (killed at 500)" || r[3][3] != "0 lost, 0 duplicates, 0 order violations (killed at 600)" ||
+		!strings.Contains(r[3][1], "SIGKILL of the relay") {
+		t.Errorf("relay kill row %q", r[3])
+	}
+	if r[4][2] != "0 lost, 0 duplicates, 0 order violations (killed at 510); the relay recovered by itself" ||
+		r[4][3] != "100 lost, 0 duplicates, 0 order violations (killed at 520); the relay exited (restarted by the bench); backlog not complete within 120 s" ||
+		!strings.Contains(r[4][1], "SIGKILL of the broker") {
+		t.Errorf("broker kill row %q", r[4])
+	}
+	if k := killCell(KillRun{Err: "boom\nmore"}); k != "not run to its end: ERROR: boom" {
+		t.Errorf("killCell of an error: %q", k)
 	}
 	c.Relays = []RelayRun{{Elapsed: time.Second, KafkaAt: time.Second, ConfirmedAt: 1250 * time.Millisecond}}
 	c.DbzServer[1].ConfirmedOK, c.DbzServer[1].ConfirmedIn = true, 40*time.Second
