@@ -24,9 +24,10 @@ import (
 // of class loading and Quarkus boot, is left out) until the broker holds
 // every event; its CPU is the JVM's over the same span. It confirms the
 // slot lazily (on its offset flush after a later event), so whether it
-// confirmed by the end is recorded, not waited for; after the drain (CPU
-// and RSS taken) the bench waits up to dbzConfirmWait more for the slot's
-// confirmed_flush_lsn to pass the last commit, with nothing else written.
+// confirmed by the end is recorded; in one run per broker column, after the
+// drain (CPU and RSS taken), the bench waits up to dbzConfirmWait more for
+// the slot's confirmed_flush_lsn to pass the last commit, with nothing else
+// written.
 type DbzServerRun struct {
 	Elapsed   time.Duration // slot active → the broker holds every event
 	Confirmed bool          // the slot was confirmed past the backlog by then
@@ -35,8 +36,11 @@ type DbzServerRun struct {
 	PeakRSS   int64         // the JVM's VmHWM at the end
 	Split     CPUSplit
 	Order     OrderRun // what a consumer read back after the run
-	// ConfirmedIn is the drain's end → confirmed_flush_lsn at the last
-	// commit; ConfirmedOK is false when that took over dbzConfirmWait.
+	// ConfirmWait is how long the run waited for its confirmation after
+	// the drain at most (0: not waited for); ConfirmedIn is the drain's
+	// end → confirmed_flush_lsn at the last commit, ConfirmedOK false when
+	// that took over ConfirmWait.
+	ConfirmWait time.Duration
 	ConfirmedIn time.Duration
 	ConfirmedOK bool
 }
@@ -108,11 +112,12 @@ func (e *Env) dbzServerProps(w *world, slot string) (map[string]string, error) {
 }
 
 // drainDbzServer empties w's destination, starts Debezium Server on slot
-// (which holds want events ending at endLSN) and measures its drain.
-func (e *Env) drainDbzServer(ctx context.Context, w *world, slot string, want int64, endLSN uint64, timeout time.Duration) (DbzServerRun, error) {
+// (which holds want events ending at endLSN) and measures its drain, then
+// waits up to confirmWait for its confirmation.
+func (e *Env) drainDbzServer(ctx context.Context, w *world, slot string, want int64, endLSN uint64, timeout, confirmWait time.Duration) (DbzServerRun, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	var r DbzServerRun
+	r := DbzServerRun{ConfirmWait: confirmWait}
 	if err := e.mq.reset(ctx, w); err != nil {
 		return r, err
 	}
@@ -169,7 +174,7 @@ func (e *Env) drainDbzServer(ctx context.Context, w *world, slot string, want in
 	r.Split = e.split(snap, walsender)
 	r.Split.Outboxd, r.Split.Label = r.CPU, ""
 	drained := time.Now()
-	for !r.ConfirmedOK && time.Since(drained) < dbzConfirmWait && !s.Proc().Exited() {
+	for confirmWait > 0 && time.Since(drained) < confirmWait && !s.Proc().Exited() {
 		if confirmed, _, err := w.slotConfirmed(ctx, slot); err == nil && confirmed >= endLSN {
 			r.ConfirmedIn, r.ConfirmedOK = time.Since(drained), true
 			break
@@ -180,7 +185,7 @@ func (e *Env) drainDbzServer(ctx context.Context, w *world, slot string, want in
 		case <-tick.C:
 		}
 	}
-	if !r.ConfirmedOK {
+	if confirmWait > 0 && !r.ConfirmedOK {
 		r.ConfirmedIn = time.Since(drained)
 	}
 	if r.Delivered != want {
@@ -211,30 +216,40 @@ func dbzServerRows(c RelayCase, broker string) []row {
 	return append(append([]row{{"", fmt.Sprintf("  ″ vs Debezium Server %s (%s sink, Outbox Event Router), from its slot's activation, fastest of %d", harness.DebeziumVersion, map[string]string{KindNATS: "nats-jetstream", KindRabbitMQ: "rabbitmq"}[broker], len(c.DbzServer)),
 		fmt.Sprintf("%s, %.2f µs/ev, peak RSS %.1f MiB", rate(n, ob.Elapsed), perEvent(ob.OutboxdCPU, n), mib(ob.PeakRSS)),
 		fmt.Sprintf("Debezium Server %s (%s), %.2f µs/ev, peak RSS %.1f MiB, %s", rate(n, best.Elapsed), secs(best.Elapsed), perEvent(best.CPU, n), mib(best.PeakRSS), confirmed),
-		rs, "—", "—"}}, confirmRow(c), orderRow(c)), killRows(c.Kills)...)
+		rs, "—", "—"}}, append(confirmRow(c), orderRow(c))...), killRows(c.Kills)...)
 }
 
 // confirmRow is the drain's end → the slot confirmed past the last commit,
-// the slowest of each relay's runs.
-func confirmRow(c RelayCase) row {
+// the slowest of each relay's runs (Debezium Server's that waited for it;
+// nil when none did).
+func confirmRow(c RelayCase) []row {
 	var ob time.Duration
 	for _, r := range c.Relays {
 		ob = max(ob, confirmDelay(r.KafkaAt, r.ConfirmedAt))
 	}
 	var dz time.Duration
-	missed := 0
+	missed, waited := 0, 0
+	var bound time.Duration
 	for _, d := range c.DbzServer {
+		if d.ConfirmWait == 0 {
+			continue
+		}
+		waited++
+		bound = max(bound, d.ConfirmWait)
 		dz = max(dz, d.ConfirmedIn)
 		if !d.ConfirmedOK {
 			missed++
 		}
 	}
+	if waited == 0 {
+		return nil
+	}
 	dzCell := delayCell(0, dz)
 	if missed > 0 {
-		dzCell = fmt.Sprintf("not within %.0f s in %d of %d runs", dbzConfirmWait.Seconds(), missed, len(c.DbzServer))
+		dzCell = fmt.Sprintf("not within %.0f s in %d of %d runs", bound.Seconds(), missed, waited)
 	}
-	return row{"", "  ″ drain's end (all in the broker) → confirmed_flush_lsn past the last commit, slowest run",
-		delayCell(0, ob), dzCell + " (offset.flush.interval.ms=" + dbzServerFlush + ")", "—", "—", "—"}
+	return []row{{"", "  ″ drain's end (all in the broker) → confirmed_flush_lsn past the last commit, slowest run",
+		delayCell(0, ob), dzCell + " (offset.flush.interval.ms=" + dbzServerFlush + ")", "—", "—", "—"}}
 }
 
 // orderRow is the per-aggregate order both relays' consumers saw, summed

@@ -130,8 +130,8 @@ func TestDbzServerRowsOrder(t *testing.T) {
 	c := RelayCase{Backlog: backlog{Events: 1000},
 		Relays:       []RelayRun{{Elapsed: time.Second}},
 		OutboxdOrder: []OrderRun{{Read: 1000}, {Read: 1000}},
-		DbzServer: []DbzServerRun{{Elapsed: 2 * time.Second, Order: OrderRun{Read: 1000, Violations: 2}, ConfirmedOK: true, ConfirmedIn: 5 * time.Millisecond},
-			{Elapsed: 3 * time.Second, Order: OrderRun{Read: 998, Lost: 2, Violations: 1}}},
+		DbzServer: []DbzServerRun{{Elapsed: 2 * time.Second, Order: OrderRun{Read: 1000, Violations: 2}, ConfirmWait: dbzConfirmWait, ConfirmedOK: true, ConfirmedIn: 5 * time.Millisecond},
+			{Elapsed: 3 * time.Second, Order: OrderRun{Read: 998, Lost: 2, Violations: 1}, ConfirmWait: dbzConfirmWait, ConfirmedIn: dbzConfirmWait}},
 	}
 	c.Kills = []KillRun{
 		{Relay: "outboxd", Killed: KillRelay, At: 500, Complete: true, Order: OrderRun{Read: 1400, Dups: 400}},
@@ -164,7 +164,14 @@ func TestDbzServerRowsOrder(t *testing.T) {
 	}
 	c.Relays = []RelayRun{{Elapsed: time.Second, KafkaAt: time.Second, ConfirmedAt: 1250 * time.Millisecond}}
 	c.DbzServer[1].ConfirmedOK, c.DbzServer[1].ConfirmedIn = true, 40*time.Second
-	if r := confirmRow(c); r[2] != ms(250*time.Millisecond) || r[3] != ms(40*time.Second)+" (offset.flush.interval.ms=0)" {
+	if r := confirmRow(c); len(r) != 1 || r[0][2] != ms(250*time.Millisecond) || r[0][3] != ms(40*time.Second)+" (offset.flush.interval.ms=0)" {
 		t.Errorf("confirm row %q", r)
+	}
+	// Runs that did not wait for their confirmation have no row.
+	for i := range c.DbzServer {
+		c.DbzServer[i].ConfirmWait = 0
+	}
+	if r := confirmRow(c); r != nil {
+		t.Errorf("confirm row without a wait: %q", r)
 	}
 }
