@@ -47,8 +47,13 @@ type RelayCase struct {
 	// DbzServer are Debezium Server's runs on NATS and RabbitMQ (the
 	// dbzserver case, dbzserver.go), interleaved with Relays.
 	DbzServer []DbzServerRun
-	Polling   *PollRun // nil when not measured
-	Err       error
+	// OutboxdOrder is what a consumer read back after each outboxd run
+	// of the dbzserver case (dbzorder.go), beside DbzServerRun.Order.
+	OutboxdOrder []OrderRun
+	// Kills are the dbzserver case's kill rounds (dbzkill.go).
+	Kills   []KillRun
+	Polling *PollRun // nil when not measured
+	Err     error
 }
 
 // Ceiling is the fastest ceiling read.
@@ -147,6 +152,7 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 	if c.Err = e.ensureServers(ctx); c.Err != nil {
 		return c
 	}
+	unwatched := ctx // for the kill rounds' broker kills
 	ctx, stop := e.watch(ctx)
 	defer stop()
 	defer func() {
@@ -166,6 +172,11 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 		kinds = append(kinds, "eos")
 	}
 	dbzs := e.mq != nil && e.cfg.Cases["dbzserver"]
+	// Debezium Server's bounded wait for its confirmation and the kill
+	// rounds take minutes and depend on no transaction size: one drain
+	// case per broker runs them, the largest transactions (the quickest
+	// drain).
+	dbzFaults := dbzs && (!strings.HasPrefix(name, "drain_") || perTxn == slices.Max(e.cfg.TxnSizes))
 	if dbzs {
 		kinds = append(kinds, "dbzs")
 	}
@@ -189,6 +200,21 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 			}
 		}
 	}
+	if dbzs {
+		if err := w.createDecodingSlot(ctx, slot("ord", 0)); err != nil {
+			c.Err = err
+			return c
+		}
+		for _, k := range killSlots {
+			if !dbzFaults {
+				break
+			}
+			if err := w.createSlot(ctx, slot(k.slot, 0)); err != nil {
+				c.Err = err
+				return c
+			}
+		}
+	}
 	e.progress("%s: writing %d events, %d per transaction", name, events, perTxn)
 	if c.Backlog, err = w.writeBacklog(ctx, events, perTxn, payload); err != nil {
 		c.Err = err
@@ -197,6 +223,13 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 	e.progress("%s: backlog written in %s (%.0f ev/s, %.0f B/payload); %d× read-only ceiling and outboxd%s", name,
 		c.Backlog.Took.Round(time.Millisecond), EventsPerSec(int64(events), c.Backlog.Took), float64(c.Backlog.PayloadBytes)/float64(events), reps,
 		map[bool]string{true: " (at-least-once and --exactly-once)", false: ""}[eos])
+	var ref map[int64]orderRef // the commit order, for the dbzserver case
+	if dbzs {
+		if ref, err = w.commitOrder(ctx, slot("ord", 0)); err != nil {
+			c.Err = err
+			return c
+		}
+	}
 	var endLSN uint64
 	ceiling := func(rep int) error {
 		r, err := e.readCeiling(ctx, w, slot("ceil", rep), events, caseTimeout(events))
@@ -223,6 +256,13 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 				return fmt.Errorf("%s: %w", label, err)
 			}
 			*runs = append(*runs, r)
+			if dbzs && !exactlyOnce {
+				o, err := e.orderOf(ctx, w, ref, int64(events))
+				if err != nil {
+					return fmt.Errorf("reading back outboxd's run: %w", err)
+				}
+				c.OutboxdOrder = append(c.OutboxdOrder, o)
+			}
 			e.progress("%s: %s %s (%.0f ev/s; kafka complete at %s, slot confirmed at %s), peak RSS %.1f MiB, walsender %.0f%% busy, %.2f µs/ev, outboxd %.2f µs/ev, %.1f allocs/ev, %.2f context switches/ev, CPU %s",
 				name, label, r.Elapsed.Round(time.Millisecond), EventsPerSec(int64(events), r.Elapsed),
 				r.KafkaAt.Round(time.Millisecond), r.ConfirmedAt.Round(time.Millisecond), mib(r.PeakRSS), 100*r.busy(), float64(r.walsenderPerEvent(events))/1e3,
@@ -294,9 +334,16 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 		}
 		if dbzs {
 			steps = append(steps, func(rep int) error {
-				r, err := e.drainDbzServer(ctx, w, slot("dbzs", rep), int64(events), endLSN, caseTimeout(events))
+				var confirmWait time.Duration
+				if dbzFaults && rep == 0 {
+					confirmWait = dbzConfirmWait
+				}
+				r, err := e.drainDbzServer(ctx, w, slot("dbzs", rep), int64(events), endLSN, caseTimeout(events)+confirmWait, confirmWait)
 				if err != nil {
 					return err
+				}
+				if r.Order, err = e.orderOf(ctx, w, ref, int64(events)); err != nil {
+					return fmt.Errorf("reading back Debezium Server's run: %w", err)
 				}
 				c.DbzServer = append(c.DbzServer, r)
 				e.progress("%s: Debezium Server %s (%.0f ev/s from its slot's activation), %.2f µs/ev, peak RSS %.1f MiB, confirmed %v, CPU %s", name,
@@ -320,6 +367,18 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 				c.Err = err
 				return c
 			}
+		}
+	}
+	if dbzFaults {
+		for _, k := range killSlots {
+			e.progress("%s: %s, SIGKILL of the %s at half the drain", name, k.relay, k.killed)
+			r, err := e.killRound(unwatched, w, ref, k.relay, k.killed, slot(k.slot, 0), int64(events))
+			if err != nil {
+				c.Err = err
+				return c
+			}
+			c.Kills = append(c.Kills, r)
+			e.progress("%s: %s, %s killed: %s", name, k.relay, k.killed, killCell(r))
 		}
 	}
 	if polling {

@@ -24,7 +24,10 @@ import (
 // of class loading and Quarkus boot, is left out) until the broker holds
 // every event; its CPU is the JVM's over the same span. It confirms the
 // slot lazily (on its offset flush after a later event), so whether it
-// confirmed by the end is recorded, not waited for.
+// confirmed by the end is recorded; in one run per broker column, after the
+// drain (CPU and RSS taken), the bench waits up to dbzConfirmWait more for
+// the slot's confirmed_flush_lsn to pass the last commit, with nothing else
+// written.
 type DbzServerRun struct {
 	Elapsed   time.Duration // slot active → the broker holds every event
 	Confirmed bool          // the slot was confirmed past the backlog by then
@@ -32,7 +35,22 @@ type DbzServerRun struct {
 	CPU       time.Duration // the JVM's utime+stime over Elapsed
 	PeakRSS   int64         // the JVM's VmHWM at the end
 	Split     CPUSplit
+	Order     OrderRun // what a consumer read back after the run
+	// ConfirmWait is how long the run waited for its confirmation after
+	// the drain at most (0: not waited for); ConfirmedIn is the drain's
+	// end → confirmed_flush_lsn at the last commit, ConfirmedOK false when
+	// that took over ConfirmWait.
+	ConfirmWait time.Duration
+	ConfirmedIn time.Duration
+	ConfirmedOK bool
 }
+
+// dbzConfirmWait bounds the wait for Debezium Server's lazy confirmation
+// after its drain; dbzServerFlush is its offset.flush.interval.ms.
+const (
+	dbzConfirmWait = 2 * time.Minute
+	dbzServerFlush = "0"
+)
 
 // dbzServerJVM is the heap Debezium Server gets: the same small heap as the
 // harness's Kafka JVMs, the serial GC.
@@ -52,7 +70,7 @@ func (e *Env) dbzServerProps(w *world, slot string) (map[string]string, error) {
 
 		"debezium.source.connector.class":                "io.debezium.connector.postgresql.PostgresConnector",
 		"debezium.source.offset.storage.file.filename":   harness.OffsetsFile,
-		"debezium.source.offset.flush.interval.ms":       "0",
+		"debezium.source.offset.flush.interval.ms":       dbzServerFlush,
 		"debezium.source.database.hostname":              cfg.Host,
 		"debezium.source.database.port":                  strconv.Itoa(int(cfg.Port)),
 		"debezium.source.database.user":                  cfg.User,
@@ -94,11 +112,12 @@ func (e *Env) dbzServerProps(w *world, slot string) (map[string]string, error) {
 }
 
 // drainDbzServer empties w's destination, starts Debezium Server on slot
-// (which holds want events ending at endLSN) and measures its drain.
-func (e *Env) drainDbzServer(ctx context.Context, w *world, slot string, want int64, endLSN uint64, timeout time.Duration) (DbzServerRun, error) {
+// (which holds want events ending at endLSN) and measures its drain, then
+// waits up to confirmWait for its confirmation.
+func (e *Env) drainDbzServer(ctx context.Context, w *world, slot string, want int64, endLSN uint64, timeout, confirmWait time.Duration) (DbzServerRun, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	var r DbzServerRun
+	r := DbzServerRun{ConfirmWait: confirmWait}
 	if err := e.mq.reset(ctx, w); err != nil {
 		return r, err
 	}
@@ -154,6 +173,21 @@ func (e *Env) drainDbzServer(ctx context.Context, w *world, slot string, want in
 	r.PeakRSS = peakRSS(s.Pid())
 	r.Split = e.split(snap, walsender)
 	r.Split.Outboxd, r.Split.Label = r.CPU, ""
+	drained := time.Now()
+	for confirmWait > 0 && time.Since(drained) < confirmWait && !s.Proc().Exited() {
+		if confirmed, _, err := w.slotConfirmed(ctx, slot); err == nil && confirmed >= endLSN {
+			r.ConfirmedIn, r.ConfirmedOK = time.Since(drained), true
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return r, fmt.Errorf("debezium server: waiting for its confirmation: %w", ctx.Err())
+		case <-tick.C:
+		}
+	}
+	if confirmWait > 0 && !r.ConfirmedOK {
+		r.ConfirmedIn = time.Since(drained)
+	}
 	if r.Delivered != want {
 		return r, fmt.Errorf("debezium server delivered %d messages, want exactly %d", r.Delivered, want)
 	}
@@ -179,10 +213,57 @@ func dbzServerRows(c RelayCase, broker string) []row {
 	if best.Confirmed {
 		confirmed = "slot confirmed"
 	}
-	return []row{{"", fmt.Sprintf("  ″ vs Debezium Server %s (%s sink, Outbox Event Router), from its slot's activation, fastest of %d", harness.DebeziumVersion, map[string]string{KindNATS: "nats-jetstream", KindRabbitMQ: "rabbitmq"}[broker], len(c.DbzServer)),
+	return append(append([]row{{"", fmt.Sprintf("  ″ vs Debezium Server %s (%s sink, Outbox Event Router), from its slot's activation, fastest of %d", harness.DebeziumVersion, map[string]string{KindNATS: "nats-jetstream", KindRabbitMQ: "rabbitmq"}[broker], len(c.DbzServer)),
 		fmt.Sprintf("%s, %.2f µs/ev, peak RSS %.1f MiB", rate(n, ob.Elapsed), perEvent(ob.OutboxdCPU, n), mib(ob.PeakRSS)),
 		fmt.Sprintf("Debezium Server %s (%s), %.2f µs/ev, peak RSS %.1f MiB, %s", rate(n, best.Elapsed), secs(best.Elapsed), perEvent(best.CPU, n), mib(best.PeakRSS), confirmed),
-		rs, "—", "—"}}
+		rs, "—", "—"}}, append(confirmRow(c), orderRow(c))...), killRows(c.Kills)...)
+}
+
+// confirmRow is the drain's end → the slot confirmed past the last commit,
+// the slowest of each relay's runs (Debezium Server's that waited for it;
+// nil when none did).
+func confirmRow(c RelayCase) []row {
+	var ob time.Duration
+	for _, r := range c.Relays {
+		ob = max(ob, confirmDelay(r.KafkaAt, r.ConfirmedAt))
+	}
+	var dz time.Duration
+	missed, waited := 0, 0
+	var bound time.Duration
+	for _, d := range c.DbzServer {
+		if d.ConfirmWait == 0 {
+			continue
+		}
+		waited++
+		bound = max(bound, d.ConfirmWait)
+		dz = max(dz, d.ConfirmedIn)
+		if !d.ConfirmedOK {
+			missed++
+		}
+	}
+	if waited == 0 {
+		return nil
+	}
+	dzCell := delayCell(0, dz)
+	if missed > 0 {
+		dzCell = fmt.Sprintf("not within %.0f s in %d of %d runs", bound.Seconds(), missed, waited)
+	}
+	return []row{{"", "  ″ drain's end (all in the broker) → confirmed_flush_lsn past the last commit, slowest run",
+		delayCell(0, ob), dzCell + " (offset.flush.interval.ms=" + dbzServerFlush + ")", "—", "—", "—"}}
+}
+
+// orderRow is the per-aggregate order both relays' consumers saw, summed
+// over the runs.
+func orderRow(c RelayCase) row {
+	var ob, dz OrderRun
+	for _, o := range c.OutboxdOrder {
+		ob = ob.add(o)
+	}
+	for _, d := range c.DbzServer {
+		dz = dz.add(d.Order)
+	}
+	return row{"", fmt.Sprintf("  ″ per-aggregate order at a consumer reading the whole stream/queue after each run (%d + %d runs), against the WAL's commit order", len(c.OutboxdOrder), len(c.DbzServer)),
+		orderCell(ob), orderCell(dz), "—", "0 violations", "—"}
 }
 
 // bindAll binds w's queue to its exchange with "#" as well, until the

@@ -177,7 +177,7 @@ func (e *Env) latency(ctx context.Context, kind string, rate int, dur, idle time
 		// with the other receivers.
 		var gate sync.Mutex
 		stopped := false
-		stopConsumer, err := e.mq.consume(rctx, w, func(id []byte) {
+		stopConsumer, err := e.mq.consume(rctx, w, func(id, _ []byte) {
 			gate.Lock()
 			defer gate.Unlock()
 			if !stopped {

@@ -49,9 +49,9 @@ type msgBroker interface {
 	// window would drop a second run's events: same ids).
 	reset(ctx context.Context, w *world) error
 	count(ctx context.Context, w *world) (int64, error)
-	// consume delivers the id of every message sent to w's destination,
-	// on one goroutine, until the returned stop is called.
-	consume(ctx context.Context, w *world, fn func(id []byte)) (stop func(), err error)
+	// consume delivers the id header and the body of every message sent to
+	// w's destination, on one goroutine, until the returned stop is called.
+	consume(ctx context.Context, w *world, fn func(id, body []byte)) (stop func(), err error)
 }
 
 func isMsgBroker(kind string) bool { return kind == KindNATS || kind == KindRabbitMQ }
@@ -157,12 +157,12 @@ func (b *natsBench) count(ctx context.Context, w *world) (int64, error) {
 
 // consume is an ordered consumer (ephemeral, no acks, flow-controlled
 // push of the whole stream from its start): the cheapest JetStream read.
-func (b *natsBench) consume(ctx context.Context, w *world, fn func(id []byte)) (func(), error) {
+func (b *natsBench) consume(ctx context.Context, w *world, fn func(id, body []byte)) (func(), error) {
 	c, err := b.js.OrderedConsumer(ctx, nats.StreamName(w.topic), jetstream.OrderedConsumerConfig{})
 	if err != nil {
 		return nil, err
 	}
-	cc, err := c.Consume(func(m jetstream.Msg) { fn([]byte(m.Headers().Get("id"))) })
+	cc, err := c.Consume(func(m jetstream.Msg) { fn([]byte(m.Headers().Get("id")), m.Data()) })
 	if err != nil {
 		return nil, err
 	}
@@ -311,7 +311,7 @@ func (b *rabbitBench) count(_ context.Context, w *world) (int64, error) {
 // consume is a consumer with automatic acks (no prefetch limit applies)
 // on its own connection, the queue's messages in its order; the id is the
 // message_id property.
-func (b *rabbitBench) consume(_ context.Context, w *world, fn func(id []byte)) (func(), error) {
+func (b *rabbitBench) consume(_ context.Context, w *world, fn func(id, body []byte)) (func(), error) {
 	conn, err := amqp.Dial(b.node.URL())
 	if err != nil {
 		return nil, err
@@ -330,7 +330,7 @@ func (b *rabbitBench) consume(_ context.Context, w *world, fn func(id []byte)) (
 	go func() {
 		defer close(done)
 		for d := range ds {
-			fn([]byte(d.MessageId))
+			fn([]byte(d.MessageId), d.Body)
 		}
 	}()
 	return func() { conn.Close(); <-done }, nil

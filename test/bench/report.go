@@ -540,5 +540,9 @@ const msgLegend = `nats, rabbitmq: outboxd run --broker nats://… (JetStream) o
           drain ≥ 0.8× the bare publisher's (not judged in a busy run); the other rows report.
           Debezium Server (-cases dbzserver): 3.6 with its nats-jetstream or rabbitmq sink and the Outbox Event Router on
           its own slot of the same WAL, timed from its slot's activation until the broker holds every event (the queue is
-          also bound with '#': its rabbitmq sink's routing key is not the topic); report-only.
+          also bound with '#': its rabbitmq sink's routing key is not the topic); report-only. Beside it: drain's end →
+          confirmed_flush_lsn past the last commit (Debezium Server waited for up to 2 min); per-aggregate order of what a
+          consumer reads back against the commit order (a test_decoding slot on the same WAL); and SIGKILL of the relay,
+          then of the broker, at half the drain, each started again (a relay that exits is restarted once): lost,
+          duplicates and order violations at a consumer (docs/performance.md, section 7).
 `

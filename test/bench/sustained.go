@@ -517,7 +517,7 @@ func (e *Env) consumeIDs(ctx context.Context, w *world, wg *sync.WaitGroup, fn f
 	if e.mq != nil {
 		var gate sync.Mutex
 		stopped := false
-		stopConsumer, err := e.mq.consume(ctx, w, func(id []byte) {
+		stopConsumer, err := e.mq.consume(ctx, w, func(id, _ []byte) {
 			gate.Lock()
 			defer gate.Unlock()
 			if !stopped {
