@@ -102,3 +102,14 @@ func TestHogsInTheResultsFile(t *testing.T) {
 		t.Error("-hogs 0 described")
 	}
 }
+
+// A quiet start and no other load in the drains is not busy, whatever the
+// load average at the end: that counts the bench's own servers and outboxd.
+func TestResultsFileEndLoadIsTheBenchsOwn(t *testing.T) {
+	res := &Results{Config: Config{Cases: map[string]bool{"drain": true}, DrainEvents: 1000},
+		Started: time.Date(2026, 12, 2, 16, 0, 0, 0, time.UTC), LoadEnd: "2.97 2.32 3.28",
+		Machine: Machine{NProc: 2, LoadAvg: "0.22 1.69 3.41"}}
+	if f := res.ResultsFile("-brokers kfake"); f.Busy {
+		t.Error("a run that started quiet and met no other load marked busy by its own end load")
+	}
+}
