@@ -1,6 +1,7 @@
 package fault
 
 import (
+	"cmp"
 	"flag"
 	"fmt"
 	"os"
@@ -38,7 +39,7 @@ func (w *world) writeResults(res *runResult) {
 	f := &results.File{
 		Name:     fmt.Sprintf("fault-%s-%s-%s-%s", w.sc.name, w.mode.name, kind, w.started.UTC().Format("2006-01-02-150405")),
 		Source:   "go test ./test/fault/ (scenario " + w.sc.name + ")" + binarySource(),
-		Commit:   w.commit,
+		Commit:   cmp.Or(w.commit, results.Commit()),
 		Date:     w.started.UTC().Format(time.RFC3339),
 		Machine:  fmt.Sprintf("%d cores, %s", runtime.NumCPU(), runtime.Version()),
 		Load:     "load average " + load + " at the end",
