@@ -154,6 +154,18 @@ func (f *fixture) slotState() harness.SlotState {
 	return harness.MustSlotInfo(f.ctx, f.t, f.conn, f.slot)
 }
 
+// slotBefore fails the test if the slot is confirmed at or past held, the
+// position right after a transaction outboxd must hold: a confirmation
+// there would skip it on the next start. The slot may pass the transaction
+// before it (other WAL, e.g. another test's, is confirmed while idle), so
+// the bound is the held transaction's end, not the previous one's.
+func (f *fixture) slotBefore(held uint64, what string) {
+	f.t.Helper()
+	if s := f.slotState(); s.ConfirmedFlushLSN >= held {
+		f.t.Fatalf("slot confirmed %s, at or past %s (ends at %s)", harness.FormatLSN(s.ConfirmedFlushLSN), what, harness.FormatLSN(held))
+	}
+}
+
 // relay is a running outboxd.
 type relay struct {
 	*harness.Proc
