@@ -36,6 +36,10 @@ type ProgressStore struct {
 	mu   sync.Mutex
 	conn *amqp.Connection
 	ch   *amqp.Channel
+	// returns receives the channel's basic.returns: a mandatory record
+	// that no queue took (the queue was deleted).
+	returns  chan amqp.Return
+	declared bool // the queue was declared on this connection
 }
 
 // NewProgressStore is the progress record of key (the slot) in the queue
@@ -57,7 +61,7 @@ func (p *ProgressStore) channel() (*amqp.Channel, error) {
 	if timeout <= 0 {
 		timeout = 10 * time.Second
 	}
-	conn, err := dial(p.URL, p.TLS, timeout)
+	conn, err := dial(p.URL, p.TLS, timeout, progressConnName)
 	if err != nil {
 		return nil, err
 	}
@@ -70,6 +74,10 @@ func (p *ProgressStore) channel() (*amqp.Channel, error) {
 		return nil, fmt.Errorf("rabbitmq: progress channel: %w", err)
 	}
 	p.conn, p.ch = conn, ch
+	// RabbitMQ sends a basic.return before the confirm of the message it
+	// returns, and the library hands it over before it handles the
+	// confirm: once a write's confirm is in, its return is here.
+	p.returns = ch.NotifyReturn(make(chan amqp.Return, 1))
 	return ch, nil
 }
 
@@ -77,7 +85,7 @@ func (p *ProgressStore) reset() {
 	if p.conn != nil {
 		_ = p.conn.Close()
 	}
-	p.conn, p.ch = nil, nil
+	p.conn, p.ch, p.returns, p.declared = nil, nil, nil, false
 }
 
 // do runs f on the store's channel; an error drops the connection, so the
@@ -202,23 +210,44 @@ func (p *ProgressStore) lock(ctx context.Context) (unlock func() error, err erro
 
 // WriteProgress publishes value to the queue (through the default
 // exchange) and waits for the confirm: the queue's length limit drops the
-// record it replaces. The queue is declared first (a no-op when it exists),
-// so a deleted queue is not a record silently dropped.
+// record it replaces.
+//
+// The slot's confirmation waits for this write (the record caps it), so a
+// write is one round trip: the queue is declared once per connection, not
+// before every write, and the record is mandatory, so a queue deleted since
+// comes back as a basic.return, not as a record silently dropped; the
+// write then declares the queue again and publishes once more.
 func (p *ProgressStore) WriteProgress(ctx context.Context, value []byte) error {
 	err := p.do(ctx, func(ch *amqp.Channel) error {
-		if _, err := ch.QueueDeclare(p.Queue, true, false, false, false, progressArgs); err != nil {
-			return err
+		for attempt := 0; ; attempt++ {
+			if !p.declared {
+				if _, err := ch.QueueDeclare(p.Queue, true, false, false, false, progressArgs); err != nil {
+					return err
+				}
+				p.declared = true
+			}
+			dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", p.Queue, true, false,
+				amqp.Publishing{DeliveryMode: amqp.Persistent, Body: value, Timestamp: time.Now()})
+			if err != nil {
+				return err
+			}
+			ok, err := dc.WaitContext(ctx)
+			if err == nil && !ok {
+				err = errors.New("nacked by the server")
+			}
+			if err != nil {
+				return err
+			}
+			select {
+			case r := <-p.returns:
+				p.declared = false
+				if attempt > 0 {
+					return fmt.Errorf("returned by the server (%d %s) twice: the queue is deleted as soon as it is declared", r.ReplyCode, r.ReplyText)
+				}
+			default:
+				return nil
+			}
 		}
-		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", p.Queue, false, false,
-			amqp.Publishing{DeliveryMode: amqp.Persistent, Body: value, Timestamp: time.Now()})
-		if err != nil {
-			return err
-		}
-		ok, err := dc.WaitContext(ctx)
-		if err == nil && !ok {
-			err = errors.New("nacked by the server")
-		}
-		return err
 	})
 	if err != nil {
 		return fmt.Errorf("rabbitmq: write progress record to queue %s: %w", p.Queue, err)

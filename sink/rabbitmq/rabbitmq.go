@@ -509,7 +509,7 @@ func (s *Sink) setDown(err error) bool {
 // connect dials, opens a channel in confirm mode and makes sure the
 // exchange exists (declaring it if configured).
 func (s *Sink) connect() (*amqp.Connection, *amqp.Channel, error) {
-	conn, err := dial(s.cfg.URL, s.cfg.TLS, s.cfg.DialTimeout)
+	conn, err := dial(s.cfg.URL, s.cfg.TLS, s.cfg.DialTimeout, publisherConnName)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -603,13 +603,21 @@ func (c writeDeadlineConn) Write(b []byte) (int, error) {
 	return c.Conn.Write(b)
 }
 
-// dial connects with a bounded dial and handshake.
-func dial(url string, tlsCfg *tls.Config, timeout time.Duration) (*amqp.Connection, error) {
+// The connections' names (the client property connection_name), which the
+// management UI and rabbitmqctl list_connections show: the publisher's
+// connection carries the events; the progress record has its own.
+const (
+	publisherConnName = "outboxd publisher"
+	progressConnName  = "outboxd progress"
+)
+
+// dial connects with a bounded dial and handshake, naming the connection.
+func dial(url string, tlsCfg *tls.Config, timeout time.Duration, name string) (*amqp.Connection, error) {
 	cfg := amqp.Config{
 		Heartbeat:       heartbeat,
 		Locale:          "en_US",
 		TLSClientConfig: tlsCfg,
-		Properties:      amqp.Table{"connection_name": "outboxd"},
+		Properties:      amqp.Table{"connection_name": name},
 		// A bounded dial and handshake: a server that accepts and says
 		// nothing must not hang the publisher (heartbeats start later).
 		Dial: func(network, addr string) (net.Conn, error) {

@@ -657,3 +657,28 @@ func TestProduceCallbackKeepsNoRecord(t *testing.T) {
 		}
 	}
 }
+
+// TestProgressQueueDeleted: a progress queue deleted between two writes is
+// declared again by the second one, whose record is then in it: the queue
+// is declared once per connection, not before each write, and a mandatory
+// record that no queue took comes back and is written again, not dropped.
+func TestProgressQueueDeleted(t *testing.T) {
+	p := NewProgressStore(Config{URL: node.URL()}, "outboxd.progress", "slot-deleted")
+	defer p.Close()
+	ctx := context.Background()
+	if err := p.EnsureProgressTopic(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.WriteProgress(ctx, []byte("one")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := node.Channel(t).QueueDelete(p.Queue, false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.WriteProgress(ctx, []byte("two")); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := p.LoadProgress(ctx); err != nil || string(v) != "two" {
+		t.Fatalf("after the queue was deleted: %q, %v; want two", v, err)
+	}
+}

@@ -1,6 +1,7 @@
 package fault
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -59,8 +60,11 @@ type Proxy struct {
 	delay    time.Duration
 	cutUntil time.Time
 	changed  chan struct{} // closed and replaced at every mode change
-	conns    map[*proxyConn]struct{}
-	closed   bool
+	// match, if set, limits ModeStallReplies to the connections whose
+	// client sent it in its first helloSize bytes (StallRepliesTo).
+	match  []byte
+	conns  map[*proxyConn]struct{}
+	closed bool
 
 	accepted, refused atomic.Int64
 	wg                sync.WaitGroup
@@ -71,6 +75,29 @@ type proxyConn struct {
 	once           sync.Once
 	done           chan struct{}
 	blackholed     atomic.Bool
+
+	mu    sync.Mutex
+	hello []byte // the client's first helloSize bytes
+}
+
+// helloSize is how much of what a client sends first a connection keeps
+// for StallRepliesTo: an AMQP client's properties (its connection name)
+// are in its third frame, well within it.
+const helloSize = 4 << 10
+
+// heard keeps the start of what the client sent.
+func (c *proxyConn) heard(b []byte) {
+	c.mu.Lock()
+	if n := helloSize - len(c.hello); n > 0 {
+		c.hello = append(c.hello, b[:min(n, len(b))]...)
+	}
+	c.mu.Unlock()
+}
+
+func (c *proxyConn) said(match []byte) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return bytes.Contains(c.hello, match)
 }
 
 func (c *proxyConn) close() {
@@ -135,8 +162,12 @@ func (p *Proxy) modeLocked(now time.Time) ProxyMode {
 func (p *Proxy) Stats() (accepted, refused int64) { return p.accepted.Load(), p.refused.Load() }
 
 func (p *Proxy) setMode(m ProxyMode, delay time.Duration, cutFor time.Duration) {
+	p.setModeMatch(m, delay, cutFor, nil)
+}
+
+func (p *Proxy) setModeMatch(m ProxyMode, delay time.Duration, cutFor time.Duration, match []byte) {
 	p.mu.Lock()
-	p.mode, p.delay = m, delay
+	p.mode, p.delay, p.match = m, delay, match
 	var victims []*proxyConn
 	if m == ModeCut {
 		p.cutUntil = time.Now().Add(cutFor)
@@ -164,6 +195,14 @@ func (p *Proxy) Stall() { p.setMode(ModeStall, 0, 0) }
 // StallReplies stops forwarding from the server to the client only
 // (ModeStallReplies).
 func (p *Proxy) StallReplies() { p.setMode(ModeStallReplies, 0, 0) }
+
+// StallRepliesTo is StallReplies for the connections whose client sent
+// match at its start (e.g. an AMQP connection name), leaving the others
+// passing: one of a client's connections (its publisher's) stalls while
+// another (its progress record's) goes on.
+func (p *Proxy) StallRepliesTo(match string) {
+	p.setModeMatch(ModeStallReplies, 0, 0, []byte(match))
+}
 
 // Blackhole silently partitions every existing connection: from now on its
 // bytes are dropped in both directions and a close on either side is not
@@ -287,6 +326,9 @@ func (p *Proxy) pipe(pc *proxyConn, src, dst net.Conn, toClient bool) {
 				}
 				continue
 			}
+			if n > 0 && !toClient {
+				pc.heard(buf[:n])
+			}
 			if n > 0 {
 				select {
 				case q <- chunk{buf[:n], time.Now()}:
@@ -319,9 +361,10 @@ func (p *Proxy) pipe(pc *proxyConn, src, dst net.Conn, toClient bool) {
 	}
 }
 
-// stalls reports whether mode m holds the bytes of one direction.
-func stalls(m ProxyMode, toClient bool) bool {
-	return m == ModeStall || (m == ModeStallReplies && toClient)
+// stallsLocked reports whether mode m holds the bytes of one direction of
+// pc. p.mu held.
+func (p *Proxy) stallsLocked(pc *proxyConn, m ProxyMode, toClient bool) bool {
+	return m == ModeStall || (m == ModeStallReplies && toClient && (p.match == nil || pc.said(p.match)))
 }
 
 // waitUnstalled blocks while the proxy stalls this direction; false if the
@@ -330,8 +373,9 @@ func (p *Proxy) waitUnstalled(pc *proxyConn, toClient bool) bool {
 	for {
 		p.mu.Lock()
 		m, ch := p.modeLocked(time.Now()), p.changed
+		stalled := p.stallsLocked(pc, m, toClient)
 		p.mu.Unlock()
-		if !stalls(m, toClient) {
+		if !stalled {
 			return true
 		}
 		select {
@@ -348,10 +392,12 @@ func (p *Proxy) waitForward(pc *proxyConn, at time.Time, toClient bool) bool {
 	for {
 		p.mu.Lock()
 		m, d, ch := p.modeLocked(time.Now()), p.delay, p.changed
-		p.mu.Unlock()
-		if stalls(m, toClient) {
+		if p.stallsLocked(pc, m, toClient) {
 			m = ModeStall
+		} else if m == ModeStallReplies {
+			m = ModePass
 		}
+		p.mu.Unlock()
 		switch m {
 		case ModeStall:
 			select {

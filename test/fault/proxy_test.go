@@ -190,3 +190,40 @@ func TestProxyStallReplies(t *testing.T) {
 		t.Fatalf("after stall-replies: %q %v", line, err)
 	}
 }
+
+// StallRepliesTo stalls the replies of the connections whose client named
+// itself first, and only those: the other connection keeps its round trips.
+func TestProxyStallRepliesTo(t *testing.T) {
+	p, err := NewProxy("test", echoServer(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	dial := func(hello string) net.Conn {
+		c, err := net.Dial("tcp", p.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if got, err := roundTrip(c, hello, 5*time.Second); err != nil || got != hello {
+			t.Fatalf("hello %q: %q %v", hello, got, err)
+		}
+		return c
+	}
+	pub, prog := dial("I am the publisher"), dial("I am the progress")
+	p.StallRepliesTo("publisher")
+	var ne net.Error
+	if _, err := roundTrip(pub, "ping", 300*time.Millisecond); !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("the named connection: want a timeout, got %v", err)
+	}
+	for range 3 {
+		if got, err := roundTrip(prog, "ping", 5*time.Second); err != nil || got != "ping" {
+			t.Fatalf("the other connection: %q %v, want its echo", got, err)
+		}
+	}
+	p.Pass()
+	_ = pub.SetDeadline(time.Now().Add(5 * time.Second))
+	if line, err := bufio.NewReader(pub).ReadString('\n'); err != nil || line != "ping\n" {
+		t.Fatalf("after the stall: %q %v", line, err)
+	}
+}
