@@ -61,11 +61,27 @@ func (s *Sink) EnsureProgressTopic(ctx context.Context, p Progress) error {
 	return s.ensureOwnTopic(ctx, p.Topic, "progress")
 }
 
+// progressRecordTimeout is how long a progress record whose writer gave up
+// (ctx canceled, no deadline) may still wait in the producer.
+const progressRecordTimeout = 30 * time.Second
+
 // WriteProgress stores value as the slot's latest progress record.
 func (s *Sink) WriteProgress(ctx context.Context, p Progress, value []byte) error {
 	rec := &kgo.Record{Topic: p.Topic, Key: []byte(p.Key), Value: value}
+	// The record itself does not end with ctx, only the wait for it does:
+	// franz-go fails every record buffered behind a first one whose context
+	// ended (on its partition, or while the topic's metadata loads), so a
+	// write abandoned at shutdown (the writer goroutine's) would fail the
+	// session's final write behind it, and the final confirmation would
+	// stay behind the old record. It lives to ctx's deadline, if any, or
+	// progressRecordTimeout.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), progressRecordTimeout)
+	if dl, ok := ctx.Deadline(); ok {
+		cancel()
+		rctx, cancel = context.WithDeadline(context.WithoutCancel(ctx), dl)
+	}
 	// Bounded: a shutdown waits for this writer (--shutdown-timeout).
-	if err := s.produceWithin(ctx, rec); err != nil {
+	if err := s.produceWithin(ctx, rctx, rec, cancel); err != nil {
 		return fmt.Errorf("kafka: write progress record to %s: %w", p.Topic, err)
 	}
 	return nil

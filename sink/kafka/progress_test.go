@@ -2,8 +2,11 @@ package kafka
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // The progress record round-trips through its compacted topic: none before
@@ -68,5 +71,64 @@ func TestProgressStoreLegacyKey(t *testing.T) {
 	}
 	if v, err := (ProgressStore{Sink: sk, Progress: Progress{Topic: "outboxd.progress", Key: "x"}}).LoadLegacyProgress(ctx); err != nil || v != nil {
 		t.Fatalf("no legacy key: %q, %v", v, err)
+	}
+}
+
+// A progress write abandoned while its record waits in the producer (the
+// writer goroutine's, when shutdown cancels it) must not fail the next
+// write behind it: franz-go fails every record buffered behind a first one
+// whose context ended, and the session's final write comes right after on
+// the same partition. It did: the final confirmation stayed behind the old
+// record and the next start published an event again (TestGapAnotherCluster,
+// whose writer's first record waited for the progress topic's metadata).
+func TestProgressWriteAbandonedDoesNotFailTheNext(t *testing.T) {
+	c := newCluster(t)
+	sk := newSink(t, c, Config{})
+	ps := ProgressStore{Sink: sk, Progress: Progress{Topic: "outboxd.progress", Key: "s1"}}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := ps.EnsureProgressTopic(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The broker holds the producer's first metadata request, so the
+	// records wait in the producer, unsent.
+	held, release := make(chan struct{}), make(chan struct{})
+	var fired atomic.Bool
+	c.ControlKey(int16(kmsg.Metadata), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if fired.Swap(true) {
+			return nil, nil, false
+		}
+		close(held)
+		c.SleepControl(func() { <-release })
+		return nil, nil, false
+	})
+	write := func(ctx context.Context, v string) <-chan error {
+		done := make(chan error, 1)
+		go func() { done <- ps.WriteProgress(ctx, []byte(v)) }()
+		return done
+	}
+	bctx, bcancel := context.WithCancel(ctx)
+	b := write(bctx, "b")
+	<-held
+	bcancel()
+	if err := <-b; err == nil {
+		t.Fatal("the abandoned write returned no error")
+	}
+	c2 := write(ctx, "c")
+	for sk.cl().BufferedProduceRecords() == 0 {
+		select {
+		case err := <-c2:
+			t.Fatalf("the write after an abandoned one ended before the broker answered: %v", err)
+		default:
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	if err := <-c2; err != nil {
+		t.Fatalf("the write after an abandoned one failed: %v", err)
+	}
+	if v, err := ps.LoadProgress(ctx); err != nil || string(v) != "c" {
+		t.Fatalf("record %q, %v; want c", v, err)
 	}
 }

@@ -202,7 +202,7 @@ func (s *Sink) commit(ctx context.Context, at sink.Checkpoint) error {
 			kgo.RecordHeader{Key: xidHeader, Value: strconv.AppendUint(nil, uint64(at.Xid), 10)},
 			kgo.RecordHeader{Key: commitTimeHeader, Value: strconv.AppendInt(nil, at.CommitTime, 10)})
 	}
-	if err := s.produceWithin(ctx, rec); err != nil {
+	if err := s.produceWithin(ctx, ctx, rec, nil); err != nil {
 		return err
 	}
 	return s.cl().EndTransaction(ctx, kgo.TryCommit)
@@ -211,9 +211,17 @@ func (s *Sink) commit(ctx context.Context, at sink.Checkpoint) error {
 // produceWithin produces rec and waits for its ack, but no longer than ctx:
 // not ProduceSync, which ignores ctx for a record already sent to a stalled
 // broker, while the callers' deadlines (commit, shutdown) must hold.
-func (s *Sink) produceWithin(ctx context.Context, rec *kgo.Record) error {
+//
+// The record is produced under rctx (ctx or one that outlives it); done,
+// if not nil, is called once franz-go is done with the record.
+func (s *Sink) produceWithin(ctx, rctx context.Context, rec *kgo.Record, done func()) error {
 	acked := make(chan error, 1)
-	s.cl().Produce(ctx, rec, func(_ *kgo.Record, err error) { acked <- err })
+	s.cl().Produce(rctx, rec, func(_ *kgo.Record, err error) {
+		acked <- err
+		if done != nil {
+			done()
+		}
+	})
 	select {
 	case err := <-acked:
 		return err
