@@ -31,7 +31,8 @@ import (
 // OUTBOXD_BENCH_AB_REPS (drains per binary and transaction size, 5),
 // OUTBOXD_BENCH_AB_TXN (events per transaction, "100,1"), OUTBOXD_BENCH_AB_EVENTS
 // (200000), OUTBOXD_BENCH_AB_BROKER (kfake or apache), OUTBOXD_BENCH_AB_LATENCY
-// (latency runs per binary, 0).
+// (latency runs per binary, 0), OUTBOXD_BENCH_AB_PERF (a directory: perf
+// record each drain's outboxd and walsender there, as the bench's -perf-dir).
 func TestOutboxdBinariesAB(t *testing.T) {
 	a := os.Getenv("OUTBOXD_BENCH_AB")
 	if a == "" {
@@ -54,7 +55,9 @@ func TestOutboxdBinariesAB(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
 	defer cancel()
-	e, err := StartEnv(ctx, DefaultConfig(false))
+	cfg := DefaultConfig(false)
+	cfg.PerfDir = os.Getenv("OUTBOXD_BENCH_AB_PERF")
+	e, err := StartEnv(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,8 +99,8 @@ func TestOutboxdBinariesAB(t *testing.T) {
 			x := per(r.OutboxdCPU) / per(r.CPU.Walsender)
 			ratio[b], ob[b] = append(ratio[b], x), append(ob[b], per(r.OutboxdCPU))
 			allocs[b], cs[b] = append(allocs[b], float64(r.Allocs)/float64(events)), append(cs[b], float64(r.CtxSwitches)/float64(events))
-			t.Logf("%d ev/txn %s: outboxd %.2f µs/ev, walsender %.2f µs/ev (%.2f×), %.2f allocs/ev, %.3f context switches/ev, drain %s, others %s",
-				perTxn, "AB"[b:b+1], per(r.OutboxdCPU), per(r.CPU.Walsender), x, float64(r.Allocs)/float64(events), float64(r.CtxSwitches)/float64(events),
+			t.Logf("%d ev/txn %s: outboxd %.2f µs/ev, walsender %.2f µs/ev (%.2f×), %.2f allocs/ev, %.3f context switches/ev, peak RSS %d MiB, drain %s, others %s",
+				perTxn, "AB"[b:b+1], per(r.OutboxdCPU), per(r.CPU.Walsender), x, float64(r.Allocs)/float64(events), float64(r.CtxSwitches)/float64(events), r.PeakRSS>>20,
 				r.Elapsed.Round(time.Millisecond), r.CPU.Others().Round(10*time.Millisecond))
 			if i%2 == 1 {
 				pairs = append(pairs, ratio[1][len(ratio[1])-1]/ratio[0][len(ratio[0])-1])
