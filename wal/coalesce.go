@@ -12,38 +12,61 @@ import (
 // wake-up and a context switch every few events. So a small read that came
 // back at once, which means the server is still sending, is followed by a
 // short wait before the next read, and that read takes what arrived
-// meanwhile in one go.
+// meanwhile in one go. While the reads after a wait keep bringing a fast
+// stream's worth (a backlog draining: tens of thousands of events a
+// second), the wait doubles, up to coalesceMaxWait: every wake-up of the
+// process costs it (and the Go runtime's monitor thread, which polls every
+// 20 µs for a while after each one) several microseconds of kernel time,
+// so a drain read in fewer, larger chunks costs less per event.
 //
 // The wait applies only while the stream is busy: a read that blocked
 // (the stream had gone quiet: a lone event, or the first of a burst) or
 // returned a large chunk is never followed by one, so an event after a quiet
-// spell is read the moment it arrives, and the longest delay the wait adds
-// to any event is coalesceWait, far below the confirm tick and the status
-// interval. It runs in the one goroutine that reads the connection, and only
+// spell is read the moment it arrives. A stream slower than
+// coalesceBusyRead per coalesceWait (the latency cases' thousands of events
+// a second) is held back at most coalesceWait, a fast one at most
+// coalesceMaxWait: far below the confirm tick and the status interval. It runs in the one goroutine that reads the connection, and only
 // once streaming has started (on): the SQL the connection runs before that
 // is read without waiting.
 type coalescer struct {
 	src  io.Reader
-	on   bool // streaming (Start); the connection's SQL phase reads plainly
-	wait bool // the last read was small and did not block: wait before the next
+	on   bool          // streaming (Start); the connection's SQL phase reads plainly
+	wait time.Duration // before the next read: the last one was small and did not block
 }
 
 const (
 	// coalesceSmallRead: a read shorter than this leaves room for more.
-	coalesceSmallRead = 16 << 10
+	coalesceSmallRead = 64 << 10
 	// coalesceWait is the wait before a read that follows a small one.
 	coalesceWait = 200 * time.Microsecond
+	// coalesceMaxWait is the longest wait: reached only while the stream
+	// stays fast (coalesceBusyRead).
+	coalesceMaxWait = time.Millisecond
+	// coalesceBusyRead: a read after a wait that brought at least this
+	// much (4 KiB in 200 µs is 20 MB/s, tens of thousands of events a
+	// second: a backlog draining) doubles the next wait.
+	coalesceBusyRead = 4 << 10
 	// coalesceIdleBlock: a read that blocked this long found the stream
 	// idle, and is not followed by a wait.
 	coalesceIdleBlock = time.Millisecond
 )
 
 func (c *coalescer) Read(p []byte) (int, error) {
-	if c.wait {
-		time.Sleep(coalesceWait)
+	waited := c.wait
+	if waited > 0 {
+		time.Sleep(waited)
 	}
 	start := time.Now()
 	n, err := c.src.Read(p)
-	c.wait = c.on && err == nil && n < coalesceSmallRead && n < len(p) && time.Since(start) < coalesceIdleBlock
+	switch {
+	case !c.on || err != nil || time.Since(start) >= coalesceIdleBlock:
+		c.wait = 0 // idle (or not streaming yet): read the next event the moment it arrives
+	case n >= coalesceSmallRead || n == len(p):
+		c.wait = 0 // a large read: the buffer has plenty to decode first
+	case waited > 0 && n >= coalesceBusyRead:
+		c.wait = min(2*waited, coalesceMaxWait) // fast: lengthen the wait
+	default:
+		c.wait = coalesceWait // small, at once: a short wait
+	}
 	return n, err
 }

@@ -77,11 +77,58 @@ func TestCoalescerWaitsOnlyWhileTheStreamIsBusy(t *testing.T) {
 	})
 }
 
+// TestCoalescerLengthensItsWaitWhileTheStreamIsFast: while each read
+// after a wait still brings at least coalesceBusyRead (the server sends
+// tens of thousands of events a second), the next wait doubles, up to
+// coalesceMaxWait, so that a draining backlog is read in a few large reads
+// rather than many small ones; a read that brings less (a trickle) takes
+// the wait back to coalesceWait, and an idle stream ends waiting.
+func TestCoalescerLengthensItsWaitWhileTheStreamIsFast(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		big := coalesceBusyRead
+		r := &timedReader{
+			sizes:  []int{100, big, big, big, big, big, 100, 100, big, big, coalesceSmallRead, big},
+			delays: []time.Duration{0, 0, 0, 0, 0, 0, 0, 0, coalesceIdleBlock, 0, 0, 0},
+		}
+		c := &coalescer{src: r, on: true}
+		start := time.Now()
+		buf := make([]byte, 2*coalesceSmallRead)
+		for range r.sizes {
+			if _, err := c.Read(buf); err != nil {
+				t.Fatal(err)
+			}
+		}
+		w := coalesceWait
+		want := []time.Duration{
+			w,               // after a small read at once
+			2 * w,           // the read after the wait brought a busy stream's worth: double
+			4 * w,           // and again
+			coalesceMaxWait, // capped
+			coalesceMaxWait, // and kept while the stream stays fast
+			coalesceMaxWait,
+			w, // a trickle's read after the longest wait: back to the shortest
+			w, // and no longer while it trickles
+			0, // a read that blocked: the stream was idle, no wait
+			w, // busy again: from the shortest wait
+			0, // a large read: none
+		}
+		if 8*w < coalesceMaxWait {
+			t.Fatalf("the test assumes coalesceMaxWait (%s) ≤ 8 × coalesceWait (%s)", coalesceMaxWait, w)
+		}
+		got := r.gaps(start)
+		for i := range want {
+			if got[i] != want[i] {
+				t.Fatalf("waits before reads 2..%d: %v, want %v", len(r.sizes), got, want)
+			}
+		}
+	})
+}
+
 // TestCoalescerNeverDelaysALoneEvent: the wait is far below the confirm
 // tick, so the event a wait holds back is read long before a status update
 // is due.
 func TestCoalescerNeverDelaysALoneEvent(t *testing.T) {
-	if coalesceWait > time.Millisecond || coalesceIdleBlock <= coalesceWait {
-		t.Fatalf("wait %s, idle block %s: the wait must stay under a millisecond and below the idle threshold", coalesceWait, coalesceIdleBlock)
+	if coalesceWait > coalesceMaxWait || coalesceMaxWait > time.Millisecond || coalesceIdleBlock < coalesceMaxWait {
+		t.Fatalf("wait %s to %s, idle block %s: the wait must stay within a millisecond and not above the idle threshold", coalesceWait, coalesceMaxWait, coalesceIdleBlock)
 	}
 }

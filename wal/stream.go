@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"strings"
 	"time"
 
@@ -15,6 +16,10 @@ import (
 
 	"github.com/outboxd/outboxd/pgquote"
 )
+
+// replicationRecvBuf is the replication socket's receive buffer (SO_RCVBUF;
+// the kernel caps it at net.core.rmem_max).
+const replicationRecvBuf = 1 << 20
 
 // ErrTimeout is returned by Next when its deadline passes with no message. The
 // stream stays usable: it is the caller's cue to send a status update.
@@ -48,6 +53,8 @@ func Connect(ctx context.Context, dsn string) (*pgconn.PgConn, error) {
 		bc.src = bufio.NewReaderSize(bc.co, 256<<10)
 		return pgproto3.NewFrontend(bc, w)
 	}
+	// A receive buffer for the longest coalescing wait (withRecvBuf).
+	cfg.DialFunc = withRecvBuf(cfg.DialFunc)
 	if cfg.RuntimeParams["application_name"] == "" {
 		cfg.RuntimeParams["application_name"] = "outboxd"
 	}
@@ -57,6 +64,22 @@ func Connect(ctx context.Context, dsn string) (*pgconn.PgConn, error) {
 	}
 	conn.CustomData()[capKey] = bc
 	return conn, nil
+}
+
+// withRecvBuf makes dial's connections ask for a receive buffer of
+// replicationRecvBuf: one that holds what a fast walsender sends during the
+// longest coalescing wait (coalesce.go). With the kernel's initial one
+// (128 KiB on Linux, of which half is window) a backlog draining at tens of
+// MB/s shuts the window during a 1 ms wait, and the walsender blocks and
+// sends in smaller pieces: a slower drain for both.
+func withRecvBuf(dial pgconn.DialFunc) pgconn.DialFunc {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if rb, ok := c.(interface{ SetReadBuffer(int) error }); ok && err == nil {
+			_ = rb.SetReadBuffer(replicationRecvBuf) // best effort: the kernel's default only costs speed
+		}
+		return c, err
+	}
 }
 
 func explainConnectError(cfg *pgconn.Config, err error) error {
