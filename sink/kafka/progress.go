@@ -75,11 +75,11 @@ func (s *Sink) WriteProgress(ctx context.Context, p Progress, value []byte) erro
 	// session's final write behind it, and the final confirmation would
 	// stay behind the old record. It lives to ctx's deadline, if any, or
 	// progressRecordTimeout.
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), progressRecordTimeout)
-	if dl, ok := ctx.Deadline(); ok {
-		cancel()
-		rctx, cancel = context.WithDeadline(context.WithoutCancel(ctx), dl)
+	dl, ok := ctx.Deadline()
+	if !ok {
+		dl = time.Now().Add(progressRecordTimeout)
 	}
+	rctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), dl)
 	// Bounded: a shutdown waits for this writer (--shutdown-timeout).
 	if err := s.produceWithin(ctx, rctx, rec, cancel); err != nil {
 		return fmt.Errorf("kafka: write progress record to %s: %w", p.Topic, err)

@@ -6,20 +6,27 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
+
+// newProgressStore is slot s1's record on a fresh kfake, its topic created.
+func newProgressStore(t *testing.T) (*kfake.Cluster, ProgressStore, context.Context) {
+	t.Helper()
+	c := newCluster(t)
+	ps := ProgressStore{Sink: newSink(t, c, Config{}), Progress: Progress{Topic: "outboxd.progress", Key: "s1"}}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	if err := ps.EnsureProgressTopic(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return c, ps, ctx
+}
 
 // The progress record round-trips through its compacted topic: none before
 // the first write, then the latest value for the slot's key.
 func TestProgressStoreRoundTrip(t *testing.T) {
-	c := newCluster(t)
-	sk := newSink(t, c, Config{})
-	ps := ProgressStore{Sink: sk, Progress: Progress{Topic: "outboxd.progress", Key: "s1"}}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := ps.EnsureProgressTopic(ctx); err != nil {
-		t.Fatal(err)
-	}
+	_, ps, ctx := newProgressStore(t)
 	if err := ps.EnsureProgressTopic(ctx); err != nil {
 		t.Fatalf("second ensure: %v", err)
 	}
@@ -82,14 +89,8 @@ func TestProgressStoreLegacyKey(t *testing.T) {
 // record and the next start published an event again (TestGapAnotherCluster,
 // whose writer's first record waited for the progress topic's metadata).
 func TestProgressWriteAbandonedDoesNotFailTheNext(t *testing.T) {
-	c := newCluster(t)
-	sk := newSink(t, c, Config{})
-	ps := ProgressStore{Sink: sk, Progress: Progress{Topic: "outboxd.progress", Key: "s1"}}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := ps.EnsureProgressTopic(ctx); err != nil {
-		t.Fatal(err)
-	}
+	c, ps, ctx := newProgressStore(t)
+	sk := ps.Sink
 	// The broker holds the producer's first metadata request, so the
 	// records wait in the producer, unsent.
 	held, release := make(chan struct{}), make(chan struct{})
@@ -108,21 +109,22 @@ func TestProgressWriteAbandonedDoesNotFailTheNext(t *testing.T) {
 		go func() { done <- ps.WriteProgress(ctx, []byte(v)) }()
 		return done
 	}
+	// b waits for the metadata, c behind it; then b's writer gives up.
 	bctx, bcancel := context.WithCancel(ctx)
 	b := write(bctx, "b")
 	<-held
+	c2 := write(ctx, "c")
+	for sk.cl().BufferedProduceRecords() != 2 {
+		select {
+		case err := <-c2:
+			t.Fatalf("the write behind b ended before the broker answered: %v", err)
+		default:
+		}
+		time.Sleep(time.Millisecond) // polling the producer's count
+	}
 	bcancel()
 	if err := <-b; err == nil {
 		t.Fatal("the abandoned write returned no error")
-	}
-	c2 := write(ctx, "c")
-	for sk.cl().BufferedProduceRecords() == 0 {
-		select {
-		case err := <-c2:
-			t.Fatalf("the write after an abandoned one ended before the broker answered: %v", err)
-		default:
-		}
-		time.Sleep(time.Millisecond)
 	}
 	close(release)
 	if err := <-c2; err != nil {
