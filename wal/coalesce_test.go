@@ -40,6 +40,18 @@ func (r *timedReader) gaps(start time.Time) []time.Duration {
 	return out
 }
 
+// readAll reads r through a streaming coalescer, once per scripted read.
+func readAll(t *testing.T, r *timedReader) {
+	t.Helper()
+	c := &coalescer{src: r, on: true}
+	buf := make([]byte, 2*coalesceSmallRead)
+	for range r.sizes {
+		if _, err := c.Read(buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // TestCoalescerWaitsOnlyWhileTheStreamIsBusy: a small read that came back
 // at once (the server is sending faster than one read each) is followed by
 // a short wait, so the next read carries more; a read that blocked (the
@@ -59,14 +71,8 @@ func TestCoalescerWaitsOnlyWhileTheStreamIsBusy(t *testing.T) {
 				coalesceIdleBlock / 10, // short block: busy
 			},
 		}
-		c := &coalescer{src: r, on: true}
 		start := time.Now()
-		buf := make([]byte, 2*coalesceSmallRead)
-		for range r.sizes {
-			if _, err := c.Read(buf); err != nil {
-				t.Fatal(err)
-			}
-		}
+		readAll(t, r)
 		want := []time.Duration{0, coalesceWait, coalesceWait, 0, coalesceWait, 0}
 		got := r.gaps(start)
 		for i := range want {
@@ -90,14 +96,8 @@ func TestCoalescerLengthensItsWaitWhileTheStreamIsFast(t *testing.T) {
 			sizes:  []int{100, big, big, big, big, big, 100, 100, big, big, coalesceSmallRead, big},
 			delays: []time.Duration{0, 0, 0, 0, 0, 0, 0, 0, coalesceIdleBlock, 0, 0, 0},
 		}
-		c := &coalescer{src: r, on: true}
 		start := time.Now()
-		buf := make([]byte, 2*coalesceSmallRead)
-		for range r.sizes {
-			if _, err := c.Read(buf); err != nil {
-				t.Fatal(err)
-			}
-		}
+		readAll(t, r)
 		w := coalesceWait
 		want := []time.Duration{
 			w,               // after a small read at once

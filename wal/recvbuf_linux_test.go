@@ -40,13 +40,13 @@ func TestReplicationSocketRecvBuf(t *testing.T) {
 	if err := raw.Control(func(fd uintptr) { got, gerr = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF) }); err != nil || gerr != nil {
 		t.Fatal(err, gerr)
 	}
-	max := replicationRecvBuf
+	rmemMax := replicationRecvBuf
 	if b, err := os.ReadFile("/proc/sys/net/core/rmem_max"); err == nil {
 		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
-			max = n
+			rmemMax = n
 		}
 	}
-	if want := min(replicationRecvBuf, max); got < want {
-		t.Fatalf("SO_RCVBUF %d, want at least %d (replicationRecvBuf %d, rmem_max %d)", got, want, replicationRecvBuf, max)
+	if want := min(replicationRecvBuf, rmemMax); got < want {
+		t.Fatalf("SO_RCVBUF %d, want at least %d (replicationRecvBuf %d, rmem_max %d)", got, want, replicationRecvBuf, rmemMax)
 	}
 }
