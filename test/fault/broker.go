@@ -204,7 +204,7 @@ func (b *Broker) Pause() error {
 		return nil
 	}
 	b.paused = true
-	return b.proc.Signal(syscall.SIGSTOP)
+	return b.proc.Freeze()
 }
 
 // Resume undoes Pause (SIGCONT).

@@ -269,7 +269,7 @@ func (nd *ApacheNode) Pause() error {
 		return nil
 	}
 	nd.paused = true
-	return nd.proc.Signal(syscall.SIGSTOP)
+	return nd.proc.Freeze()
 }
 
 // Resume undoes Pause (SIGCONT).

@@ -352,3 +352,39 @@ func TestExternalKafka(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestProcFreeze: Freeze returns only once the process is stopped, so a
+// busy process (a shell spinning on a core) shows no running thread right
+// after it; SIGCONT lets it run again.
+func TestProcFreeze(t *testing.T) {
+	ctx := testCtx(t, time.Minute)
+	p, err := StartProc(ctx, "spinner", "/bin/sh", []string{"-c", `echo spinning; while :; do :; done`}, nil, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Kill() })
+	if err := p.WaitLog(ctx, "spinning"); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		if err := p.Freeze(); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := runningThreads(p.Pid()); err != nil || n != 0 {
+			t.Fatalf("round %d: %d threads running after Freeze (%v)", i, n, err)
+		}
+		if err := p.Signal(syscall.SIGCONT); err != nil {
+			t.Fatal(err)
+		}
+		for { // running again before the next round
+			n, err := runningThreads(p.Pid())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n > 0 {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+}

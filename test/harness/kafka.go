@@ -336,8 +336,9 @@ func (k *kfakeKafka) Stop() error {
 	return haltProc(&k.mu, &k.proc, func(p *Proc) error { return p.Stop(time.Minute) })
 }
 
-// Pause freezes the broker (SIGSTOP): connections stay open, nothing is
-// answered. Resume undoes it.
+// Pause freezes the broker (SIGSTOP) and returns once all its threads are
+// stopped: connections stay open, nothing more is answered. Resume undoes
+// it.
 func (k *kfakeKafka) Pause() error { return k.signal(syscall.SIGSTOP, "pause") }
 
 // Resume continues a paused broker (SIGCONT).
@@ -354,6 +355,9 @@ func (k *kfakeKafka) signal(sig syscall.Signal, op string) error {
 	defer k.mu.Unlock()
 	if k.proc == nil {
 		return fmt.Errorf("kafka %s: broker not running", op)
+	}
+	if sig == syscall.SIGSTOP {
+		return k.proc.Freeze()
 	}
 	return k.proc.Signal(sig)
 }

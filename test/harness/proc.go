@@ -101,6 +101,60 @@ func (p *Proc) Signal(sig os.Signal) error {
 	return nil
 }
 
+// Freeze stops the process (SIGSTOP) and returns once every one of its
+// threads is stopped. kill(2) only queues the signal: a thread running on
+// the other core, or waiting for one under load, keeps working until the
+// kernel gets to it, so a test that counts what a frozen broker answers
+// would count those answers too. (Answers written to a socket before the
+// stop are still read afterwards: the peer's receive buffer holds them.)
+func (p *Proc) Freeze() error {
+	if err := p.Signal(syscall.SIGSTOP); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		running, err := runningThreads(p.Pid())
+		if err != nil || running == 0 {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("freezing %s: %d threads still running 30 s after SIGSTOP", p.name, running)
+		}
+		select {
+		case <-p.done:
+			return fmt.Errorf("freezing %s: it exited", p.name)
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// runningThreads counts the threads of pid that are not stopped yet
+// (state T in /proc/<pid>/task/<tid>/stat). A thread that exits between the
+// listing and the read is not counted.
+func runningThreads(pid int) (int, error) {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return 0, fmt.Errorf("freezing pid %d: %w", pid, err)
+	}
+	n := 0
+	for _, t := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, t.Name()))
+		if err != nil {
+			continue
+		}
+		// "tid (comm) S ...": comm may hold spaces and parentheses, so
+		// the state is the field after the last ')'.
+		i := strings.LastIndexByte(string(b), ')')
+		if i < 0 || i+2 >= len(b) {
+			continue
+		}
+		if st := b[i+2]; st != 'T' && st != 't' && st != 'Z' && st != 'X' {
+			n++
+		}
+	}
+	return n, nil
+}
+
 // Kill sends SIGKILL to the whole process group and waits until the
 // process was reaped.
 func (p *Proc) Kill() error {
