@@ -36,9 +36,10 @@ func killWithBacklogDuplicatesBoundedByWindow(t *testing.T, k *harness.Kafka) {
 	poll(t, 10*time.Second, "the window full", func() bool { return r.metric(t, "outboxd_inflight_events") == window })
 	// Acks outboxd took after event 1's: the other term of the bound, since
 	// the confirmation follows the progress record's write on the same
-	// frozen broker. It should send none; beside CPU hogs kfaked acked up to
-	// 162 events after its SIGSTOP returned, which this test does not
-	// explain: it bounds what they cost.
+	// frozen broker. It should send none: Pause returns once every broker
+	// thread is stopped (harness.Proc.Freeze). Before it waited for that,
+	// kfaked acked up to 162 events after SIGSTOP beside CPU hogs; the bound
+	// counts any such acks rather than assuming none.
 	acked := -1
 	for series, v := range r.metrics(t) {
 		if strings.HasPrefix(series, "outboxd_events_published_total") {
