@@ -108,7 +108,7 @@ soak: ## fault-injection soak under load on kfake and on a 3-node Apache cluster
 	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -results $(CURDIR)/results -keep-logs $(SOAK_LOGS) -mode exactly-once
 	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -results $(CURDIR)/results -keep-logs $(SOAK_LOGS) -mode at-least-once -kafka apache-cluster
 	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -results $(CURDIR)/results -keep-logs $(SOAK_LOGS) -mode exactly-once -kafka apache-cluster
-	$(GO) test -count=1 -timeout 60m -run 'TestEffectsExactlyOnce' ./test/inbox/ -soak 5m -v -mode at-least-once
+	$(GO) test -count=1 -timeout 150m -run 'TestEffectsExactlyOnce' ./test/inbox/ -soak 5m -v -mode at-least-once
 	$(GO) test -count=1 -timeout 30m -run 'TestEffectsExactlyOnce/kafka$$' ./test/inbox/ -soak 5m -v -mode exactly-once
 
 docker: ## container image (needs a Docker engine with BuildKit); DOCKER_BUILD_ARGS="--build-arg BUILDER_IMAGE=..."

@@ -184,7 +184,11 @@ type Config struct {
 	RetentionBatch    int
 
 	// ShutdownTimeout bounds how long Run waits, once its context ends, for
-	// the current batches to finish and their offsets to commit (default 30s).
+	// the current batches to finish and their offsets to commit (default
+	// 30s), and how long a lane that is given up (a revoked Kafka
+	// partition, a lost RabbitMQ channel or NATS lock) may take to finish
+	// its batch; past it the batch's transaction is cancelled, rolls back
+	// and comes again.
 	ShutdownTimeout time.Duration
 
 	// KafkaOpts are extra franz-go options (TLS, SASL, client id...).

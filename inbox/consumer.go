@@ -21,11 +21,18 @@ type Consumer struct {
 	inbox string // quoted table name
 
 	mu    sync.Mutex
-	parts map[tp]lane
-	// work is the parent of every lane's context: cancelled only when the
-	// shutdown timeout passes (finish, don't abandon, current batches).
+	parts map[tp]running
+	// work is the parent of every lane's context; each lane has its own
+	// below it, cancelled only when its stop waited ShutdownTimeout
+	// (finish, don't abandon, current batches).
 	work       context.Context
 	cancelWork context.CancelFunc
+}
+
+// running is an open lane and what cancels its work.
+type running struct {
+	lane
+	cancel context.CancelFunc
 }
 
 // tp names a lane: a Kafka topic partition, a NATS stream (partition 0) or
@@ -75,7 +82,7 @@ func newConsumer(cfg Config, m *metrics, db store, pg *pgStore) *Consumer {
 	c := &Consumer{
 		cfg: cfg, m: m, inbox: inboxT, db: db, pg: pg,
 		log:   cfg.Logger.With("consumer", cfg.Name),
-		parts: map[tp]lane{},
+		parts: map[tp]running{},
 	}
 	c.s = &settings{
 		name: cfg.Name, handler: cfg.Handler, batch: cfg.BatchSize, maxAttempts: cfg.MaxAttempts,
@@ -132,18 +139,19 @@ func (c *Consumer) openLane(topic string, part int32, ack func(*Event), o laneOp
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	k := tp{topic, part}
-	if l := c.parts[k]; l != nil {
-		return l
+	if r, ok := c.parts[k]; ok {
+		return r.lane
 	}
 	if o.resume != nil {
 		o.resume() // in case an earlier owner in this process left it paused
 	}
 	pm := c.m.partition(c.cfg.Name, topic, part)
+	work, cancel := context.WithCancel(c.work)
 	if c.cfg.KeyWorkers <= 1 {
 		p := newPartition(topic, part, c.s, c.db, ack, pm, c.log)
 		p.offsets, p.pause, p.resume = o.offsets, o.pause, o.resume
-		c.parts[k] = p
-		go p.run(c.work)
+		c.parts[k] = running{p, cancel}
+		go p.run(work)
 		return p
 	}
 	workers := make([]*partition, c.cfg.KeyWorkers)
@@ -152,9 +160,9 @@ func (c *Consumer) openLane(topic string, part int32, ack func(*Event), o laneOp
 	}
 	l := newShardedLane(workers, ack, o, c.cfg.KeyWorkers*workers[0].highWater())
 	for _, w := range workers {
-		go w.run(c.work)
+		go w.run(work)
 	}
-	c.parts[k] = l
+	c.parts[k] = running{l, cancel}
 	return l
 }
 
@@ -172,43 +180,48 @@ type laneOpts struct {
 func (c *Consumer) lane(k tp) lane {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.parts[k]
+	return c.parts[k].lane
 }
 
 // stopLanes stops the given lanes (every lane if keys is nil) after their
 // current batch; they are forgotten at once, so nothing is pushed to them
-// any more.
+// any more. A lane whose batch is not done within ShutdownTimeout (a
+// handler or database call that hangs) has its work cancelled: the batch
+// rolls back, is not acknowledged, and comes again. Without the bound a
+// source whose channel, lock or partition is gone could neither reconnect
+// nor shut down.
 func (c *Consumer) stopLanes(keys []tp) {
 	c.mu.Lock()
-	parts := map[tp]lane{}
+	parts := map[tp]running{}
 	if keys == nil {
-		parts, c.parts = c.parts, map[tp]lane{}
+		parts, c.parts = c.parts, map[tp]running{}
 	}
 	for _, k := range keys {
-		if p := c.parts[k]; p != nil {
-			parts[k] = p
+		if r, ok := c.parts[k]; ok {
+			parts[k] = r
 			delete(c.parts, k)
 		}
 	}
 	c.mu.Unlock()
 	var wg sync.WaitGroup
-	for k, p := range parts {
+	for k, r := range parts {
 		c.m.forget(c.cfg.Name, k.topic, k.part)
-		wg.Go(p.stop)
+		wg.Go(func() {
+			timer := time.AfterFunc(c.cfg.ShutdownTimeout, func() {
+				c.log.Warn("inbox: a lane's current batch did not finish within ShutdownTimeout; abandoning it (it rolls back and comes again)",
+					"topic", k.topic, "partition", k.part, "timeout", c.cfg.ShutdownTimeout)
+				r.cancel()
+			})
+			r.stop()
+			timer.Stop()
+			r.cancel()
+		})
 	}
 	wg.Wait()
 }
 
-// stopAllLanes is the shutdown's stopLanes: it cancels the lanes' work if
-// ShutdownTimeout passes (the current batches roll back and are replayed).
-func (c *Consumer) stopAllLanes() {
-	timer := time.AfterFunc(c.cfg.ShutdownTimeout, func() {
-		c.log.Warn("inbox: shutdown timeout; abandoning the current batches (they roll back and are replayed)", "timeout", c.cfg.ShutdownTimeout)
-		c.cancelWork()
-	})
-	defer timer.Stop()
-	c.stopLanes(nil)
-}
+// stopAllLanes is the shutdown's stopLanes.
+func (c *Consumer) stopAllLanes() { c.stopLanes(nil) }
 
 // checkTables fails early, with the fix, when the inbox tables are missing.
 func (c *Consumer) checkTables(ctx context.Context) error {

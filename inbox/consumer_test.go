@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -203,6 +205,71 @@ func TestRebalanceHandsOverWithoutOverlap(t *testing.T) {
 		o, _ := offs.Lookup(topic, e.Partition)
 		if o.At != e.Offset {
 			t.Errorf("partition %d: committed offset %d, end %d", e.Partition, o.At, e.Offset)
+		}
+	})
+}
+
+// A lane stuck in its handler: stopping it (a RabbitMQ channel or a NATS
+// lock lost, a Kafka partition revoked) waits ShutdownTimeout for the batch,
+// then cancels the lane's work, whose transaction rolls back, instead of
+// waiting forever, which held a RabbitMQ consumer's reconnect and its
+// SIGTERM (the effect soak, 2026-12-03). Only that lane's work is cancelled.
+func TestStopLanesBoundedByShutdownTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		db := &memDB{inbox: map[string]bool{}}
+		entered := make(chan struct{}, 2)
+		cfg := Config{
+			Name: "billing", Broker: "amqp://127.0.0.1:5672/", Topics: []string{"stuck", "other"}, ShutdownTimeout: 7 * time.Second,
+			Handler: func(ctx context.Context, _ pgx.Tx, ev *Event) error {
+				entered <- struct{}{}
+				if ev.Topic == "stuck" {
+					<-ctx.Done()
+					return ctx.Err()
+				}
+				return nil
+			},
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		}
+		if err := cfg.setDefaults(); err != nil {
+			t.Fatal(err)
+		}
+		m, err := newMetrics(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := newConsumer(cfg, m, db, nil)
+		c.work, c.cancelWork = context.WithCancel(context.Background())
+		defer c.cancelWork()
+		var acked []string
+		var mu sync.Mutex
+		ack := func(ev *Event) { mu.Lock(); acked = append(acked, ev.ID); mu.Unlock() }
+		stuck := c.openLane("stuck", 0, ack, laneOpts{})
+		other := c.openLane("other", 0, ack, laneOpts{})
+		stuck.push([]*Event{{ID: "s1", Topic: "stuck", Key: []byte("k")}}, 0)
+		<-entered
+
+		start := time.Now()
+		c.stopLanes([]tp{{"stuck", 0}})
+		if d := time.Since(start); d != cfg.ShutdownTimeout {
+			t.Errorf("stopLanes returned after %v, want ShutdownTimeout (%v)", d, cfg.ShutdownTimeout)
+		}
+		if c.work.Err() != nil {
+			t.Fatal("stopping one lane cancelled every lane's work")
+		}
+		other.push([]*Event{{ID: "o1", Topic: "other", Key: []byte("k")}}, 0)
+		<-entered
+		synctest.Wait()
+		start = time.Now()
+		c.stopAllLanes()
+		if d := time.Since(start); d != 0 {
+			t.Errorf("stopAllLanes took %v with no batch running", d)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		db.mu.Lock()
+		defer db.mu.Unlock()
+		if !slices.Equal(acked, []string{"o1"}) || !slices.Equal(db.effects, []string{"o1"}) {
+			t.Errorf("acked %v, effects %v: want o1 only (s1 rolled back, unacknowledged)", acked, db.effects)
 		}
 	})
 }

@@ -22,7 +22,13 @@ func TestEffectsExactlyOnce(t *testing.T) {
 func testEffectsExactlyOnce(t *testing.T, broker string) {
 	within := 3 * time.Minute
 	if *soak > 0 {
-		within = *soak + 5*time.Minute
+		// The drain applies the backlog the faults built, at the handler's
+		// pace (batches of one, 2 ms each): as long as the soak or longer
+		// (5-minute soaks: ~95k events, ~250 s). The drain fails by itself
+		// on a 60 s stall; this deadline only bounds a hang, and a deadline
+		// in the drain read as "none more for 60s" and as a consumer that
+		// did not exit after SIGTERM (the effect soaks of 2026-12-02).
+		within = 3**soak + 5*time.Minute
 	}
 	w := newWorld(t, within, broker)
 	w.startRelay()
@@ -112,6 +118,9 @@ func (w *world) drainAndCheck() {
 	for a := last; a < len(committed); a = w.applied() {
 		if a > last {
 			last, lastMoved = a, time.Now()
+		}
+		if w.ctx.Err() != nil {
+			t.Fatalf("the test's deadline passed while draining: %d of %d committed orders applied", last, len(committed))
 		}
 		if time.Since(lastMoved) > 60*time.Second {
 			t.Errorf("only %d of %d committed orders applied, none more for 60s", a, len(committed))
