@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -37,6 +40,8 @@ type world struct {
 
 	relay     *harness.Proc
 	consumers map[string]*harness.Proc
+	// metrics is each billing instance's /metrics address (-http-addr).
+	metrics map[string]string
 
 	mu        sync.Mutex
 	committed []order // in commit order
@@ -59,7 +64,7 @@ func newWorld(t *testing.T, within time.Duration, broker string) *world {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), within)
 	t.Cleanup(cancel)
-	w := &world{t: t, ctx: ctx, logs: t.TempDir(), consumers: map[string]*harness.Proc{}, broker: broker,
+	w := &world{t: t, ctx: ctx, logs: t.TempDir(), consumers: map[string]*harness.Proc{}, metrics: map[string]string{}, broker: broker,
 		inboxRows: `SELECT count(*) FROM inbox WHERE consumer = 'billing'`}
 	var wg sync.WaitGroup
 	wg.Go(func() { w.ordersPG = harness.PostgresForTest(t) })
@@ -149,7 +154,12 @@ func (w *world) startRelay(extra ...string) {
 func (w *world) startConsumer(name string, batch int, extra ...string) {
 	w.t.Helper()
 	dsn := w.billingDSN + "&application_name=" + name
-	args := []string{"-postgres", dsn, "-batch", fmt.Sprint(batch), "-handler-delay", "2ms"}
+	port, err := harness.FreePort()
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	metrics := fmt.Sprintf("127.0.0.1:%d", port)
+	args := []string{"-postgres", dsn, "-batch", fmt.Sprint(batch), "-handler-delay", "2ms", "-http-addr", metrics}
 	if w.broker == "kafka-keyworkers" {
 		args = append(args, "-key-workers", "4")
 	}
@@ -165,6 +175,7 @@ func (w *world) startConsumer(name string, batch int, extra ...string) {
 	}
 	args = append(args, extra...)
 	w.spawn(name, billingBin, args)
+	w.metrics[name] = metrics
 }
 
 // spawn starts a consumer process named name, killed when the test ends
@@ -176,6 +187,7 @@ func (w *world) spawn(name, bin string, args []string) *harness.Proc {
 		w.t.Fatal(err)
 	}
 	w.consumers[name] = p
+	delete(w.metrics, name)
 	w.t.Cleanup(func() {
 		_ = p.Kill()
 		if w.t.Failed() {
@@ -406,6 +418,41 @@ func (w *world) applied() int {
 		return -1
 	}
 	return n
+}
+
+// skipped is how many redelivered events the running billing instances
+// skipped as duplicates (outboxd_inbox_events_duplicate_total), or -1 if
+// one's /metrics does not answer. Other consumers count nothing.
+func (w *world) skipped() int {
+	total := 0
+	for name, p := range w.consumers {
+		addr, ok := w.metrics[name]
+		if !ok || p.Exited() {
+			continue // not a billing instance (table_test's), or gone
+		}
+		ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			cancel()
+			return -1
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		cancel()
+		if err != nil {
+			return -1
+		}
+		for _, line := range strings.Split(string(body), "\n") {
+			if rest, ok := strings.CutPrefix(line, "outboxd_inbox_events_duplicate_total{"); ok {
+				if _, v, ok := strings.Cut(rest, "} "); ok {
+					f, _ := strconv.ParseFloat(v, 64)
+					total += int(f)
+				}
+			}
+		}
+	}
+	return total
 }
 
 // progress waits until at least n more effects than now are applied.
