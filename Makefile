@@ -103,7 +103,7 @@ parity: ## Debezium 3.6 (Kafka Connect) beside outboxd: the full corpus in six c
 # run can be read afterwards: one folder per run under SOAK_LOGS.
 SOAK_LOGS ?= $(or $(TMPDIR),/tmp)/outboxd-soak-logs
 
-soak: ## fault-injection soak under load on kfake and on a 3-node Apache cluster, at-least-once then exactly-once (4 runs of 9-13 min), then the inbox effect soak per broker (Kafka, Kafka with 4 key workers, NATS, RabbitMQ classic, classic with single active consumer, quorum: 6 x 5 min) and on Kafka exactly-once (5 min); writes results/fault-*.json and keeps the process logs under SOAK_LOGS ($$TMPDIR/outboxd-soak-logs)
+soak: ## fault-injection soak under load on kfake and on a 3-node Apache cluster, at-least-once then exactly-once (4 runs of 9-13 min), then the inbox effect soak per broker (Kafka, Kafka with 4 key workers, NATS, RabbitMQ classic, classic with single active consumer, quorum: 6 x 5 min of faults, each then draining its backlog) and on Kafka exactly-once (5 min); writes results/fault-*.json and keeps the process logs under SOAK_LOGS ($$TMPDIR/outboxd-soak-logs)
 	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -results $(CURDIR)/results -keep-logs $(SOAK_LOGS) -mode at-least-once
 	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -results $(CURDIR)/results -keep-logs $(SOAK_LOGS) -mode exactly-once
 	$(GO) test -count=1 -timeout 60m -run 'TestSoak' ./test/fault/ -soak -v -results $(CURDIR)/results -keep-logs $(SOAK_LOGS) -mode at-least-once -kafka apache-cluster
