@@ -133,14 +133,7 @@ func TestRebalanceHandsOverWithoutOverlap(t *testing.T) {
 			Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
 			KafkaOpts: []kgo.Opt{kgo.ClientID(name)},
 		}
-		if err := cfg.setDefaults(); err != nil {
-			t.Fatal(err)
-		}
-		m, err := newMetrics(nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c := newConsumer(cfg, m, db, nil)
+		c := testConsumer(t, cfg, db)
 		cctx, cancel := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() { done <- c.Run(cctx) }()
@@ -230,14 +223,7 @@ func TestStopLanesBoundedByShutdownTimeout(t *testing.T) {
 			},
 			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		}
-		if err := cfg.setDefaults(); err != nil {
-			t.Fatal(err)
-		}
-		m, err := newMetrics(nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c := newConsumer(cfg, m, db, nil)
+		c := testConsumer(t, cfg, db)
 		c.work, c.cancelWork = context.WithCancel(context.Background())
 		defer c.cancelWork()
 		var acked []string
@@ -272,4 +258,18 @@ func TestStopLanesBoundedByShutdownTimeout(t *testing.T) {
 			t.Errorf("acked %v, effects %v: want o1 only (s1 rolled back, unacknowledged)", acked, db.effects)
 		}
 	})
+}
+
+// testConsumer is New after its checks, on db: cfg with its defaults and
+// metrics of its own, no pgStore.
+func testConsumer(t *testing.T, cfg Config, db store) *Consumer {
+	t.Helper()
+	if err := cfg.setDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	m, err := newMetrics(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newConsumer(cfg, m, db, nil)
 }

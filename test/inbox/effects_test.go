@@ -24,7 +24,8 @@ func testEffectsExactlyOnce(t *testing.T, broker string) {
 	if *soak > 0 {
 		// The drain applies the backlog the faults built, at the handler's
 		// pace (batches of one, 2 ms each): as long as the soak or longer
-		// (5-minute soaks: ~95k events, ~250 s). The drain fails by itself
+		// (the 5-minute subtests of 2026-12-03 took 360–705 s in all, -v
+		// output). The drain fails by itself
 		// on a 60 s stall; this deadline only bounds a hang, and a deadline
 		// in the drain read as "none more for 60s" and as a consumer that
 		// did not exit after SIGTERM (the effect soaks of 2026-12-02).
@@ -117,8 +118,9 @@ func (w *world) drainAndCheck() {
 	// backlog can hold long runs of them (each outboxd start after the
 	// orders database's restart publishes again from the slot's last saved
 	// position, on PostgreSQL 15 often the slot's creation), during which
-	// no new effect appears for a minute or more (RabbitMQ, 2026-12-03:
-	// 717k queued messages for 90k orders).
+	// no new effect appears for a minute or more (the count logged below
+	// passed a million for about 105k orders on Kafka and RabbitMQ in the
+	// 5-minute soaks of 2026-12-03).
 	last, lastMoved, skipped := w.applied(), time.Now(), 0
 	for a := last; a < len(committed); a = w.applied() {
 		if w.ctx.Err() != nil {

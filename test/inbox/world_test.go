@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -431,24 +428,14 @@ func (w *world) skipped() int {
 			continue // not a billing instance (table_test's), or gone
 		}
 		ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			cancel()
-			return -1
-		}
-		body, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
+		m, err := harness.Metrics(ctx, addr)
 		cancel()
 		if err != nil {
 			return -1
 		}
-		for _, line := range strings.Split(string(body), "\n") {
-			if rest, ok := strings.CutPrefix(line, "outboxd_inbox_events_duplicate_total{"); ok {
-				if _, v, ok := strings.Cut(rest, "} "); ok {
-					f, _ := strconv.ParseFloat(v, 64)
-					total += int(f)
-				}
+		for series, v := range m {
+			if strings.HasPrefix(series, "outboxd_inbox_events_duplicate_total") {
+				total += int(v)
 			}
 		}
 	}
