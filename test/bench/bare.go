@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -213,6 +214,36 @@ func bareRows(c RelayCase, broker string) []row {
 	if busy {
 		res = "busy"
 	}
-	return []row{{"", fmt.Sprintf("  ″ vs a bare publisher of the same messages (%s), fastest of %d", how, len(c.Bare)),
+	rows := []row{{"", fmt.Sprintf("  ″ vs a bare publisher of the same messages (%s), fastest of %d", how, len(c.Bare)),
 		rate(n, ob.Elapsed) + " (" + secs(ob.Elapsed) + ")", "bare publisher " + rate(n, best.Elapsed) + " (" + secs(best.Elapsed) + ")", rs, tgt, res}}
+	if r, ok := bareCPURow(n, ob.CPU, best.CPU, runtime.NumCPU()); ok {
+		rows = append(rows, r)
+	}
+	return rows
+}
+
+// bareCPURow says what bounds the bare-publisher ratio on this machine,
+// from the same two runs: the CPU the machine spent per event in each
+// (outboxd + broker + walsender in outboxd's; the publisher, the bench
+// process, + broker in the bare one's) and the drain those costs allow on
+// its cores. Every process of both runs shares the same cores, so where
+// they are saturated a drain's rate is at most cores ÷ its CPU per event,
+// and the ratio of the two costs is the ratio the drains can reach.
+// The baseline also gives the ratio a relay would reach that added nothing
+// to the bare publisher's own CPU but still had the walsender beside it:
+// what the 0.8× target asks of outboxd here. Not shown without per-process
+// CPU (external servers) or a run with no CPU.
+func bareCPURow(n int64, ob, bare CPUSplit, cores int) (row, bool) {
+	if !ob.Known || !bare.Known || n <= 0 || ob.Outboxd <= 0 || bare.Bench <= 0 || bare.Broker <= 0 {
+		return row{}, false
+	}
+	us := func(d time.Duration) float64 { return float64(d) / float64(n) / 1e3 }
+	o, w, s1 := us(ob.Outboxd), us(ob.Walsender), us(ob.Broker)
+	p, s0 := us(bare.Bench), us(bare.Broker)
+	t1, t0 := o+s1+w, p+s0
+	bound := func(t float64) string { return rate(int64(float64(cores)*1e6/t), time.Second) }
+	return row{"", fmt.Sprintf("  ″ CPU the machine spends per event, outboxd's fastest run vs the bare publisher's (%d cores bound a drain at cores ÷ it)", cores),
+		fmt.Sprintf("outboxd %.1f + %s %.1f + walsender %.1f = %.1f µs/ev (≤ %s)", o, ob.BrokerIs, s1, w, t1, bound(t1)),
+		fmt.Sprintf("publisher %.1f + %s %.1f = %.1f µs/ev (≤ %s); a relay adding nothing to the publisher's CPU, with the walsender beside it: %.2f×", p, bare.BrokerIs, s0, t0, bound(t0), t0/(t0+w)),
+		fmt.Sprintf("%.2f×", t0/t1), "—", "—"}, true
 }

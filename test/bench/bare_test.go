@@ -18,7 +18,7 @@ func TestBareRows(t *testing.T) {
 	r := bareRows(c, KindNATS)
 	want := row{"", "  ″ vs a bare publisher of the same messages (nats.go, every PubAck awaited), fastest of 2",
 		"8,000 ev/s (1.25 s)", "bare publisher 10,000 ev/s (1.00 s)", "0.80×", "≥ 0.80× bare publisher", "PASS"}
-	if len(r) != 1 || r[0] != want {
+	if len(r) != 1 || r[0] != want { // no CPU split: no CPU row
 		t.Fatalf("row\n%q\nwant\n%q", r, want)
 	}
 	c.Relays[1].Elapsed = 1300 * time.Millisecond
@@ -28,5 +28,32 @@ func TestBareRows(t *testing.T) {
 	c.Bare[1].CPU = CPUSplit{Known: true, Wall: time.Second, Busy: 400 * time.Millisecond}
 	if r := bareRows(c, KindRabbitMQ); r[0][6] != "busy" {
 		t.Errorf("a busy bare run: %q", r[0])
+	}
+}
+
+// TestBareCPURow: the CPU each run spent per event (outboxd's: outboxd,
+// broker, walsender; the bare publisher's: the bench process and the
+// broker), the drain each allows on the machine's cores, their ratio, and
+// the ratio of a relay that added nothing to the publisher's CPU but had the
+// walsender beside it. No row without per-process CPU.
+func TestBareCPURow(t *testing.T) {
+	ms := time.Millisecond
+	ob := CPUSplit{Known: true, Wall: time.Second, Outboxd: 700 * ms, Broker: 730 * ms, BrokerIs: "nats-server", Walsender: 260 * ms, Bench: 50 * ms}
+	bare := CPUSplit{Known: true, Wall: 600 * ms, Bench: 450 * ms, Broker: 580 * ms, BrokerIs: "nats-server"}
+	r, ok := bareCPURow(100_000, ob, bare, 2)
+	want := row{"", "  ″ CPU the machine spends per event, outboxd's fastest run vs the bare publisher's (2 cores bound a drain at cores ÷ it)",
+		"outboxd 7.0 + nats-server 7.3 + walsender 2.6 = 16.9 µs/ev (≤ 118,343 ev/s)",
+		"publisher 4.5 + nats-server 5.8 = 10.3 µs/ev (≤ 194,174 ev/s); a relay adding nothing to the publisher's CPU, with the walsender beside it: 0.80×",
+		"0.61×", "—", "—"}
+	if !ok || r != want {
+		t.Fatalf("row\n%q\nwant\n%q", r, want)
+	}
+	c := RelayCase{Backlog: backlog{Events: 100_000}, Relays: []RelayRun{{Elapsed: time.Second, CPU: ob}}, Bare: []BareRun{{Elapsed: 600 * ms, CPU: bare}}}
+	if rows := bareRows(c, KindNATS); len(rows) != 2 || rows[1] != want {
+		t.Errorf("bareRows: %q", rows)
+	}
+	ob.Known = false
+	if _, ok := bareCPURow(100_000, ob, bare, 2); ok {
+		t.Error("a row for external servers (no per-process CPU)")
 	}
 }

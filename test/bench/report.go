@@ -537,7 +537,10 @@ const msgLegend = `nats, rabbitmq: outboxd run --broker nats://… (JetStream) o
           bare publisher: each round also publishes the backlog's messages, converted as outboxd's sink converts them, with
           the client library alone and the same acknowledgement (nats.go async publish, every PubAck awaited; amqp091
           confirm mode, persistent, mandatory), at most outboxd's default in-flight bound unacknowledged. Target: outboxd's
-          drain ≥ 0.8× the bare publisher's (not judged in a busy run); the other rows report.
+          drain ≥ 0.8× the bare publisher's (not judged in a busy run); the other rows report. The row after it
+          adds up the CPU the machine spent per event in each of the two runs (outboxd + broker + walsender;
+          publisher + broker): where the cores are saturated a drain is at most cores ÷ that, and a relay that cost
+          no more than the bare publisher would still carry the walsender beside it (that ratio is shown too).
           Debezium Server (-cases dbzserver): 3.6 with its nats-jetstream or rabbitmq sink and the Outbox Event Router on
           its own slot of the same WAL, timed from its slot's activation until the broker holds every event (the queue is
           also bound with '#': its rabbitmq sink's routing key is not the topic); report-only. Beside it: drain's end →
