@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 )
@@ -60,7 +61,10 @@ func TestMsgBrokerColumns(t *testing.T) {
 					t.Errorf("bare run %d: %d messages in the broker, want exactly %d (%+v)", i, b.Published, events, b)
 				}
 			}
-			if r := bareRows(c, kind); len(r) != 2 { // the ratio, and the CPU per event behind it
+			// The ratio, and the CPU per event behind it where both runs
+			// took measurable CPU (/proc counts in clock ticks: a bare run
+			// of 3,000 events may read as none).
+			if r := bareRows(c, kind); len(r) < 1 || len(r) > 2 || len(r) == 2 && !strings.HasPrefix(r[1][1], "  ″ CPU the machine spends per event") {
 				t.Errorf("bare rows %q", r)
 			}
 			t.Logf("%s drain: ceiling %s, outboxd %s, bare publisher %s, CPU %s", kind, c.Ceiling().Elapsed, c.Relay().Elapsed, c.Bare[0].Elapsed, c.Relay().CPU)
