@@ -267,15 +267,30 @@ func TestRabbitMQRelayKillDuplicatesBounded(t *testing.T) {
 	// the progress-record term of docs/rabbitmq.md#duplicates, which this
 	// test takes out (2,303 duplicates in a CI run that stalled both).
 	proxy.StallRepliesTo("outboxd publisher")
-	// Every confirm outboxd took is in the slot once it has not moved for
-	// 50 confirm intervals (the test's --confirm-interval is 20ms).
-	last, still := f.slotState().ConfirmedFlushLSN, time.Now()
-	for time.Since(still) < time.Second {
-		time.Sleep(20 * time.Millisecond)
-		if c := f.slotState().ConfirmedFlushLSN; c != last {
-			last, still = c, time.Now()
+	// Every confirm outboxd took is in the slot once the slot has reached
+	// outboxd's acked position (/status acked_lsn: the watermark) and that
+	// position held still across two reads: no confirm comes any more. A
+	// condition, not a quiet spell: with the window full and no confirm
+	// coming, the relay waits for room until its next status update
+	// (--status-interval, 1s here) and sends the last confirmation with
+	// it, so the slot reached the acks about 1 s after the stall, just
+	// when the 1 s spell this replaced gave up; a kill before it counted
+	// those acks as duplicates beyond the bound (2,143 in a make test).
+	var last uint64
+	prevAcked, stalled := "", time.Now()
+	if err := harness.WaitStatus(f.ctx, r.Proc, r.http, "the slot at outboxd's acked position", func(st map[string]any) bool {
+		acked, _ := st["acked_lsn"].(string)
+		a, err := harness.ParseLSN(acked)
+		if err != nil || acked != prevAcked {
+			prevAcked = acked
+			return false
 		}
+		last = f.slotState().ConfirmedFlushLSN
+		return last >= a
+	}); err != nil {
+		t.Fatal(err)
 	}
+	t.Logf("the slot reached outboxd's acked position %s %s after the stall", prevAcked, time.Since(stalled).Round(time.Millisecond))
 	if last >= end {
 		t.Fatalf("the slot was confirmed to the end (%s) before the replies stalled: the backlog drained too fast to test the window", harness.FormatLSN(end))
 	}
