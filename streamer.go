@@ -170,6 +170,16 @@ func (s *streamer) loop(ctx context.Context) error {
 			if release := fullSince.Add(s.cfg.ReleaseAfter + time.Millisecond); release.Before(wake) {
 				wake = release
 			}
+			// Acks that came in before the bound was reached again are
+			// confirmed at the confirm tick: with no ack coming (a broker
+			// that stopped answering) the next status update may be
+			// --status-interval away, and the slot would lag what the
+			// broker acknowledged for that long.
+			if s.wm.Confirmed() != s.lastSent {
+				if due := s.sentAt.Add(s.cfg.ConfirmInterval); due.Before(wake) {
+					wake = due
+				}
+			}
 			if err := s.waitForRoom(ctx, wake); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 				return err
 			}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -630,4 +631,40 @@ func TestRetryableNilAllocatesNothing(t *testing.T) {
 	if n := testing.AllocsPerRun(100, func() { _ = retryable(nil) }); n != 0 {
 		t.Fatalf("retryable(nil) allocates %v times", n)
 	}
+}
+
+// With the in-flight bound reached and no ack coming (a broker that stopped
+// answering), the acks that came in before are confirmed at the confirm
+// tick, not at the next status update (--status-interval, 10 s by default):
+// until then the slot lags what the broker acknowledged, and a crash
+// meanwhile sends those events again.
+func TestStreamerConfirmsWhileTheWindowIsFull(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, 100, func(c *Config) {
+			c.MaxInflightEvents = 2
+			c.StatusInterval = 10 * time.Second
+			c.ConfirmInterval = time.Second
+		})
+		h.start()
+		for i := 1; i <= 3; i++ {
+			h.stream.push(txn(wal.LSN(100*i+100), wal.LSN(100*i+110), uuid(i))...)
+		}
+		synctest.Wait()
+		if n := h.sink.count(); n != 2 {
+			t.Fatalf("%d records produced with a bound of 2", n)
+		}
+		h.sink.ack(0, nil) // within the confirm interval of the session's start
+		synctest.Wait()
+		if n := h.sink.count(); n != 3 {
+			t.Fatalf("%d records produced after one ack, want 3 (the bound reached again)", n)
+		}
+		if sent := h.stream.sent(); len(sent) != 0 {
+			t.Fatalf("sent %v before the confirm interval passed", sent)
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if sent := h.stream.sent(); len(sent) != 1 || sent[0] != 210 {
+			t.Fatalf("sent %v one confirm interval after the ack, want [0/D2] (the first transaction's end)", sent)
+		}
+	})
 }

@@ -270,12 +270,13 @@ func TestRabbitMQRelayKillDuplicatesBounded(t *testing.T) {
 	// Every confirm outboxd took is in the slot once the slot has reached
 	// outboxd's acked position (/status acked_lsn: the watermark) and that
 	// position held still across two reads: no confirm comes any more. A
-	// condition, not a quiet spell: with the window full and no confirm
-	// coming, the relay waits for room until its next status update
-	// (--status-interval, 1s here) and sends the last confirmation with
-	// it, so the slot reached the acks about 1 s after the stall, just
-	// when the 1 s spell this replaced gave up; a kill before it counted
-	// those acks as duplicates beyond the bound (2,143 in a make test).
+	// condition, not a quiet spell: the relay used to send the last
+	// confirmation with its next status update (--status-interval, 1s
+	// here) when the window was full, so the slot reached the acks about
+	// 1 s after the stall, just when the 1 s spell this replaced gave up,
+	// and the kill counted those acks as duplicates beyond the bound
+	// (2,143 in a make test). It now confirms at the confirm tick
+	// (TestStreamerConfirmsWhileTheWindowIsFull): 22 ms here.
 	var last uint64
 	prevAcked, stalled := "", time.Now()
 	if err := harness.WaitStatus(f.ctx, r.Proc, r.http, "the slot at outboxd's acked position", func(st map[string]any) bool {
