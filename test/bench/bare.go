@@ -237,9 +237,8 @@ func bareCPURow(n int64, ob, bare CPUSplit, cores int) (row, bool) {
 	if !ob.Known || !bare.Known || n <= 0 || ob.Outboxd <= 0 || bare.Bench <= 0 || bare.Broker <= 0 {
 		return row{}, false
 	}
-	us := func(d time.Duration) float64 { return float64(d) / float64(n) / 1e3 }
-	o, w, s1 := us(ob.Outboxd), us(ob.Walsender), us(ob.Broker)
-	p, s0 := us(bare.Bench), us(bare.Broker)
+	o, w, s1 := perEvent(ob.Outboxd, n), perEvent(ob.Walsender, n), perEvent(ob.Broker, n)
+	p, s0 := perEvent(bare.Bench, n), perEvent(bare.Broker, n)
 	t1, t0 := o+s1+w, p+s0
 	bound := func(t float64) string { return rate(int64(float64(cores)*1e6/t), time.Second) }
 	return row{"", fmt.Sprintf("  ″ CPU the machine spends per event, outboxd's fastest run vs the bare publisher's (%d cores bound a drain at cores ÷ it)", cores),
