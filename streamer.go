@@ -151,7 +151,7 @@ func (s *streamer) loop(ctx context.Context) error {
 		default:
 		}
 		now := time.Now()
-		if now.After(nextStatus) || (s.wm.Confirmed() != s.lastSent && now.Sub(s.sentAt) >= s.cfg.ConfirmInterval) {
+		if due, ok := s.confirmDue(); now.After(nextStatus) || ok && !now.Before(due) {
 			// The periodic update asks for a reply: hearing nothing back is
 			// how a connection that died silently is noticed.
 			if err := s.sendStatus(now.After(nextStatus)); err != nil {
@@ -175,10 +175,8 @@ func (s *streamer) loop(ctx context.Context) error {
 			// that stopped answering) the next status update may be
 			// --status-interval away, and the slot would lag what the
 			// broker acknowledged for that long.
-			if s.wm.Confirmed() != s.lastSent {
-				if due := s.sentAt.Add(s.cfg.ConfirmInterval); due.Before(wake) {
-					wake = due
-				}
+			if due, ok := s.confirmDue(); ok && due.Before(wake) {
+				wake = due
 			}
 			if err := s.waitForRoom(ctx, wake); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 				return err
@@ -235,6 +233,13 @@ func (s *streamer) loop(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// confirmDue is when the watermark's advance may next be sent: one
+// --confirm-interval after the last status; ok is false when it has not
+// moved past what was sent.
+func (s *streamer) confirmDue() (due time.Time, ok bool) {
+	return s.sentAt.Add(s.cfg.ConfirmInterval), s.wm.Confirmed() != s.lastSent
 }
 
 // nextPos is the position the current transaction's next event will have.
