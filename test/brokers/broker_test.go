@@ -145,6 +145,38 @@ func (f *fixture) commit(events ...event) uint64 {
 	return f.walLSN()
 }
 
+// commitHeld commits events in one transaction that outboxd is expected to
+// hold before, and returns the WAL insert position read inside it just
+// before COMMIT. That is below the transaction's commit record, so a slot
+// confirmed past it may have skipped the transaction; everything written
+// before it (keepalive positions, heartbeats, events acked before) may be
+// confirmed, which a position read before BEGIN would wrongly forbid.
+func (f *fixture) commitHeld(events ...event) uint64 {
+	f.t.Helper()
+	tx, err := f.conn.Begin(f.ctx)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer tx.Rollback(f.ctx)
+	for _, e := range events {
+		if _, err := tx.Exec(f.ctx, insertSQL, eventID(e.n), f.agg, e.key, e.typ, e.payload); err != nil {
+			f.t.Fatal(err)
+		}
+	}
+	var pre string
+	if err := tx.QueryRow(f.ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&pre); err != nil {
+		f.t.Fatal(err)
+	}
+	if err := tx.Commit(f.ctx); err != nil {
+		f.t.Fatal(err)
+	}
+	lsn, err := harness.ParseLSN(pre)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return lsn
+}
+
 func (f *fixture) commitErr(conn *pgx.Conn, events ...event) error {
 	tx, err := conn.Begin(f.ctx)
 	if err != nil {

@@ -65,13 +65,14 @@ func TestAckGate(t *testing.T) {
 		if err := f.b.stop(f.ctx); err != nil {
 			t.Fatal(err)
 		}
-		// Keepalives may confirm WAL without events up to here, never past.
-		beforeDown := f.walLSN()
+		// Keepalives may confirm WAL up to the first transaction the
+		// broker has not acked, never past it.
+		held := f.commitHeld(ev(2, "k2"))
 		var end uint64
-		for i := 2; i <= 20; i++ {
+		for i := 3; i <= 20; i++ {
 			end = f.commit(ev(i, fmt.Sprintf("k%d", i%5)))
 		}
-		f.slotHolds(beforeDown, 2*time.Second, "with the broker down") // many confirm (20ms) and status (1s) intervals
+		f.slotHolds(held, 2*time.Second, "with the broker down") // many confirm (20ms) and status (1s) intervals
 		if err := f.b.start(f.ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -155,10 +156,9 @@ func TestInvalidRowHolds(t *testing.T) {
 	forEachBroker(t, false, func(t *testing.T, f *fixture) {
 		f.startRelay("--max-message-bytes", "2048", "--on-invalid", "fail")
 		f.waitConfirmed(f.commit(ev(1, "k1")), 30*time.Second)
-		before := f.walLSN()
-		f.commit(event{2, "k2", "E", big})
+		held := f.commitHeld(event{2, "k2", "E", big})
 		f.commit(ev(3, "k3"))
-		f.slotHolds(before, 2*time.Second, "past the invalid event")
+		f.slotHolds(held, 2*time.Second, "past the invalid event")
 		if msgs := f.read(f.topic(), 1); len(msgs) != 1 {
 			t.Fatalf("topic holds %v, want event 1 only", ids(msgs))
 		}

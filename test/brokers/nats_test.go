@@ -55,10 +55,9 @@ func TestNATSHoldsUntilStreamExists(t *testing.T) {
 	b := &natsBroker{srv: harness.NATSForTest(t)}
 	f := newFixture(t, b)
 	f.startRelay("--nats-create-streams=false", "--on-invalid", "fail")
-	before := f.walLSN()
-	f.commit(ev(1, "k1"))
+	held := f.commitHeld(ev(1, "k1"))
 	end := f.commit(ev(2, "k2"))
-	f.slotHolds(before, 2*time.Second, "past an event without a stream")
+	f.slotHolds(held, 2*time.Second, "past an event without a stream")
 	js := b.srv.JetStream(t)
 	if _, err := js.CreateStream(f.ctx, jetstream.StreamConfig{Name: nats.StreamName(f.topic()), Subjects: []string{f.topic()}}); err != nil {
 		t.Fatal(err)

@@ -181,10 +181,9 @@ func TestRabbitMQUnroutableHolds(t *testing.T) {
 	b := newRabbitBroker(t, rabbitNode(t, false)) // no binding yet
 	f := newFixture(t, b)
 	f.startRelay("--on-invalid", "fail")
-	before := f.walLSN()
-	f.commit(ev(1, "k1"))
+	held := f.commitHeld(ev(1, "k1"))
 	end := f.commit(ev(2, "k1"))
-	f.slotHolds(before, 2*time.Second, "past an unroutable event")
+	f.slotHolds(held, 2*time.Second, "past an unroutable event")
 	b.bind(t, f.topic())
 	f.waitConfirmed(end, 60*time.Second)
 	// The probe that found the queue delivered event 1; the session after
