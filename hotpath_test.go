@@ -71,9 +71,21 @@ func (h *hotPath) run(tb testing.TB, msgs []*wal.Msg, now time.Time) {
 // and its callback's state used to be two more allocations per event (the
 // record moved to the heap, a closure), and the watermark's Txn one per
 // transaction.
+//
+// With a sink.Releaser (the Kafka sink) the router's two are gone as well:
+// each record is built into the memory of one acked before.
 func TestHotPathAllocsPerEvent(t *testing.T) {
-	for _, c := range []struct{ events, want int }{{1, 2}, {100, 200}} {
-		h := newHotPath(t, &callbackSink{})
+	for _, c := range []struct {
+		sink         sink.Sink
+		events, want int
+		why          string
+	}{
+		{&callbackSink{}, 1, 2, "the router's 2 per event"},
+		{&callbackSink{}, 100, 200, "the router's 2 per event"},
+		{&releasingSink{}, 1, 0, "none: a sink.Releaser's records reuse the acked ones' memory"},
+		{&releasingSink{}, 100, 0, "none: a sink.Releaser's records reuse the acked ones' memory"},
+	} {
+		h := newHotPath(t, c.sink)
 		ids := make([]string, c.events)
 		for i := range ids {
 			ids[i] = uuid(i + 1)
@@ -81,10 +93,95 @@ func TestHotPathAllocsPerEvent(t *testing.T) {
 		msgs, now := txn(0, 0, ids...), time.Now()
 		h.run(t, msgs, now) // warm: the topic's counter, the router's plan
 		if n := testing.AllocsPerRun(100, func() { h.run(t, msgs, now) }); int(n) != c.want {
-			t.Errorf("a transaction of %d events: %.0f allocations, want %d (the router's 2 per event)", c.events, n, c.want)
+			t.Errorf("%T, a transaction of %d events: %.0f allocations, want %d (%s)", c.sink, c.events, n, c.want, c.why)
 		}
 		if ev, _ := h.s.wm.InFlight(); ev != 0 {
 			t.Fatalf("%d events still in flight after every ack", ev)
 		}
+	}
+}
+
+// releasingSink is callbackSink promising to read nothing of a record once
+// it called Done (sink.Releaser), as the Kafka sink does.
+type releasingSink struct{ callbackSink }
+
+func (*releasingSink) ReleasesAtDone() {}
+
+// deferredSink is a sink.Releaser that acks only when told, and keeps what
+// each record held when it was produced.
+type deferredSink struct {
+	ackSink
+	held []*deferredRec
+}
+
+type deferredRec struct {
+	rec  *router.Record
+	was  string // the record's bytes when produced
+	mem  *byte  // where its key starts
+	cb   sink.Callback
+	done bool
+}
+
+func recordBytes(r *router.Record) string {
+	s := string(r.Key) + "|" + string(r.Value)
+	for _, h := range r.Headers {
+		s += "|" + h.Key + "=" + string(h.Value)
+	}
+	return s
+}
+
+func (d *deferredSink) ProduceCallback(_ context.Context, rec *router.Record, cb sink.Callback) {
+	d.held = append(d.held, &deferredRec{rec: rec, was: recordBytes(rec), mem: &rec.Key[0], cb: cb})
+}
+
+func (*deferredSink) ReleasesAtDone() {}
+
+// A record's memory is reused only once the broker acked it: the records
+// still in flight keep their bytes while new events are routed into the
+// memory of the acked ones.
+func TestRecordMemoryReusedOnlyAfterAck(t *testing.T) {
+	d := &deferredSink{}
+	h := newHotPath(t, d)
+	ids := func(from, to int) []string {
+		var out []string
+		for i := from; i <= to; i++ {
+			out = append(out, uuid(i))
+		}
+		return out
+	}
+	now := time.Now()
+	h.run(t, txn(0, 0, ids(1, 50)...), now)
+	acked := map[*byte]bool{}
+	for _, r := range d.held[:25] {
+		acked[r.mem] = true
+		r.done = true
+		r.cb.Done(nil)
+	}
+	h.run(t, txn(0, 0, ids(51, 75)...), now)
+	if len(d.held) != 75 {
+		t.Fatalf("%d records produced, want 75", len(d.held))
+	}
+	reused := 0
+	for i, r := range d.held {
+		if !r.done && recordBytes(r.rec) != r.was {
+			t.Fatalf("record %d, not acked, changed in flight:\nwas %s\nnow %s", i+1, r.was, recordBytes(r.rec))
+		}
+		if i >= 50 {
+			if got := eventID(r.rec.Headers); got != uuid(i+1) {
+				t.Fatalf("record %d carries id %s", i+1, got)
+			}
+			if acked[r.mem] {
+				reused++
+			}
+		}
+	}
+	if reused != 25 {
+		t.Fatalf("%d of the 25 new records were built in acked records' memory, want 25", reused)
+	}
+	for _, r := range d.held[25:] {
+		r.cb.Done(nil)
+	}
+	if ev, _ := h.s.wm.InFlight(); ev != 0 {
+		t.Fatalf("%d events still in flight after every ack", ev)
 	}
 }

@@ -73,6 +73,10 @@ type streamer struct {
 	// one), and spares the events it acked, for reuse (produce).
 	callbacks sink.CallbackProducer
 	spares    *freelist.List[event]
+	// keep is, for a sink.Releaser, the largest record whose memory an
+	// event keeps for the next record routed into it (0: records are
+	// allocated, as for any other sink).
+	keep int
 }
 
 // newStreamer is the session's read loop over stream, from start, with
@@ -85,9 +89,22 @@ func newStreamer(d streamerDeps, stream replStream, wm *slot.Watermark, start wa
 	s := &streamer{
 		streamerDeps: d, stream: stream, wm: wm, commit: commit, tx: tx,
 		errc: make(chan error, 1), lastSent: start, sentAt: time.Now(),
-		spares: &freelist.List[event]{},
+		// As many spares as events may be in flight: an ack returns
+		// thousands at once, and a smaller bound dropped many for the
+		// reader to allocate again. Live and spare events together never
+		// outnumber the window.
+		spares: &freelist.List[event]{Max: d.cfg.MaxInflightEvents},
 	}
 	s.callbacks, _ = d.sink.(sink.CallbackProducer)
+	if _, ok := d.sink.(sink.Releaser); ok && d.cfg.MaxInflightEvents > 0 {
+		// Each event keeps its record's memory for the next one, up to
+		// the in-flight bytes bound's share of one event and at most
+		// maxKeptRecord: live and spare events together (the spares are
+		// bounded by the in-flight events) then hold at most
+		// --max-inflight-bytes in it, and usually far less.
+		s.keep = int(min(d.cfg.MaxInflightBytes/int64(d.cfg.MaxInflightEvents), maxKeptRecord))
+		s.spares.Empty = (*event).empty
+	}
 	return s
 }
 
@@ -289,7 +306,11 @@ func (s *streamer) handle(ctx context.Context, msg *wal.Msg, now time.Time) erro
 		}
 		e := s.event()
 		var err error
-		e.rec, err = s.router.Route(&msg.Row, *s.tx)
+		if s.keep > 0 {
+			e.rec, err = s.router.RouteInto(&msg.Row, *s.tx, &e.scratch, s.keep)
+		} else {
+			e.rec, err = s.router.Route(&msg.Row, *s.tx)
+		}
 		return s.publish(ctx, pos, source{rel: msg.Row.Relation}, e, err, func(cause error) router.Record {
 			return s.router.DeadLetter(s.cfg.DeadLetterTopic, &msg.Row, *s.tx, cause)
 		})
@@ -563,6 +584,21 @@ type event struct {
 	commit    time.Time // the transaction's commit time: publish latency
 	published prometheus.Counter
 	reuse     bool // taken back after Done (a CallbackProducer keeps nothing)
+	// scratch is the memory rec was built into, kept across reuses for a
+	// sink.Releaser (streamer.keep).
+	scratch router.Scratch
+}
+
+// maxKeptRecord is the largest record whose memory an event keeps for the
+// next (streamer.keep): an outbox event is usually well under it, and a
+// larger one is allocated as it would be without a sink.Releaser.
+const maxKeptRecord = 1 << 10
+
+// empty is the spares' Empty for a sink.Releaser: the event zeroed but for
+// the memory its record was built into.
+func (e *event) empty() {
+	sc := e.scratch
+	*e = event{scratch: sc}
 }
 
 // event is a spare event, or a new one.

@@ -195,7 +195,22 @@ func (p *plan) invalidD(id valueRef, reason, detail string) error {
 // how large the record will be (measure: a record too large is refused
 // before it costs its size in memory), and the record itself (build).
 func (r *Router) Route(row *wal.Row, tx Tx) (Record, error) {
-	ev := rowEvent{commitTime: tx.CommitTime}
+	return r.route(row, tx, rowEvent{commitTime: tx.CommitTime})
+}
+
+// RouteInto is Route building the record into s's memory rather than
+// allocating it, when that memory is large enough; otherwise it allocates
+// as Route does and keeps what it allocated in s for the next call if the
+// record's bytes are at most keep. The record's key, value and header
+// values then live in s: the caller must not pass s again until it is done
+// with the record (the relay: once the broker acked it, from a sink that
+// reads nothing of a record after its ack, sink.Releaser). keep bounds what
+// a caller holding one Scratch per event in flight keeps between events.
+func (r *Router) RouteInto(row *wal.Row, tx Tx, s *Scratch, keep int) (Record, error) {
+	return r.route(row, tx, rowEvent{commitTime: tx.CommitTime, into: s, keep: keep})
+}
+
+func (r *Router) route(row *wal.Row, tx Tx, ev rowEvent) (Record, error) {
 	if err := r.identify(row, &ev); err != nil {
 		return Record{}, err
 	}
@@ -214,6 +229,8 @@ type rowEvent struct {
 	p          *plan
 	vals       []wal.Value
 	commitTime time.Time
+	into       *Scratch // RouteInto's; nil: Route allocates the record
+	keep       int      // the largest record into keeps the memory of
 
 	id, key, payload valueRef
 	topic            string
@@ -449,8 +466,8 @@ func (ev *rowEvent) valueLen() int {
 // header placements, the headers column's, outboxd's LSN headers).
 func (r *Router) build(ev *rowEvent, tx Tx) (Record, error) {
 	p := ev.p
-	buf := make([]byte, 0, ev.n)
-	hdrs := make([]Header, 0, ev.nh)
+	buf, hdrs := ev.into.take(ev.n, ev.nh)
+	defer func() { ev.into.give(buf, hdrs, ev.keep) }()
 	rec := Record{Topic: ev.topic, Timestamp: ev.ts, Partition: ev.partition}
 	var err error
 	if buf, rec.Key, err = ev.appendKey(buf); err != nil {

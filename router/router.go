@@ -53,6 +53,37 @@ type Record struct {
 	Trace *Trace
 }
 
+// Scratch is memory RouteInto builds a record into instead of allocating
+// it: the bytes and header list of a record its caller is done with, so
+// that a relay routing each event into the memory of one acked before
+// costs no allocation per event (and its GC no scan of garbage). The zero
+// value is empty and ready.
+type Scratch struct {
+	buf  []byte
+	hdrs []Header
+}
+
+// take returns s's memory when it holds n bytes and nh headers, or new
+// memory of that size (s may be nil).
+func (s *Scratch) take(n, nh int) ([]byte, []Header) {
+	if s != nil && cap(s.buf) >= n && cap(s.hdrs) >= nh {
+		return s.buf[:0], s.hdrs[:0]
+	}
+	return make([]byte, 0, n), make([]Header, 0, nh)
+}
+
+// give keeps buf and hdrs, the memory a record was built into, in s for
+// the next record, unless buf is over keep bytes: then s keeps what it had.
+// The header list's unused tail is cleared: it must not hold on to the
+// bytes of a record built before (a buf that append had to grow).
+func (s *Scratch) give(buf []byte, hdrs []Header, keep int) {
+	if s == nil || cap(buf) > keep {
+		return
+	}
+	clear(hdrs[len(hdrs):cap(hdrs)])
+	s.buf, s.hdrs = buf[:0], hdrs[:0]
+}
+
 // Size approximates the record's memory and wire footprint: its bytes plus
 // HeaderOverhead per header.
 func (r *Record) Size() int {

@@ -48,3 +48,16 @@ type Callback interface {
 type CallbackProducer interface {
 	ProduceCallback(ctx context.Context, rec *router.Record, cb Callback)
 }
+
+// Releaser is a CallbackProducer that reads nothing of a record's bytes
+// (its key, value and header values) once it has called Done: the caller
+// may then write them again. The relay then builds each event's record in
+// the memory of one the broker acked before (router.RouteInto) rather than
+// allocating it, which at a drain's rate is most of what its garbage
+// collector scans. A sink that reads a record after its ack (the NATS
+// sink's duplicate check) must not implement it.
+type Releaser interface {
+	CallbackProducer
+	// ReleasesAtDone marks the promise; it is never called.
+	ReleasesAtDone()
+}

@@ -18,6 +18,11 @@ type List[T any] struct {
 	mu    sync.Mutex
 	spare []*T
 	Max   int // spares kept (0: DefaultMax); a Put beyond it is left to the GC
+	// Empty, when set, empties a spare instead of zeroing it: for a T
+	// holding memory meant to be reused with it (the relay's events keep
+	// the buffers their records were built into). It must drop every
+	// other pointer of t, or a spare keeps alive what it pointed to.
+	Empty func(t *T)
 }
 
 // DefaultMax is a List's bound when Max is 0: a Kafka produce response
@@ -39,11 +44,16 @@ func (l *List[T]) Get() *T {
 	return new(T)
 }
 
-// Put zeroes t (so that a spare holds on to nothing it pointed to) and
-// keeps it for the next Get. The caller must not use t afterwards.
+// Put zeroes t (so that a spare holds on to nothing it pointed to), or
+// empties it with Empty, and keeps it for the next Get. The caller must not
+// use t afterwards.
 func (l *List[T]) Put(t *T) {
-	var zero T
-	*t = zero
+	if l.Empty != nil {
+		l.Empty(t)
+	} else {
+		var zero T
+		*t = zero
+	}
 	l.mu.Lock()
 	max := l.Max
 	if max == 0 {

@@ -202,9 +202,15 @@ func (s *Sink) Produce(ctx context.Context, rec *router.Record, done func(error)
 }
 
 var (
-	_ sink.Acker            = (*Sink)(nil)
-	_ sink.CallbackProducer = (*Sink)(nil)
+	_ sink.Acker    = (*Sink)(nil)
+	_ sink.Releaser = (*Sink)(nil)
 )
+
+// ReleasesAtDone: the promise is the last time franz-go or the sink reads
+// a record (sink.Releaser). franz-go has copied the record into its
+// request by then and drops it, the sink's failure path reads only the
+// topic, and the produced goes back to the spares before the callback.
+func (*Sink) ReleasesAtDone() {}
 
 // ProduceCallback is Produce calling cb.Done (sink.CallbackProducer): the
 // relay's per-event state is the callback, no closure. The sink keeps
