@@ -45,7 +45,7 @@ type Config struct {
 	Logger      *slog.Logger // default: discard
 	Version     string       // outboxd_build_info's version label
 
-	MaxInflightEvents  int            // events handed to the sink and not yet acked before reading pauses (16384)
+	MaxInflightEvents  int            // events handed to the sink and not yet acked before reading pauses (4096)
 	MaxInflightBytes   int64          // the same in bytes (16 MiB)
 	StatusInterval     time.Duration  // the longest gap between standby status updates (10s)
 	ConfirmInterval    time.Duration  // the shortest gap between confirmations while events flow (25ms)
@@ -104,6 +104,16 @@ type Config struct {
 	SplitAge time.Duration
 }
 
+// DefaultMaxInflightEvents is Config.MaxInflightEvents's default: enough to
+// keep a broker busy (a few milliseconds of a drain at 200,000 events/s),
+// small enough that a full window of small events stays well within the Go
+// memory limit outboxd sets from --max-inflight-bytes. At 16,384 (the
+// default until 2026-12-03) a full window on Kafka brought the live heap
+// to that limit, and the collector then ran almost back to back: in
+// interleaved drains on one Apache node outboxd spent about twice the CPU
+// per event and drained no faster (docs/performance.md, section 7).
+const DefaultMaxInflightEvents = 4096
+
 const heartbeatPrefix = "outboxd.heartbeat"
 
 // heartbeatPrefix is the prefix of outboxd's heartbeat messages, or ""
@@ -149,7 +159,7 @@ func (c *Config) defaults() error {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	if c.MaxInflightEvents == 0 {
-		c.MaxInflightEvents = 16384
+		c.MaxInflightEvents = DefaultMaxInflightEvents
 	}
 	if c.MaxInflightBytes == 0 {
 		c.MaxInflightBytes = 16 << 20

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"regexp"
 	"time"
@@ -32,22 +31,10 @@ type natsOptions struct {
 	TLSCA           string
 	TLSCert         string
 	TLSKey          string
-
-	fs *flag.FlagSet // run's, for --max-inflight-events's default
 }
-
-// natsMaxInflight is --max-inflight-events with NATS when it is left at
-// its default. nats.go keeps every published message (a copy of its
-// payload and headers) until its PubAck, so an in-flight event costs about
-// twice what it costs with Kafka: at 16,384 a full window of small events
-// outgrew the default Go memory limit (internal/memlimit.ForInflight) and
-// the 64 MiB the memory bench holds outboxd to (issue 34). A PubAck takes
-// milliseconds, so 8,192 events in flight still keep JetStream busy.
-const natsMaxInflight = 8192
 
 func (n *natsOptions) register(s *optionSet) {
 	fs := s.fs
-	n.fs = fs
 	fs.BoolVar(&n.CreateStreams, "nats-create-streams", true, "create a stream for a topic no stream captures (subjects <topic> and <topic>.>, file storage) before its first event; false: such an event is invalid (--on-invalid)")
 	fs.BoolVar(&n.KeyToken, "nats-key-token", false, "publish to <topic>.<key> instead of <topic>, so consumers can filter one aggregate (the key is always in the Outboxd-Key header)")
 	fs.IntVar(&n.StreamReplicas, "nats-stream-replicas", 1, "replicas of the streams and the progress bucket outboxd creates (3 on a cluster: a PubAck then means a quorum stored the event)")
@@ -86,7 +73,6 @@ func (n *natsOptions) validate(o *runOptions) error {
 }
 
 func (n *natsOptions) open(_ context.Context, b brokerRun) (*openedBroker, error) {
-	lowerInflightDefault(n.fs, b, natsMaxInflight, "nats: --max-inflight-events defaults to 8192 here (each in-flight message is kept until its PubAck)")
 	var opts []nats.Option
 	if n.Creds != "" {
 		opts = append(opts, nats.UserCredentials(n.Creds))

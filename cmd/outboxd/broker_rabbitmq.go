@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
-	"flag"
 	"fmt"
 	"net/http"
 	"os"
@@ -39,23 +38,10 @@ type rabbitOptions struct {
 	TLSCA           string
 	TLSCert         string
 	TLSKey          string
-
-	fs *flag.FlagSet // run's, for --max-inflight-events's default
 }
-
-// rabbitMaxInflight is --max-inflight-events with RabbitMQ when it is left
-// at its default: twice the confirm window. RabbitMQ confirms a few
-// thousand messages per second where Kafka acks tens of thousands, so the
-// relay's in-flight bound (16,384 events for Kafka) fills up, and every
-// event beyond the window only waits in the sink's line, costing memory
-// (in the relay and the sink: about 1 KB an event with the Go heap's
-// headroom) without making the drain faster: one window on the wire and
-// one ready behind it keep the channel busy.
-const rabbitMaxInflight = 2 * rabbitmq.DefaultWindow
 
 func (r *rabbitOptions) register(s *optionSet) {
 	fs := s.fs
-	r.fs = fs
 	fs.StringVar(&r.Exchange, "rabbitmq-exchange", rabbitmq.DefaultExchange, "exchange every event is published to; the routing key is the routed topic (outbox.event.<aggregatetype>)")
 	fs.StringVar(&r.ExchangeType, "rabbitmq-exchange-type", "topic", "type of the exchange outboxd declares (topic, direct, fanout, headers)")
 	fs.BoolVar(&r.DeclareExchange, "rabbitmq-declare-exchange", true, "declare the exchange (durable) when it is missing; false: a missing exchange holds the relay until someone declares it")
@@ -121,7 +107,6 @@ func (r *rabbitOptions) open(ctx context.Context, b brokerRun) (*openedBroker, e
 	if err != nil {
 		return nil, err
 	}
-	lowerInflightDefault(r.fs, b, rabbitMaxInflight, "rabbitmq: --max-inflight-events defaults to twice the confirm window here")
 	cfg := rabbitmq.Config{
 		URL: b.URL, TLS: tlsCfg, Exchange: r.Exchange, ExchangeType: r.ExchangeType, Declare: r.DeclareExchange,
 		KeyInRoutingKey: r.KeyRouting, MaxMessageBytes: int(r.MaxMessageSize), Logger: b.Log, Held: b.Held,

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"flag"
 	"log/slog"
 
 	"github.com/outboxd/outboxd/internal/memlimit"
@@ -20,18 +19,4 @@ func setMemoryLimit(log *slog.Logger, getenv func(string) string, inflightBytes 
 		return
 	}
 	log.Debug(r.String())
-}
-
-// lowerInflightDefault sets --max-inflight-events to n for a broker whose
-// in-flight events cost more than Kafka's, when the flag was left at its
-// default (fs: run's flags; nil: nothing to check) and the default is
-// larger. why goes to the log line saying so.
-func lowerInflightDefault(fs *flag.FlagSet, b brokerRun, n int, why string) {
-	if fs == nil {
-		return
-	}
-	if f := fs.Lookup("max-inflight-events"); f != nil && f.Value.String() == f.DefValue && b.Opts.MaxInflightEvents > n {
-		b.Opts.MaxInflightEvents = n
-		b.Log.Info(why+"; set --max-inflight-events to hold more", "max_inflight_events", n)
-	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	root "github.com/outboxd/outboxd"
 	"github.com/outboxd/outboxd/router"
 	natssink "github.com/outboxd/outboxd/sink/nats"
 	"github.com/outboxd/outboxd/sink/rabbitmq"
@@ -32,10 +33,11 @@ type BareRun struct {
 }
 
 // The most publishes a bare publisher leaves awaiting their
-// acknowledgement: outboxd's default --max-inflight-events on the broker.
+// acknowledgement: outboxd's default --max-inflight-events on the broker
+// (8,192 on NATS until 2026-12-03).
 const (
-	bareWindowNATS     = 8192
-	bareWindowRabbitMQ = 4096
+	bareWindowNATS     = root.DefaultMaxInflightEvents
+	bareWindowRabbitMQ = root.DefaultMaxInflightEvents
 )
 
 // targetBareRatio: outboxd's drain ÷ the bare publisher's.

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxd/outboxd"
 	"github.com/outboxd/outboxd/sink/rabbitmq"
 	"github.com/outboxd/outboxd/test/harness"
 )
@@ -97,8 +98,8 @@ END $$`)
 // through Kafka (kfake), then each broker, at outboxd's defaults, and
 // checks that the in-flight bound holds: outboxd_inflight_events and
 // outboxd_inflight_bytes, sampled from /metrics during the whole drain,
-// never exceed the defaults (50,000 events, 32 MiB; RabbitMQ: 8,192
-// events). It logs the drain rate and outboxd's peak RSS, the figures of
+// never exceed the defaults (outboxd.DefaultMaxInflightEvents, 16 MiB and
+// the one record that may cross it). It logs the drain rate and outboxd's peak RSS, the figures of
 // docs/rabbitmq.md's Memory section. OUTBOXD_TEST_DRAIN_BROKERS=kafka,rabbitmq
 // picks brokers, OUTBOXD_TEST_DRAIN_ARGS adds outboxd flags.
 func TestDrainMemory(t *testing.T) {
@@ -118,10 +119,7 @@ func TestDrainMemory(t *testing.T) {
 	for _, k := range drainKinds {
 		t.Run(k.name, func(t *testing.T) {
 			f := newFixture(t, k.start(t, false))
-			maxEvents, maxMB := 50_000.0, 32.0 // outboxd's defaults
-			if k.name == "rabbitmq" {
-				maxEvents = 8192
-			}
+			maxEvents, maxMB := float64(outboxd.DefaultMaxInflightEvents), 17.0 // outboxd's defaults
 			d := f.drain(k.name, *drainEvents, strings.Fields(os.Getenv("OUTBOXD_TEST_DRAIN_ARGS"))...)
 			t.Logf("%s: %v", k.name, d)
 			if os.Getenv("OUTBOXD_TEST_DRAIN_ARGS") == "" && (d.inflightEvents > maxEvents || d.inflightMB > maxMB) {
@@ -132,11 +130,11 @@ func TestDrainMemory(t *testing.T) {
 }
 
 // With RabbitMQ, outboxd holds at most twice the confirm window in flight
-// (8,192 events) unless --max-inflight-events says otherwise: RabbitMQ
-// confirms more slowly than outboxd reads, so the 50,000 events of Kafka's
-// default would all be in memory during a drain without draining faster.
+// (4,096 events, the default bound) unless --max-inflight-events says
+// otherwise: RabbitMQ confirms more slowly than outboxd reads, so a larger
+// bound would all be in memory during a drain without draining faster.
 // The bound is read from /metrics during a 20,000-event drain (main
-// before this bound: 11,053 in flight at once).
+// before the RabbitMQ bound: 11,053 in flight at once).
 func TestRabbitMQInflightBound(t *testing.T) {
 	f := newFixture(t, startRabbitMQ(t, false))
 	d := f.drain("rabbitmq", 20_000)
