@@ -145,14 +145,13 @@ func (c *ApacheKafka) logTails(t testing.TB) {
 
 func (c *ApacheKafka) boot(ctx context.Context, n int) error {
 	var voters []string
+	ports, err := FreePorts(3 * n) // distinct: a node refuses two listeners on one port
+	if err != nil {
+		return err
+	}
 	for i := range n {
 		nd := &ApacheNode{c: c, ID: int32(i + 1), dir: filepath.Join(c.dir, fmt.Sprintf("node%d", i+1))}
-		var err error
-		for _, p := range []*int{&nd.port, &nd.internal, &nd.ctrl} {
-			if *p, err = FreePort(); err != nil {
-				return err
-			}
-		}
+		nd.port, nd.internal, nd.ctrl = ports[3*i], ports[3*i+1], ports[3*i+2]
 		nd.adv = fmt.Sprintf("127.0.0.1:%d", nd.port)
 		if len(c.opts.advertise) > 0 {
 			nd.adv = c.opts.advertise[i]

@@ -297,6 +297,10 @@ func StartNATSCluster(ctx context.Context, size int) (*NATSCluster, error) {
 	}
 	c := &NATSCluster{}
 	routePorts := make([]int, size)
+	ports, err := FreePorts(2 * size) // distinct: client and route ports of every node
+	if err != nil {
+		return nil, err
+	}
 	for i := range size {
 		n := &NATS{bin: bin, name: fmt.Sprintf("outboxd-test-%d", i+1)}
 		if n.dir, err = os.MkdirTemp("", "outboxd-nats-"); err != nil {
@@ -309,13 +313,7 @@ func StartNATSCluster(ctx context.Context, size int) (*NATSCluster, error) {
 			return nil, err
 		}
 		c.Nodes = append(c.Nodes, n)
-		if n.port, err = FreePort(); err == nil {
-			routePorts[i], err = FreePort()
-		}
-		if err != nil {
-			c.Close()
-			return nil, err
-		}
+		n.port, routePorts[i] = ports[2*i], ports[2*i+1]
 	}
 	routes := ""
 	for _, p := range routePorts {

@@ -27,6 +27,27 @@ func FreePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
+// FreePorts picks n distinct free ports: each is held open until all are
+// picked, so that two calls of FreePort in a row cannot return the same
+// port (a bench run once got one port for two listeners of a Kafka node,
+// which Kafka refuses).
+func FreePorts(n int) ([]int, error) {
+	ports := make([]int, 0, n)
+	for len(ports) < n {
+		p, err := FreePort()
+		if err != nil {
+			return nil, err
+		}
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err != nil {
+			continue // taken meanwhile, or picked before: held below
+		}
+		defer l.Close()
+		ports = append(ports, p)
+	}
+	return ports, nil
+}
+
 // onFreePort sets *port to a free port (FreePort) and runs start, which
 // binds it. Another process may take a freshly picked port before the
 // server binds it, so a failed start is tried again on a new port, three

@@ -52,12 +52,12 @@ func StartRabbitMQ(ctx context.Context, conf ...string) (*RabbitMQ, error) {
 	if r.dir, err = os.MkdirTemp("", "outboxd-rabbitmq-"); err != nil {
 		return nil, fmt.Errorf("rabbitmq: %w", err)
 	}
-	for _, p := range []*int{&r.port, &r.distPort, &r.epmdPort} {
-		if *p, err = FreePort(); err != nil {
-			os.RemoveAll(r.dir)
-			return nil, err
-		}
+	ports, err := FreePorts(3) // distinct
+	if err != nil {
+		os.RemoveAll(r.dir)
+		return nil, err
 	}
+	r.port, r.distPort, r.epmdPort = ports[0], ports[1], ports[2]
 	if r.reaper, err = startRabbitMQReaper(r.dir, r.epmdPort); err != nil {
 		os.RemoveAll(r.dir)
 		return nil, err
