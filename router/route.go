@@ -195,7 +195,7 @@ func (p *plan) invalidD(id valueRef, reason, detail string) error {
 // how large the record will be (measure: a record too large is refused
 // before it costs its size in memory), and the record itself (build).
 func (r *Router) Route(row *wal.Row, tx Tx) (Record, error) {
-	return r.route(row, tx, rowEvent{commitTime: tx.CommitTime})
+	return r.route(row, tx, nil, 0)
 }
 
 // RouteInto is Route building the record into s's memory rather than
@@ -207,10 +207,11 @@ func (r *Router) Route(row *wal.Row, tx Tx) (Record, error) {
 // reads nothing of a record after its ack, sink.Releaser). keep bounds what
 // a caller holding one Scratch per event in flight keeps between events.
 func (r *Router) RouteInto(row *wal.Row, tx Tx, s *Scratch, keep int) (Record, error) {
-	return r.route(row, tx, rowEvent{commitTime: tx.CommitTime, into: s, keep: keep})
+	return r.route(row, tx, s, keep)
 }
 
-func (r *Router) route(row *wal.Row, tx Tx, ev rowEvent) (Record, error) {
+func (r *Router) route(row *wal.Row, tx Tx, into *Scratch, keep int) (Record, error) {
+	ev := rowEvent{commitTime: tx.CommitTime, into: into, keep: keep}
 	if err := r.identify(row, &ev); err != nil {
 		return Record{}, err
 	}
@@ -467,7 +468,6 @@ func (ev *rowEvent) valueLen() int {
 func (r *Router) build(ev *rowEvent, tx Tx) (Record, error) {
 	p := ev.p
 	buf, hdrs := ev.into.take(ev.n, ev.nh)
-	defer func() { ev.into.give(buf, hdrs, ev.keep) }()
 	rec := Record{Topic: ev.topic, Timestamp: ev.ts, Partition: ev.partition}
 	var err error
 	if buf, rec.Key, err = ev.appendKey(buf); err != nil {
@@ -503,6 +503,7 @@ func (r *Router) build(ev *rowEvent, tx Tx) (Record, error) {
 			return Record{}, err
 		}
 	}
+	ev.into.give(buf, hdrs, ev.keep) // a failed record leaves the scratch as it was
 	return rec, nil
 }
 
