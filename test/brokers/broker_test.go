@@ -153,21 +153,10 @@ func (f *fixture) commit(events ...event) uint64 {
 // confirmed, which a position read before BEGIN would wrongly forbid.
 func (f *fixture) commitHeld(events ...event) uint64 {
 	f.t.Helper()
-	tx, err := f.conn.Begin(f.ctx)
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	defer tx.Rollback(f.ctx)
-	for _, e := range events {
-		if _, err := tx.Exec(f.ctx, insertSQL, eventID(e.n), f.agg, e.key, e.typ, e.payload); err != nil {
-			f.t.Fatal(err)
-		}
-	}
 	var pre string
-	if err := tx.QueryRow(f.ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&pre); err != nil {
-		f.t.Fatal(err)
-	}
-	if err := tx.Commit(f.ctx); err != nil {
+	if err := f.commitTx(f.conn, events, func(tx pgx.Tx) error {
+		return tx.QueryRow(f.ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&pre)
+	}); err != nil {
 		f.t.Fatal(err)
 	}
 	lsn, err := harness.ParseLSN(pre)
@@ -178,6 +167,12 @@ func (f *fixture) commitHeld(events ...event) uint64 {
 }
 
 func (f *fixture) commitErr(conn *pgx.Conn, events ...event) error {
+	return f.commitTx(conn, events, nil)
+}
+
+// commitTx inserts events in one transaction on conn and commits it,
+// running beforeCommit (if not nil) inside it just before COMMIT.
+func (f *fixture) commitTx(conn *pgx.Conn, events []event, beforeCommit func(pgx.Tx) error) error {
 	tx, err := conn.Begin(f.ctx)
 	if err != nil {
 		return err
@@ -185,6 +180,11 @@ func (f *fixture) commitErr(conn *pgx.Conn, events ...event) error {
 	defer tx.Rollback(f.ctx)
 	for _, e := range events {
 		if _, err := tx.Exec(f.ctx, insertSQL, eventID(e.n), f.agg, e.key, e.typ, e.payload); err != nil {
+			return err
+		}
+	}
+	if beforeCommit != nil {
+		if err := beforeCommit(tx); err != nil {
 			return err
 		}
 	}
