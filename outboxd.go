@@ -104,14 +104,15 @@ type Config struct {
 	SplitAge time.Duration
 }
 
-// DefaultMaxInflightEvents is Config.MaxInflightEvents's default: enough to
-// keep a broker busy (a few milliseconds of a drain at 200,000 events/s),
-// small enough that a full window of small events stays well within the Go
-// memory limit outboxd sets from --max-inflight-bytes. At 16,384 (the
-// default until 2026-12-03) a full window on Kafka brought the live heap
-// to that limit, and the collector then ran almost back to back: in
-// interleaved drains on one Apache node outboxd spent about twice the CPU
-// per event and drained no faster (docs/performance.md, section 7).
+// DefaultMaxInflightEvents is Config.MaxInflightEvents's default, on every
+// broker: about 20 ms of a drain at 200,000 events/s, enough to keep a
+// broker busy, and small enough that a full window of small events stays
+// well within the Go memory limit outboxd sets from --max-inflight-bytes.
+// At 16,384 (Kafka's default until 2026-12-03) a full window brought the
+// live heap near that limit, where the collector runs far more often: on
+// one Apache node outboxd spent 2.00× the walsender's CPU per event at 100
+// events per transaction against 0.73× at 4,096, and drained no faster
+// (results/bench-2026-12-03-1053 and -1046; docs/performance.md, section 7).
 const DefaultMaxInflightEvents = 4096
 
 const heartbeatPrefix = "outboxd.heartbeat"

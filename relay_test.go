@@ -184,7 +184,7 @@ func TestNewAndHandler(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c := r.relay.cfg; c.Slot != "outboxd" || c.MaxInflightEvents != 4096 || c.MaxInflightBytes != 16<<20 || c.OnInvalid != OnInvalidFail || c.wantMessages() {
+	if c := r.relay.cfg; c.Slot != "outboxd" || c.MaxInflightEvents != DefaultMaxInflightEvents || c.MaxInflightBytes != 16<<20 || c.OnInvalid != OnInvalidFail || c.wantMessages() {
 		t.Fatalf("defaults %+v", c)
 	}
 	h := r.Handler(false)

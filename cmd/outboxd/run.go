@@ -83,7 +83,7 @@ func (o *runOptions) register(s *optionSet) {
 	fs.DurationVar(&o.StatusInterval, "status-interval", 10*time.Second, "longest gap between standby status updates to PostgreSQL")
 	fs.DurationVar(&o.ConfirmInterval, "confirm-interval", 25*time.Millisecond, "shortest gap between flush LSN confirmations while events flow")
 	fs.DurationVar(&o.ReplicationTimeout, "replication-timeout", 30*time.Second, "silence from PostgreSQL (status updates ask for replies) after which the replication connection is presumed dead and replaced")
-	fs.IntVar(&o.MaxInflightEvents, "max-inflight-events", 4096, "events handed to the broker and not yet acked before reading pauses")
+	fs.IntVar(&o.MaxInflightEvents, "max-inflight-events", outboxd.DefaultMaxInflightEvents, "events handed to the broker and not yet acked before reading pauses")
 	o.MaxInflightBytes = 16 << 20
 	fs.Var(&o.MaxInflightBytes, "max-inflight-bytes", "bytes handed to the broker and not yet acked before reading pauses; without GOMEMLIMIT or a cgroup memory limit, the Go memory limit is twice this (at least 32MiB)")
 	o.MaxMessageBytes = 1000012

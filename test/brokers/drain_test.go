@@ -99,8 +99,8 @@ END $$`)
 // checks that the in-flight bound holds: outboxd_inflight_events and
 // outboxd_inflight_bytes, sampled from /metrics during the whole drain,
 // never exceed the defaults (outboxd.DefaultMaxInflightEvents, 16 MiB and
-// the one record that may cross it). It logs the drain rate and outboxd's peak RSS, the figures of
-// docs/rabbitmq.md's Memory section. OUTBOXD_TEST_DRAIN_BROKERS=kafka,rabbitmq
+// the one record that may cross it). It logs the drain rate and outboxd's
+// peak RSS, the figures of docs/rabbitmq.md's Memory section. OUTBOXD_TEST_DRAIN_BROKERS=kafka,rabbitmq
 // picks brokers, OUTBOXD_TEST_DRAIN_ARGS adds outboxd flags.
 func TestDrainMemory(t *testing.T) {
 	if !*long {
