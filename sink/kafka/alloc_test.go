@@ -151,3 +151,17 @@ func TestClientMetricsPushIsOff(t *testing.T) {
 		t.Error("the producer pushes client metrics (KIP-714): want kgo.DisableClientMetrics")
 	}
 }
+
+// The sink keeps as many spare records as the client may buffer (the
+// relay's window), not the freelist's default: an ack of a full window
+// returns them all at once.
+func TestSparesFollowMaxBuffered(t *testing.T) {
+	s, err := New(Config{Brokers: []string{"127.0.0.1:1"}, MaxBuffered: 17000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if s.spares.Max != 17000 {
+		t.Fatalf("spares bound %d, want MaxBuffered (17000)", s.spares.Max)
+	}
+}

@@ -106,6 +106,10 @@ func New(cfg Config) (*Sink, error) {
 		return nil, err
 	}
 	s := &Sink{}
+	// As many spares as records the client may buffer, as the relay's
+	// events: an ack returns thousands of records at once, and beyond the
+	// freelist's default bound each one dropped was allocated again.
+	s.spares.Max = cfg.MaxBuffered
 	s.maxBatch = int(cfg.MaxMessageBytes)
 	if s.maxBatch == 0 {
 		s.maxBatch = 1000012
