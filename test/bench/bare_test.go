@@ -29,6 +29,16 @@ func TestBareRows(t *testing.T) {
 	if r := bareRows(c, KindRabbitMQ); r[0][6] != "busy" {
 		t.Errorf("a busy bare run: %q", r[0])
 	}
+	// NATS's guarded bare publisher: a report-only row of its own, from
+	// its fastest run; the target stays the unguarded one's.
+	c.Bare[1].CPU = CPUSplit{}
+	c.BareGuarded = []BareRun{{Elapsed: 1600 * time.Millisecond}, {Elapsed: 1500 * time.Millisecond}}
+	r = bareRows(c, KindNATS)
+	wantGuarded := row{"", "  ″ vs the bare publisher sending outboxd's ordering guard too (Nats-Expected-Last-Msg-Id naming the message before), fastest of 2",
+		"7,692 ev/s (1.30 s)", "guarded bare publisher 6,667 ev/s (1.50 s)", "1.15×", "—", "—"}
+	if len(r) != 2 || r[0][6] != "FAIL" || r[1] != wantGuarded {
+		t.Fatalf("rows with a guarded bare publisher\n%q\nwant the target's row, then\n%q", r, wantGuarded)
+	}
 }
 
 // TestBareCPURow: the CPU each run spent per event (outboxd's: outboxd,
@@ -40,7 +50,7 @@ func TestBareCPURow(t *testing.T) {
 	ms := time.Millisecond
 	ob := CPUSplit{Known: true, Wall: time.Second, Outboxd: 700 * ms, Broker: 730 * ms, BrokerIs: "nats-server", Walsender: 260 * ms, Bench: 50 * ms}
 	bare := CPUSplit{Known: true, Wall: 600 * ms, Bench: 450 * ms, Broker: 580 * ms, BrokerIs: "nats-server"}
-	r, ok := bareCPURow(100_000, ob, bare, 2)
+	r, ok := bareCPURow(100_000, ob, bare, 2, "the bare publisher's")
 	want := row{"", "  ″ CPU the machine spends per event, outboxd's fastest run vs the bare publisher's (2 cores bound a drain at cores ÷ it)",
 		"outboxd 7.0 + nats-server 7.3 + walsender 2.6 = 16.9 µs/ev (≤ 118,343 ev/s)",
 		"publisher 4.5 + nats-server 5.8 = 10.3 µs/ev (≤ 194,174 ev/s); a relay adding nothing to the publisher's CPU, with the walsender beside it: 0.80×",
@@ -53,7 +63,7 @@ func TestBareCPURow(t *testing.T) {
 		t.Errorf("bareRows: %q", rows)
 	}
 	ob.Known = false
-	if _, ok := bareCPURow(100_000, ob, bare, 2); ok {
+	if _, ok := bareCPURow(100_000, ob, bare, 2, "the bare publisher's"); ok {
 		t.Error("a row for external servers (no per-process CPU)")
 	}
 }

@@ -44,6 +44,9 @@ type RelayCase struct {
 	// Bare are the bare publisher's runs on NATS and RabbitMQ (bare.go),
 	// interleaved with Relays.
 	Bare []BareRun
+	// BareGuarded are NATS's bare publisher runs that also send outboxd's
+	// ordering guard (Nats-Expected-Last-Msg-Id), beside Bare.
+	BareGuarded []BareRun
 	// DbzServer are Debezium Server's runs on NATS and RabbitMQ (the
 	// dbzserver case, dbzserver.go), interleaved with Relays.
 	DbzServer []DbzServerRun
@@ -315,22 +318,34 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 			return c
 		}
 	}
-	bare := func(rep int) error {
-		r, err := e.drainBare(ctx, w, bareRecs, caseTimeout(events))
-		if err != nil {
-			return err
+	bareRun := func(guarded bool) func(int) error {
+		return func(rep int) error {
+			r, err := e.drainBare(ctx, w, bareRecs, caseTimeout(events), guarded)
+			if err != nil {
+				return err
+			}
+			label := "bare publisher"
+			if guarded {
+				c.BareGuarded = append(c.BareGuarded, r)
+				label += " with the ordering guard"
+			} else {
+				c.Bare = append(c.Bare, r)
+			}
+			e.progress("%s: %s %s (%.0f ev/s), CPU %s", name, label, r.Elapsed.Round(time.Millisecond), EventsPerSec(int64(events), r.Elapsed), r.CPU)
+			return nil
 		}
-		c.Bare = append(c.Bare, r)
-		e.progress("%s: bare publisher %s (%.0f ev/s), CPU %s", name, r.Elapsed.Round(time.Millisecond), EventsPerSec(int64(events), r.Elapsed), r.CPU)
-		return nil
 	}
+	_, onNATS := e.mq.(*natsBench)
 	for rep := range reps {
 		steps := []func(int) error{ceiling, run(false)}
 		if eos {
 			steps = append(steps, run(true))
 		}
 		if bareRecs != nil {
-			steps = append(steps, bare)
+			steps = append(steps, bareRun(false))
+			if onNATS {
+				steps = append(steps, bareRun(true))
+			}
 		}
 		if dbzs {
 			steps = append(steps, func(rep int) error {
