@@ -255,10 +255,10 @@ func fastestBare(runs []BareRun) (best BareRun, busy bool) {
 }
 
 // bareCPURow says what bounds the bare-publisher ratio on this machine,
-// from the same two runs (whose names the bare one in the row): the CPU the
-// machine spent per event in each (outboxd + broker + walsender in
-// outboxd's; the publisher, the bench process, + broker in the bare one's) and the drain those costs allow on
-// its cores. Every process of both runs shares the same cores, so where
+// from the same two runs (whose names the bare one in the row): the CPU
+// the machine spent per event in each (outboxd + broker + walsender in
+// outboxd's; the publisher, the bench process, + broker in the bare
+// one's) and the drain those costs allow on its cores. Every process of both runs shares the same cores, so where
 // they are saturated a drain's rate is at most cores ÷ its CPU per event,
 // and the ratio of the two costs is the ratio the drains can reach.
 // The baseline also gives the ratio a relay would reach that added nothing
