@@ -201,8 +201,8 @@ func (r *Router) Route(row *wal.Row, tx Tx) (Record, error) {
 // RouteInto is Route building the record into s's memory rather than
 // allocating it, when that memory is large enough; otherwise it allocates
 // as Route does and keeps what it allocated in s for the next call if the
-// record's bytes are at most keep. The record's key, value and header
-// values then live in s: the caller must not pass s again until it is done
+// record's bytes and header list take at most keep bytes. Its key, value
+// and header values then live in s: the caller must not pass s again until it is done
 // with the record (the relay: once the broker acked it, from a sink that
 // reads nothing of a record after its ack, sink.Releaser). keep bounds what
 // a caller holding one Scratch per event in flight keeps between events.

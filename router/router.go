@@ -30,6 +30,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/outboxd/outboxd/wal"
 )
@@ -73,16 +74,21 @@ func (s *Scratch) take(n, nh int) ([]byte, []Header) {
 }
 
 // give keeps buf and hdrs, the memory a record was built into, in s for
-// the next record, unless buf is over keep bytes: then s keeps what it had.
-// The header list's unused tail is cleared: it must not hold on to the
-// bytes of a record built before (a buf that append had to grow).
+// the next record, unless the two together are over keep bytes: then s
+// keeps what it had. The header list counts too: a record of many short
+// headers holds more in its list (headerBytes each) than in its bytes.
+// The list's unused tail is cleared: it must not hold on to the bytes of a
+// record built before (a buf that append had to grow).
 func (s *Scratch) give(buf []byte, hdrs []Header, keep int) {
-	if s == nil || cap(buf) > keep {
+	if s == nil || cap(buf)+cap(hdrs)*headerBytes > keep {
 		return
 	}
 	clear(hdrs[len(hdrs):cap(hdrs)])
 	s.buf, s.hdrs = buf[:0], hdrs[:0]
 }
+
+// headerBytes is the memory of one Header in a header list.
+const headerBytes = int(unsafe.Sizeof(Header{}))
 
 // Size approximates the record's memory and wire footprint: its bytes plus
 // HeaderOverhead per header.

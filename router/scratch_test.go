@@ -64,4 +64,30 @@ func TestRouteIntoReusesOnlyWhatItKeeps(t *testing.T) {
 	if n := testing.AllocsPerRun(100, func() { _, _ = r.RouteInto(rw, testTx, &small, 16) }); n != 2 {
 		t.Errorf("RouteInto over keep allocated %v times, want Route's 2", n)
 	}
+
+	// keep counts the header list too: a record of short bytes and many
+	// headers is not kept when its bytes alone fit under keep.
+	many := row(rl, uuid1, "Order", "o-1", "OrderCreated", `{}`, `{"a":"1","b":"2","c":"3","d":"4","e":"5","f":"6","g":"7","h":"8","i":"9","j":"0"}`)
+	var all Scratch
+	if _, err := r.RouteInto(many, testTx, &all, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	bufCap, hdrsCap := cap(all.buf), cap(all.hdrs)
+	if hdrsCap < 10 {
+		t.Fatalf("%d headers, want the headers column's 10 and more", hdrsCap)
+	}
+	keep := bufCap + headerBytes // the bytes fit, the list does not
+	var hs Scratch
+	if _, err := r.RouteInto(many, testTx, &hs, keep); err != nil {
+		t.Fatal(err)
+	}
+	if hs.buf != nil || hs.hdrs != nil {
+		t.Fatalf("a record of %d bytes and %d headers was kept under keep %d", bufCap, hdrsCap, keep)
+	}
+	if _, err := r.RouteInto(many, testTx, &hs, bufCap+hdrsCap*headerBytes); err != nil {
+		t.Fatal(err)
+	}
+	if cap(hs.buf) != bufCap || cap(hs.hdrs) != hdrsCap {
+		t.Fatal("a record whose bytes and header list fit under keep exactly was not kept")
+	}
 }
