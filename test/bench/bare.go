@@ -32,13 +32,10 @@ type BareRun struct {
 	CPU       CPUSplit // the bench process's CPU is the publisher's ("bench")
 }
 
-// The most publishes a bare publisher leaves awaiting their
-// acknowledgement: outboxd's default --max-inflight-events on the broker
-// (8,192 on NATS until 2026-12-03).
-const (
-	bareWindowNATS     = root.DefaultMaxInflightEvents
-	bareWindowRabbitMQ = root.DefaultMaxInflightEvents
-)
+// bareWindow is the most publishes a bare publisher leaves awaiting their
+// acknowledgement: outboxd's default --max-inflight-events, the same on
+// every broker (8,192 on NATS until 2026-12-03).
+const bareWindow = root.DefaultMaxInflightEvents
 
 // targetBareRatio: outboxd's drain ÷ the bare publisher's.
 const targetBareRatio = 0.8
@@ -99,12 +96,12 @@ func (e *Env) drainBare(ctx context.Context, w *world, recs []*router.Record, ti
 }
 
 // barePublish: nats.go's async publish, every PubAck awaited, at most
-// bareWindowNATS pending. guarded adds outboxd's ordering guard: every
+// bareWindow pending. guarded adds outboxd's ordering guard: every
 // message but the first names the one before it (the bench's backlog
 // goes to one stream) in Nats-Expected-Last-Msg-Id, which JetStream checks
 // against the stream's last message id before storing it.
 func (b *natsBench) barePublish(ctx context.Context, recs []*router.Record, guarded bool) error {
-	js, err := jetstream.New(b.nc, jetstream.WithPublishAsyncMaxPending(bareWindowNATS))
+	js, err := jetstream.New(b.nc, jetstream.WithPublishAsyncMaxPending(bareWindow))
 	if err != nil {
 		return err
 	}
@@ -141,7 +138,7 @@ func (b *natsBench) barePublish(ctx context.Context, recs []*router.Record, guar
 }
 
 // barePublish: one channel in confirm mode, persistent and mandatory
-// messages, every confirm awaited, at most bareWindowRabbitMQ unconfirmed;
+// messages, every confirm awaited, at most bareWindow unconfirmed;
 // a returned (unroutable) message fails the run.
 func (b *rabbitBench) barePublish(ctx context.Context, w *world, recs []*router.Record) error {
 	ch, err := b.conn.Channel()
@@ -163,7 +160,7 @@ func (b *rabbitBench) barePublish(ctx context.Context, w *world, recs []*router.
 		}
 		returned <- n
 	}()
-	window := make(chan *amqp.DeferredConfirmation, bareWindowRabbitMQ)
+	window := make(chan *amqp.DeferredConfirmation, bareWindow)
 	errc := make(chan error, 1)
 	go func() {
 		defer close(errc)
@@ -258,13 +255,14 @@ func fastestBare(runs []BareRun) (best BareRun, busy bool) {
 // from the same two runs (whose names the bare one in the row): the CPU
 // the machine spent per event in each (outboxd + broker + walsender in
 // outboxd's; the publisher, the bench process, + broker in the bare
-// one's) and the drain those costs allow on its cores. Every process of both runs shares the same cores, so where
-// they are saturated a drain's rate is at most cores ÷ its CPU per event,
-// and the ratio of the two costs is the ratio the drains can reach.
-// The baseline also gives the ratio a relay would reach that added nothing
-// to the bare publisher's own CPU but still had the walsender beside it:
-// what the 0.8× target asks of outboxd here. Not shown without per-process
-// CPU (external servers) or a run with no CPU.
+// one's) and the drain those costs allow on its cores. Every process of
+// both runs shares the same cores, so where they are saturated a drain's
+// rate is at most cores ÷ its CPU per event, and the ratio of the two
+// costs is the ratio the drains can reach. The baseline also gives the
+// ratio a relay would reach that added nothing to the bare publisher's own
+// CPU but still had the walsender beside it: what the 0.8× target asks of
+// outboxd here. Not shown without per-process CPU (external servers) or a
+// run with no CPU.
 func bareCPURow(n int64, ob, bare CPUSplit, cores int, whose string) (row, bool) {
 	if !ob.Known || !bare.Known || n <= 0 || ob.Outboxd <= 0 || bare.Bench <= 0 || bare.Broker <= 0 {
 		return row{}, false
