@@ -3,6 +3,8 @@ package harness
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
 	"testing"
 )
 
@@ -44,5 +46,29 @@ func TestOnFreePort(t *testing.T) {
 				t.Fatalf("err %v after %d starts, want %v after %d", err, attempt, tc.want, tc.attempt)
 			}
 		})
+	}
+}
+
+// FreePorts returns distinct ports, each free again once it returns: the
+// ports it held while picking are released for the servers to bind.
+func TestFreePortsDistinct(t *testing.T) {
+	ports, err := FreePorts(64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[int]bool{}
+	for _, p := range ports {
+		if p <= 0 || seen[p] {
+			t.Fatalf("port %d twice or invalid in %v", p, ports)
+		}
+		seen[p] = true
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err != nil {
+			t.Fatalf("port %d still held after FreePorts returned: %v", p, err)
+		}
+		l.Close()
+	}
+	if len(ports) != 64 {
+		t.Fatalf("%d ports, want 64", len(ports))
 	}
 }
