@@ -295,7 +295,7 @@ func (s *Sink) produce(ctx context.Context, rec *router.Record, p *publish) {
 		// then retries the event alone with backoff (--on-invalid fail) and
 		// streams on as soon as someone creates the stream.
 		kind := sink.Transient
-		if errors.Is(err, errNoStream) {
+		if errors.Is(err, errNoStream) || errors.Is(err, errNoAck) {
 			kind = sink.Rejected
 		}
 		s.fail(err)

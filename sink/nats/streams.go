@@ -30,8 +30,13 @@ type streamCache struct {
 	m  map[string]stream
 }
 
-// errNoStream is the lookup's answer for a topic no stream captures.
-var errNoStream = errors.New("no JetStream stream captures subject")
+// errNoStream is the lookup's answer for a topic no stream captures;
+// errNoAck for one whose stream does not acknowledge publishes. Either
+// rejects the event until someone fixes the stream.
+var (
+	errNoStream = errors.New("no JetStream stream captures subject")
+	errNoAck    = errors.New("does not acknowledge publishes (no_ack: true)")
+)
 
 // get returns the topic's stream, looking it up (and creating it, with
 // CreateStreams) the first time.
@@ -63,6 +68,12 @@ func (c *streamCache) get(ctx context.Context, topic, subject string) (stream, e
 	info, err := c.s.js.Stream(ctx, name)
 	if err != nil {
 		return stream{}, fmt.Errorf("nats: stream %s: %w", name, err)
+	}
+	if info.CachedInfo().Config.NoAck {
+		// Its publishes would never be acked, so nothing would be confirmed:
+		// every session would wait out the ack timeout and replay for ever.
+		// Not cached: the next event looks again, and streams once it acks.
+		return stream{}, fmt.Errorf("stream %s %w: outboxd confirms an event only on its PubAck; fix: nats stream edit %s --ack", name, errNoAck, name)
 	}
 	c.s.durability(info.CachedInfo().Config)
 	st = stream{name: name, maxMsgSize: info.CachedInfo().Config.MaxMsgSize}
