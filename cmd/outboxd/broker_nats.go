@@ -39,7 +39,7 @@ func (n *natsOptions) register(s *optionSet) {
 	fs.BoolVar(&n.KeyToken, "nats-key-token", false, "publish to <topic>.<key> instead of <topic>, so consumers can filter one aggregate (the key is always in the Outboxd-Key header)")
 	fs.IntVar(&n.StreamReplicas, "nats-stream-replicas", 1, "replicas of the streams and the progress bucket outboxd creates (3 on a cluster: a PubAck then means a quorum stored the event)")
 	fs.DurationVar(&n.DuplicateWindow, "nats-duplicate-window", 2*time.Minute, "duplicate window of the streams outboxd creates: a replay after a restart within it is dropped by Nats-Msg-Id (the event id)")
-	fs.DurationVar(&n.AckTimeout, "nats-ack-timeout", 30*time.Second, "a publish whose PubAck does not come within this fails, and the session replays it")
+	fs.DurationVar(&n.AckTimeout, "nats-ack-timeout", 30*time.Second, "a publish whose PubAck does not come within this (up to 1.25 times it) fails: outboxd reconnects, and the session replays it")
 	fs.StringVar(&n.ProgressBucket, "nats-progress-bucket", "outboxd_progress", "JetStream key-value bucket holding the progress record (key <system id>/<slot>): it outlives the slot, so a lost slot is reported as a gap")
 	fs.StringVar(&n.Creds, "nats-creds", "", "NATS credentials file (user JWT and NKey seed)")
 	fs.StringVar(&n.TLSCA, "nats-tls-ca", "", "CA file to verify the NATS server with")

@@ -63,8 +63,8 @@ type Config struct {
 	// MaxPending is the most publishes awaiting their PubAck; the relay's
 	// in-flight bound must be lower (default 60000).
 	MaxPending int
-	// AckTimeout fails a publish whose PubAck does not come (default 30s):
-	// the session restarts and replays it.
+	// AckTimeout fails a publish whose PubAck does not come (default 30s),
+	// within 1.25 times it (sweep): the session restarts and replays it.
 	AckTimeout time.Duration
 	Logger     *slog.Logger // may be nil
 	// Durability, if set, hears each stream that can lose messages it
@@ -97,8 +97,12 @@ type Sink struct {
 	// until then a duplicate is a resend (duplicates.go).
 	stored map[string]bool
 
+	// tick counts the sweep's ticks; each publish is stamped with it.
+	tick uint32
+
 	resends, reused atomic.Int64   // duplicate PubAcks (duplicates.go)
 	checks          sync.WaitGroup // duplicates being compared with the stored message
+	sweeps          sync.WaitGroup // the sweep
 	ctx             context.Context
 	cancel          context.CancelFunc
 
@@ -109,6 +113,7 @@ type Sink struct {
 // through ProduceAck.
 type publish struct {
 	topic string
+	tick  uint32                // Sink.tick when it was sent
 	done  func(error)           // Produce's
 	ack   func(sink.Ack, error) // ProduceAck's
 	cb    sink.Callback         // ProduceCallback's
@@ -179,7 +184,7 @@ func New(cfg Config) (*Sink, error) {
 	}
 	js, err := jetstream.New(nc,
 		jetstream.WithPublishAsyncMaxPending(cfg.MaxPending),
-		jetstream.WithPublishAsyncTimeout(cfg.AckTimeout),
+		// No WithPublishAsyncTimeout: the sweep times publishes out.
 		jetstream.WithPublishAsyncAckHandler(s.acked),
 		jetstream.WithPublishAsyncErrHandler(s.failed),
 	)
@@ -190,7 +195,60 @@ func New(cfg Config) (*Sink, error) {
 	}
 	s.nc, s.js = nc, js
 	s.streams.s = s
+	s.sweeps.Add(1)
+	go s.sweep()
 	return s, nil
+}
+
+// sweepTicks is how many of the sweep's ticks make the ack timeout.
+const sweepTicks = 4
+
+// sweep fails the publishes whose PubAck has not come within AckTimeout.
+// nats.go would, but with a timer per publish (two allocations and a
+// timer-heap entry each, which A/B drains showed in outboxd's CPU).
+// Instead each publish is stamped with the count of one ticker of period
+// AckTimeout/sweepTicks, and a publish more than sweepTicks ticks old
+// fails: between AckTimeout and 1.25 times it after it was sent. nats.go
+// still holds its own future for each until a PubAck comes, and at
+// MaxPending of them it would stall every publish; so the sink then
+// reconnects, which fails and drops every future, and the relay replays
+// from the slot as after any failed publish. Owned by the sink: Close
+// stops it.
+func (s *Sink) sweep() {
+	defer s.sweeps.Done()
+	t := time.NewTicker(max(s.cfg.AckTimeout/sweepTicks, time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		}
+		var late []*publish
+		s.mu.Lock()
+		s.tick++
+		for m, p := range s.pending {
+			if s.tick-p.tick > sweepTicks {
+				late = append(late, p)
+				delete(s.pending, m)
+			}
+		}
+		s.mu.Unlock()
+		if len(late) == 0 {
+			continue
+		}
+		s.log.Warn("nats: no PubAck within the ack timeout (--nats-ack-timeout); reconnecting, and the relay replays from the slot",
+			"publishes", len(late), "ack_timeout", s.cfg.AckTimeout.String())
+		err := classify(jetstream.ErrAsyncPublishTimeout)
+		s.fail(err)
+		for _, p := range late {
+			s.streams.forget(p.topic) // made no_ack since it was looked up?
+			p.finish(sink.NoAck, err)
+		}
+		if err := s.nc.ForceReconnect(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+			s.log.Warn("nats: reconnecting after an ack timeout", "err", err)
+		}
+	}
 }
 
 // Subject is the subject rec is published to.
@@ -204,13 +262,32 @@ func (s *Sink) Subject(rec *router.Record) string {
 // Message converts a routed record to a NATS message: the value verbatim
 // as the data, each header as a NATS header of the same name (case kept),
 // the key in the Outboxd-Key header, and Nats-Msg-Id from the id header.
-//
-// Every header value and the key are converted to strings in one
-// allocation, and their []string values share one backing array (each a
-// full slice of it, so a repeated header name appends into a copy): two
-// allocations per message rather than two per header.
 func (s *Sink) Message(rec *router.Record) *nats.Msg {
-	size, slots := len(rec.Key), len(rec.Headers)+1
+	o := new(outgoing)
+	s.message(rec, o)
+	return &o.msg
+}
+
+// outgoing is one publish's memory: the message, its outcome's callback
+// and its header values' []string slices, in one allocation. The header
+// values are converted to strings in one more, and the header map is
+// nats.go's own (two): four per message, rather than two per header and
+// three for the message, the callback and the ordering guard.
+type outgoing struct {
+	msg  nats.Msg
+	p    publish
+	vals [8]string // the []string values' backing array, when they fit
+	// guard is the ordering guard's value: empty, with room for one string
+	// in vals (or in the array made when they did not fit).
+	guard []string
+}
+
+// message builds rec's message into o.msg. The header values' []string
+// slices share one backing array (each a full slice of it, so that a
+// repeated header name appends into a copy), with one slot left for the
+// ordering guard (produce's Nats-Expected-Last-Msg-Id).
+func (s *Sink) message(rec *router.Record, o *outgoing) {
+	size, slots := len(rec.Key), len(rec.Headers)+2
 	for _, h := range rec.Headers {
 		size += len(h.Value)
 		if h.Key == "id" {
@@ -223,12 +300,16 @@ func (s *Sink) Message(rec *router.Record) *nats.Msg {
 		b.Write(h.Value)
 	}
 	b.Write(rec.Key)
-	all, vals := b.String(), make([]string, 0, slots)
+	all, vals := b.String(), o.vals[:0]
+	if slots > len(o.vals) {
+		vals = make([]string, 0, slots)
+	}
 	one := func(v string) []string {
 		vals = append(vals, v)
 		return vals[len(vals)-1 : len(vals) : len(vals)]
 	}
-	m := &nats.Msg{Subject: s.Subject(rec), Data: rec.Value, Header: make(nats.Header, len(rec.Headers)+2)}
+	m := &o.msg
+	*m = nats.Msg{Subject: s.Subject(rec), Data: rec.Value, Header: make(nats.Header, len(rec.Headers)+3)}
 	for _, h := range rec.Headers {
 		v := all[:len(h.Value)]
 		all = all[len(h.Value):]
@@ -244,7 +325,7 @@ func (s *Sink) Message(rec *router.Record) *nats.Msg {
 	if rec.Key != nil {
 		m.Header[KeyHeader] = one(all)
 	}
-	return m
+	o.guard = one("")[:0:1]
 }
 
 // KeyHeader carries the record key (NATS messages have no key field).
@@ -253,7 +334,7 @@ const KeyHeader = "Outboxd-Key"
 // Produce publishes rec; done runs once the stream has stored it, or with a
 // sink.Error saying how to handle the failure.
 func (s *Sink) Produce(ctx context.Context, rec *router.Record, done func(error)) {
-	s.produce(ctx, rec, &publish{topic: rec.Topic, done: done})
+	s.produce(ctx, rec, &outgoing{p: publish{topic: rec.Topic, done: done}})
 }
 
 var (
@@ -266,17 +347,18 @@ var (
 // kept past the call: the message is built from it (its data shares the
 // value's bytes, which are never written again).
 func (s *Sink) ProduceCallback(ctx context.Context, rec *router.Record, cb sink.Callback) {
-	s.produce(ctx, rec, &publish{topic: rec.Topic, cb: cb})
+	s.produce(ctx, rec, &outgoing{p: publish{topic: rec.Topic, cb: cb}})
 }
 
 // ProduceAck is Produce passing done the PubAck's stream sequence
 // (sink/otel's span attribute).
 func (s *Sink) ProduceAck(ctx context.Context, rec *router.Record, done func(sink.Ack, error)) {
-	s.produce(ctx, rec, &publish{topic: rec.Topic, ack: done})
+	s.produce(ctx, rec, &outgoing{p: publish{topic: rec.Topic, ack: done}})
 }
 
-func (s *Sink) produce(ctx context.Context, rec *router.Record, p *publish) {
-	m := s.Message(rec)
+func (s *Sink) produce(ctx context.Context, rec *router.Record, o *outgoing) {
+	s.message(rec, o)
+	m, p := &o.msg, &o.p
 	// send keeps the socket's order the order of last; mu is never held
 	// while nats.go's publisher lock is taken (its timeout callback holds
 	// that lock and takes mu).
@@ -305,11 +387,12 @@ func (s *Sink) produce(ctx context.Context, rec *router.Record, p *publish) {
 	id := m.Header.Get(jetstream.MsgIDHeader)
 	s.mu.Lock()
 	if prev := s.last[stream]; prev != "" {
-		m.Header[jetstream.ExpectedLastMsgIDHeader] = []string{prev}
+		m.Header[jetstream.ExpectedLastMsgIDHeader] = append(o.guard, prev)
 	}
 	// A message without an id cannot be named by the next one: that one
 	// then names no predecessor.
 	s.last[stream] = id
+	p.tick = s.tick
 	s.pending[m] = p
 	s.mu.Unlock()
 	if _, err = s.js.PublishMsgAsync(m, noRetries); err != nil {
@@ -439,6 +522,7 @@ func (s *Sink) Close() {
 	s.mu.Unlock()
 	s.cancel()
 	s.checks.Wait()
+	s.sweeps.Wait()
 	for _, p := range left {
 		p.finish(sink.NoAck, &sink.Error{Kind: sink.Transient, Err: errors.New("nats: sink closed before the PubAck")})
 	}

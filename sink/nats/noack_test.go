@@ -2,6 +2,7 @@ package nats_test
 
 import (
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -42,5 +43,70 @@ func TestNoAckStreamRefused(t *testing.T) {
 	}
 	if errs := publishAll(ctx, s, []*router.Record{record("quiet", "k", "A", []byte("a"))}); errs[0] != nil {
 		t.Fatalf("publish once the stream acknowledges: %v", errs[0])
+	}
+}
+
+// A publish whose PubAck does not come fails after the ack timeout, and the
+// sink then publishes again once PubAcks come: nats.go's futures for the
+// unanswered publishes are gone, or with MaxPending of them every later
+// publish would stall. The stream stops acknowledging after the sink looked
+// it up, so its publishes are sent and never answered.
+func TestAckTimeoutFailsAndRecovers(t *testing.T) {
+	srv := harness.NATSForTest(t)
+	ctx := ctxFor(t)
+	js := srv.JetStream(t)
+	cfg := jetstream.StreamConfig{Name: "mute", Subjects: []string{"mute"}}
+	if _, err := js.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	const timeout = 400 * time.Millisecond
+	s := newSink(t, srv, natssink.Config{AckTimeout: timeout, MaxPending: 2})
+	if err := s.Probe(ctx, record("mute", "k", "A", []byte("a"))); err != nil {
+		t.Fatal(err)
+	}
+	cfg.NoAck = true
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	for i, id := range []string{"B", "C"} {
+		s.Produce(ctx, record("mute", "k", id, []byte(id)), func(err error) { errs[i] = err; wg.Done() })
+	}
+	wg.Wait()
+	took := time.Since(start)
+	for i, err := range errs {
+		if sink.KindOf(err) != sink.Transient || !strings.Contains(err.Error(), "timeout") {
+			t.Fatalf("publish %d to a stream that stopped acknowledging: %v, want an ack timeout", i, err)
+		}
+	}
+	if took < timeout {
+		t.Fatalf("the publishes failed after %s, before the ack timeout %s", took, timeout)
+	}
+	cfg.NoAck = false
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	// The fence, and publishes made while the sink reconnects, fail
+	// (Transient); then D is stored.
+	for i := 0; ; i++ {
+		err := s.Probe(ctx, record("mute", "k", "D", []byte("d")))
+		if err == nil {
+			break
+		}
+		if sink.KindOf(err) != sink.Transient || i == 20 {
+			t.Fatalf("publish %d after the timeout: %v", i, err)
+		}
+		for s.Ping(ctx) != nil { // reconnecting
+			if ctx.Err() != nil {
+				t.Fatal(ctx.Err())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	if err := s.Probe(ctx, record("mute", "k", "E", []byte("e"))); err != nil {
+		t.Fatalf("publish after D: %v", err)
 	}
 }
