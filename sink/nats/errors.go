@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strings"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -16,16 +17,19 @@ import (
 const (
 	codeMessageTooLarge jetstream.ErrorCode = 10054 // JSStreamMessageExceedsMaximumErr
 	codeWrongLastMsgID  jetstream.ErrorCode = 10070 // JSStreamWrongLastMsgIDErrF
+	codeStoreFailed     jetstream.ErrorCode = 10077 // JSStreamStoreFailedF: a discard-new stream's limit, among others
+	codeStreamSealed    jetstream.ErrorCode = 10109 // JSStreamSealedErr
 )
 
 // classify wraps a publish error in a sink.Error whose kind says how the
 // relay handles it. Rejected is what retrying the same bytes cannot fix: a
 // message larger than the server's max_payload or the stream's
-// max_msg_size, a subject the user may not publish to, an invalid subject.
-// Everything else holds (Transient): a lost connection, a stream with no
-// leader or none at all (Check tells that case apart before the publish),
-// an ack timeout, and a message refused because its predecessor is missing
-// from the stream (the order fence: the replay resends both).
+// max_msg_size, a sealed stream, a subject the user may not publish to, an
+// invalid subject. Everything else holds (Transient): a lost connection, a
+// stream with no leader or none at all (Check tells that case apart before
+// the publish), a full stream that discards new messages, an ack timeout,
+// and a message refused because its predecessor is missing from the stream
+// (the order fence: the replay resends both).
 func classify(err error) error {
 	if err == nil {
 		return nil
@@ -35,8 +39,15 @@ func classify(err error) error {
 		return err
 	}
 	var api *jetstream.APIError
-	if errors.As(err, &api) && api.ErrorCode == codeMessageTooLarge {
-		return &sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("%w: raise the stream's max_msg_size", err)}
+	if errors.As(err, &api) {
+		switch {
+		case api.ErrorCode == codeMessageTooLarge:
+			return &sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("%w: raise the stream's max_msg_size", err)}
+		case api.ErrorCode == codeStreamSealed:
+			return &sink.Error{Kind: sink.Rejected, Err: fmt.Errorf("%w: the stream that captures the subject is sealed, for good, and takes no more messages: move the subject to a stream that is not sealed", err)}
+		case api.ErrorCode == codeStoreFailed && strings.Contains(api.Description, "exceeded"):
+			return &sink.Error{Kind: sink.Transient, Err: fmt.Errorf("publish: %w: the stream is full and discards new messages (discard: new); outboxd holds the event and retries: raise the limit (nats stream edit <stream> --max-msgs, --max-bytes or --max-msgs-per-subject), or let its consumers free room", err)}
+		}
 	}
 	switch {
 	case errors.Is(err, nats.ErrMaxPayload):

@@ -21,7 +21,8 @@ func TestClassify(t *testing.T) {
 	}{
 		{&jetstream.APIError{Code: 400, ErrorCode: codeMessageTooLarge, Description: "message size exceeds maximum allowed"}, sink.Rejected},
 		{&jetstream.APIError{Code: 400, ErrorCode: codeWrongLastMsgID, Description: "wrong last msg ID: A"}, sink.Transient},
-		{&jetstream.APIError{Code: 503, ErrorCode: 10077, Description: "maximum messages exceeded"}, sink.Transient},
+		{&jetstream.APIError{Code: 503, ErrorCode: codeStoreFailed, Description: "maximum messages exceeded"}, sink.Transient},
+		{&jetstream.APIError{Code: 400, ErrorCode: codeStreamSealed, Description: "invalid operation on sealed stream"}, sink.Rejected},
 		{nats.ErrMaxPayload, sink.Rejected},
 		{fmt.Errorf("%w: Permissions Violation for Publish to \"x\"", nats.ErrPermissionViolation), sink.Rejected},
 		{nats.ErrBadSubject, sink.Rejected},

@@ -110,3 +110,54 @@ func TestAckTimeoutFailsAndRecovers(t *testing.T) {
 		t.Fatalf("publish after D: %v", err)
 	}
 }
+
+// A sealed stream takes no more messages, for good: its events are
+// rejected (--on-invalid applies) with what to do. A full stream that
+// discards new messages holds the event, saying which limit to raise, and
+// publishes once there is room.
+func TestSealedRejectedFullHolds(t *testing.T) {
+	srv := harness.NATSForTest(t)
+	ctx := ctxFor(t)
+	js := srv.JetStream(t)
+	sealed := jetstream.StreamConfig{Name: "sealed", Subjects: []string{"sealed"}}
+	if _, err := js.CreateStream(ctx, sealed); err != nil {
+		t.Fatal(err)
+	}
+	sealed.Sealed = true
+	if _, err := js.UpdateStream(ctx, sealed); err != nil {
+		t.Fatal(err)
+	}
+	s := newSink(t, srv, natssink.Config{})
+	err := s.Probe(ctx, record("sealed", "k", "A", []byte("a")))
+	if sink.KindOf(err) != sink.Rejected || !strings.Contains(err.Error(), "move the subject to a stream that is not sealed") {
+		t.Fatalf("publish to a sealed stream: %v, want a rejection saying what to do", err)
+	}
+
+	full := jetstream.StreamConfig{Name: "full", Subjects: []string{"full"}, MaxMsgs: 1, Discard: jetstream.DiscardNew}
+	if _, err := js.CreateStream(ctx, full); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Probe(ctx, record("full", "k", "B", []byte("b"))); sink.KindOf(err) != sink.Transient {
+		t.Fatalf("first publish after the rejection: %v, want the fence", err)
+	}
+	if err := s.Probe(ctx, record("full", "k", "B", []byte("b"))); err != nil {
+		t.Fatal(err)
+	}
+	err = s.Probe(ctx, record("full", "k", "C", []byte("c")))
+	if sink.KindOf(err) != sink.Transient || !strings.Contains(err.Error(), "nats stream edit <stream> --max-msgs") {
+		t.Fatalf("publish to a full stream: %v, want a hold saying which limit to raise", err)
+	}
+	full.MaxMsgs = 2
+	if _, err := js.UpdateStream(ctx, full); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Probe(ctx, record("full", "k", "C", []byte("c"))); sink.KindOf(err) != sink.Transient {
+		t.Fatalf("first publish after the hold: %v, want the fence", err)
+	}
+	if err := s.Probe(ctx, record("full", "k", "C", []byte("c"))); err != nil {
+		t.Fatalf("publish once the stream has room: %v", err)
+	}
+	if st := streamState(t, ctx, srv, "full"); st.Msgs != 2 {
+		t.Fatalf("stream full holds %d messages, want 2 (B, C)", st.Msgs)
+	}
+}
