@@ -54,8 +54,8 @@ type CallbackProducer interface {
 // may then write them again. The relay then builds each event's record in
 // the memory of one the broker acked before (router.RouteInto) rather than
 // allocating it, which at a drain's rate is most of what its garbage
-// collector scans. A sink that reads a record after its ack (the NATS
-// sink's duplicate check) must not implement it.
+// collector scans. A sink that reads a record after its ack must copy what
+// it reads first (the NATS sink's duplicate check), or not implement it.
 type Releaser interface {
 	CallbackProducer
 	// ReleasesAtDone marks the promise; it is never called.

@@ -63,9 +63,12 @@ func (s *Sink) duplicateAck(m *nats.Msg, pa *jetstream.PubAck) {
 	case closed:
 		return
 	}
+	// The data is the record's value, which the relay reuses once the
+	// publish is done (sink.Releaser): the check, after it, reads a copy.
+	d := duplicate{stream: pa.Stream, seq: pa.Sequence, msg: &nats.Msg{Subject: m.Subject, Header: m.Header, Data: bytes.Clone(m.Data)}}
 	go func() { // owned by the sink: Close waits for it
 		defer s.checks.Done()
-		s.checkDuplicate(duplicate{stream: pa.Stream, seq: pa.Sequence, msg: m})
+		s.checkDuplicate(d)
 	}()
 }
 

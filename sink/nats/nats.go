@@ -344,11 +344,25 @@ var (
 
 // ProduceCallback is Produce calling cb.Done (sink.CallbackProducer): the
 // relay's per-event state is the callback, no closure. Nothing of rec is
-// kept past the call: the message is built from it (its data shares the
-// value's bytes, which are never written again).
+// kept past the call but its value's bytes, which the message's data
+// shares until cb.Done (sink.Releaser).
 func (s *Sink) ProduceCallback(ctx context.Context, rec *router.Record, cb sink.Callback) {
 	s.produce(ctx, rec, &outgoing{p: publish{topic: rec.Topic, cb: cb}})
 }
+
+var _ sink.Releaser = (*Sink)(nil)
+
+// ReleasesAtDone: a publish's outcome is the last time the sink or nats.go
+// reads its record's bytes (sink.Releaser), so the relay builds the next
+// records in the memory of those acked. nats.go has written the message
+// to the connection before the PubAck can come, retries nothing
+// (noRetries) and keeps no buffer to send again on a reconnect
+// (ReconnectBufSize -1); the header values and the key are copies; a
+// duplicate's comparison with the stored message, which runs after the
+// ack, takes a copy of the data first (duplicateAck); a publish that timed
+// out or was refused is never read again, even if its PubAck comes late
+// (acked finds no publish for it).
+func (*Sink) ReleasesAtDone() {}
 
 // ProduceAck is Produce passing done the PubAck's stream sequence
 // (sink/otel's span attribute).
