@@ -24,9 +24,7 @@ func TestNoAckStreamRefused(t *testing.T) {
 	ctx := ctxFor(t)
 	js := srv.JetStream(t)
 	cfg := jetstream.StreamConfig{Name: "quiet", Subjects: []string{"quiet"}, NoAck: true}
-	if _, err := js.CreateStream(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	putStream(t, js, cfg)
 	s := newSink(t, srv, natssink.Config{AckTimeout: time.Minute})
 	start := time.Now()
 	errs := publishAll(ctx, s, []*router.Record{record("quiet", "k", "A", []byte("a"))})
@@ -34,16 +32,8 @@ func TestNoAckStreamRefused(t *testing.T) {
 		t.Fatalf("publish to a no_ack stream: %v (after %s), want a rejection naming no_ack and the fix", errs[0], time.Since(start))
 	}
 	cfg.NoAck = false
-	if _, err := js.UpdateStream(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
-	// The failed session's fence refuses one record, then the replay goes through.
-	if err := s.Probe(ctx, record("quiet", "k", "A", []byte("a"))); sink.KindOf(err) != sink.Transient {
-		t.Fatalf("first publish after the failure: %v, want the fence", err)
-	}
-	if errs := publishAll(ctx, s, []*router.Record{record("quiet", "k", "A", []byte("a"))}); errs[0] != nil {
-		t.Fatalf("publish once the stream acknowledges: %v", errs[0])
-	}
+	putStream(t, js, cfg)
+	afterFence(t, s, record("quiet", "k", "A", []byte("a")))
 }
 
 // A publish whose PubAck does not come fails after the ack timeout, and the
@@ -56,18 +46,14 @@ func TestAckTimeoutFailsAndRecovers(t *testing.T) {
 	ctx := ctxFor(t)
 	js := srv.JetStream(t)
 	cfg := jetstream.StreamConfig{Name: "mute", Subjects: []string{"mute"}}
-	if _, err := js.CreateStream(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	putStream(t, js, cfg)
 	const timeout = 400 * time.Millisecond
 	s := newSink(t, srv, natssink.Config{AckTimeout: timeout, MaxPending: 2})
 	if err := s.Probe(ctx, record("mute", "k", "A", []byte("a"))); err != nil {
 		t.Fatal(err)
 	}
 	cfg.NoAck = true
-	if _, err := js.UpdateStream(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	putStream(t, js, cfg)
 	start := time.Now()
 	errs := make([]error, 2)
 	var wg sync.WaitGroup
@@ -86,9 +72,7 @@ func TestAckTimeoutFailsAndRecovers(t *testing.T) {
 		t.Fatalf("the publishes failed after %s, before the ack timeout %s", took, timeout)
 	}
 	cfg.NoAck = false
-	if _, err := js.UpdateStream(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	putStream(t, js, cfg)
 	// The fence, and publishes made while the sink reconnects, fail
 	// (Transient); then D is stored.
 	for i := 0; ; i++ {
@@ -120,13 +104,9 @@ func TestSealedRejectedFullHolds(t *testing.T) {
 	ctx := ctxFor(t)
 	js := srv.JetStream(t)
 	sealed := jetstream.StreamConfig{Name: "sealed", Subjects: []string{"sealed"}}
-	if _, err := js.CreateStream(ctx, sealed); err != nil {
-		t.Fatal(err)
-	}
+	putStream(t, js, sealed)
 	sealed.Sealed = true
-	if _, err := js.UpdateStream(ctx, sealed); err != nil {
-		t.Fatal(err)
-	}
+	putStream(t, js, sealed)
 	s := newSink(t, srv, natssink.Config{})
 	err := s.Probe(ctx, record("sealed", "k", "A", []byte("a")))
 	if sink.KindOf(err) != sink.Rejected || !strings.Contains(err.Error(), "move the subject to a stream that is not sealed") {
@@ -134,30 +114,37 @@ func TestSealedRejectedFullHolds(t *testing.T) {
 	}
 
 	full := jetstream.StreamConfig{Name: "full", Subjects: []string{"full"}, MaxMsgs: 1, Discard: jetstream.DiscardNew}
-	if _, err := js.CreateStream(ctx, full); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Probe(ctx, record("full", "k", "B", []byte("b"))); sink.KindOf(err) != sink.Transient {
-		t.Fatalf("first publish after the rejection: %v, want the fence", err)
-	}
-	if err := s.Probe(ctx, record("full", "k", "B", []byte("b"))); err != nil {
-		t.Fatal(err)
-	}
+	putStream(t, js, full)
+	afterFence(t, s, record("full", "k", "B", []byte("b")))
 	err = s.Probe(ctx, record("full", "k", "C", []byte("c")))
 	if sink.KindOf(err) != sink.Transient || !strings.Contains(err.Error(), "nats stream edit <stream> --max-msgs") {
 		t.Fatalf("publish to a full stream: %v, want a hold saying which limit to raise", err)
 	}
 	full.MaxMsgs = 2
-	if _, err := js.UpdateStream(ctx, full); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Probe(ctx, record("full", "k", "C", []byte("c"))); sink.KindOf(err) != sink.Transient {
-		t.Fatalf("first publish after the hold: %v, want the fence", err)
-	}
-	if err := s.Probe(ctx, record("full", "k", "C", []byte("c"))); err != nil {
-		t.Fatalf("publish once the stream has room: %v", err)
-	}
+	putStream(t, js, full)
+	afterFence(t, s, record("full", "k", "C", []byte("c")))
 	if st := streamState(t, ctx, srv, "full"); st.Msgs != 2 {
 		t.Fatalf("stream full holds %d messages, want 2 (B, C)", st.Msgs)
+	}
+}
+
+// putStream creates the stream cfg names, or updates it to cfg.
+func putStream(t *testing.T, js jetstream.JetStream, cfg jetstream.StreamConfig) {
+	t.Helper()
+	if _, err := js.CreateOrUpdateStream(ctxFor(t), cfg); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// afterFence publishes rec after a failed publish: the fence refuses the
+// first record of the relay's next session (Transient), then rec is stored.
+func afterFence(t *testing.T, s *natssink.Sink, rec *router.Record) {
+	t.Helper()
+	ctx := ctxFor(t)
+	if err := s.Probe(ctx, rec); sink.KindOf(err) != sink.Transient {
+		t.Fatalf("first publish after the failure: %v, want the fence", err)
+	}
+	if err := s.Probe(ctx, rec); err != nil {
+		t.Fatalf("publish once the stream takes it: %v", err)
 	}
 }
