@@ -36,6 +36,10 @@ type RelayCase struct {
 	// BinaryCeilings are read-only reads in pgoutput's binary mode (the
 	// "binary" case), beside Ceilings (text).
 	BinaryCeilings []CeilingRun
+	// SchedOff are outboxd runs with --sched-batch=false, the default CPU
+	// scheduling policy (the "sched" case, sched.go), interleaved with
+	// Relays (outboxd's default, SCHED_BATCH).
+	SchedOff []RelayRun
 	// CloudEvents are outboxd runs with --envelope cloudevents, by mode
 	// (the "cloudevents" case, cloudevents.go), interleaved with Relays.
 	CloudEvents map[string][]RelayRun
@@ -189,6 +193,10 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 	if text {
 		kinds = append(kinds, "txt", "cbin")
 	}
+	schedOff := e.cfg.Cases["sched"] && strings.HasPrefix(name, "drain_")
+	if schedOff {
+		kinds = append(kinds, "nob")
+	}
 	ce := e.cfg.Cases["cloudevents"] && strings.HasPrefix(name, "drain_")
 	if ce {
 		for _, m := range ceModes {
@@ -296,6 +304,17 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 			EventsPerSec(int64(events), r.Elapsed), float64(r.CPU.Walsender)/float64(events)/1e3, r.CPU)
 		return nil
 	}
+	schedOffRun := func(rep int) error {
+		r, err := e.drainOutboxd(ctx, w, slot("nob", rep), int64(events), endLSN, caseTimeout(events), false, schedOffArgs...)
+		if err != nil {
+			return fmt.Errorf("outboxd %s: %w", strings.Join(schedOffArgs, " "), err)
+		}
+		c.SchedOff = append(c.SchedOff, r)
+		e.progress("%s: outboxd %s %s (%.0f ev/s), outboxd %.2f µs/ev, walsender %.2f µs/ev, %.2f context switches/ev, CPU %s", name, strings.Join(schedOffArgs, " "),
+			r.Elapsed.Round(time.Millisecond), EventsPerSec(int64(events), r.Elapsed), perEvent(r.OutboxdCPU, int64(events)),
+			float64(r.walsenderPerEvent(events))/1e3, float64(r.CtxSwitches)/float64(events), r.CPU)
+		return nil
+	}
 	ceRun := func(mode, kind string) func(int) error {
 		return func(rep int) error {
 			r, err := e.drainOutboxd(ctx, w, slot(kind, rep), int64(events), endLSN, caseTimeout(events), false, ceArgs(mode)...)
@@ -368,6 +387,9 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 		}
 		if text {
 			steps = append(steps, binaryRun, binaryCeiling)
+		}
+		if schedOff {
+			steps = append(steps, schedOffRun)
 		}
 		if ce {
 			for _, m := range ceModes {

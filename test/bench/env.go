@@ -74,7 +74,7 @@ func DefaultConfig(quick bool) Config {
 		LargePayload:    4096,
 		MemRows:         200_000,
 		MemBounds:       []int64{0, 4 << 20, 8 << 20, 32 << 20}, // 32 MiB: the default before issue 34
-		Cases:           map[string]bool{"drain": true, "latency": true, "resources": true, "eos": true, "debezium": true, "binary": true, "memory": true},
+		Cases:           map[string]bool{"drain": true, "latency": true, "resources": true, "eos": true, "debezium": true, "binary": true, "memory": true, "sched": true},
 		Debezium:        defaultDebezium(quick),
 		Sustained:       defaultSustained(quick),
 		Brokers:         DefaultBrokers(),

@@ -252,6 +252,7 @@ func (r *Results) columnRows(col *Column) []row {
 		}
 		rows = append(rows, walsenderRows(c, col.Broker, k)...) // walsender.go
 		rows = append(rows, perEventRows(c, col.Broker, k)...)  // walsender.go
+		rows = append(rows, schedRows(c)...)                    // sched.go
 		rows = append(rows, bareRows(c, col.Broker)...)         // bare.go
 		rows = append(rows, dbzServerRows(c, col.Broker)...)    // dbzserver.go
 		rows = append(rows, cloudEventsRows(c)...)              // cloudevents.go

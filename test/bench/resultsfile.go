@@ -60,7 +60,7 @@ func busy(load string, nproc, hogs int) bool {
 func (r *Results) contended() bool {
 	for _, col := range r.Columns {
 		for _, c := range append(append([]RelayCase(nil), col.Drains...), col.EOSDrains...) {
-			for _, runs := range [][]RelayRun{c.Relays, c.EOSRelays, c.BinaryRelays} {
+			for _, runs := range [][]RelayRun{c.Relays, c.EOSRelays, c.BinaryRelays, c.SchedOff} {
 				for _, run := range runs {
 					if run.CPU.Contended() {
 						return true

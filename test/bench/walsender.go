@@ -142,27 +142,25 @@ func outboxdPerWalsender(broker string, perTxn int) (limit float64, ok bool) {
 // judged then: such a run measures the neighbours as much as outboxd.
 func perEventRows(c RelayCase, broker string, perTxn int) []row {
 	n := float64(max(1, c.Backlog.Events))
-	var ob, ws, ratios, allocs, cs []float64
+	st := perEventOf(c.Relays, c.Backlog.Events) // sched.go
+	if st.runs == 0 {
+		return nil
+	}
+	var allocs []float64
 	busy, hogs := 0, 0
 	for _, r := range c.Relays {
 		hogs = max(hogs, r.CPU.HogsN)
 		if !r.CPU.Known || r.CPU.Walsender <= 0 || r.OutboxdCPU <= 0 {
 			continue
 		}
-		o, w := r.OutboxdCPU.Seconds()*1e6/n, r.CPU.Walsender.Seconds()*1e6/n
-		ob, ws, ratios = append(ob, o), append(ws, w), append(ratios, o/w)
 		if r.Allocs >= 0 {
 			allocs = append(allocs, float64(r.Allocs)/n)
 		}
-		cs = append(cs, float64(r.CtxSwitches)/n)
 		if r.CPU.Contended() {
 			busy++
 		}
 	}
-	if len(ratios) == 0 {
-		return nil
-	}
-	label := fmt.Sprintf("  ″ CPU per event: outboxd ÷ walsender, median of %d runs", len(ratios))
+	label := fmt.Sprintf("  ″ CPU per event: outboxd ÷ walsender, median of %d runs", st.runs)
 	if hogs > 0 {
 		label += fmt.Sprintf(", beside %d CPU hogs", hogs) // judged all the same: the targets hold there too
 	}
@@ -173,15 +171,14 @@ func perEventRows(c RelayCase, broker string, perTxn int) []row {
 	if len(allocs) > 0 {
 		al = fmt.Sprintf("%.1f allocs/ev", median(allocs))
 	}
-	ratio := median(ratios)
 	limit, applies := outboxdPerWalsender(broker, perTxn)
-	tgt, res := target(applies, fmt.Sprintf("≤ %.2f× walsender", limit), ratio <= limit)
+	tgt, res := target(applies, fmt.Sprintf("≤ %.2f× walsender", limit), st.ratio <= limit)
 	if applies && busy > 0 {
 		res = "busy"
 	}
 	return []row{{"", label,
-		fmt.Sprintf("outboxd %.2f µs/ev, %s, %.2f context switches/ev", median(ob), al, median(cs)),
-		fmt.Sprintf("walsender %.2f µs/ev", median(ws)), fmt.Sprintf("%.2f×", ratio), tgt, res}}
+		fmt.Sprintf("outboxd %.2f µs/ev, %s, %.2f context switches/ev", st.outboxd, al, st.cs),
+		fmt.Sprintf("walsender %.2f µs/ev", st.walsender), fmt.Sprintf("%.2f×", st.ratio), tgt, res}}
 }
 
 // median of xs (the upper middle of an even count); xs is sorted in place.

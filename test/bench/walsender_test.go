@@ -134,3 +134,28 @@ func TestPerEventRow(t *testing.T) {
 		t.Error("Contended: others above a quarter of a core")
 	}
 }
+
+// TestSchedRows: the sched row sets the default runs' median outboxd ÷
+// walsender beside --sched-batch=false's, round by round.
+func TestSchedRows(t *testing.T) {
+	run := func(ob, ws time.Duration, cs int64) RelayRun {
+		return RelayRun{OutboxdCPU: ob, CPU: CPUSplit{Walsender: ws, Known: true}, CtxSwitches: cs}
+	}
+	c := RelayCase{Backlog: backlog{Events: 100_000, PerTxn: 100},
+		Relays: []RelayRun{run(300*time.Millisecond, 400*time.Millisecond, 3000), run(200*time.Millisecond, 400*time.Millisecond, 2000), run(280*time.Millisecond, 400*time.Millisecond, 2500)}}
+	if rows := schedRows(c); rows != nil {
+		t.Fatalf("rows without --sched-batch=false runs: %q", rows)
+	}
+	c.SchedOff = []RelayRun{run(360*time.Millisecond, 400*time.Millisecond, 9000), run(180*time.Millisecond, 400*time.Millisecond, 4000), run(320*time.Millisecond, 400*time.Millisecond, 5000)}
+	rows := schedRows(c)
+	if len(rows) != 1 {
+		t.Fatalf("%d rows, want 1: %q", len(rows), rows)
+	}
+	// Ratios 0.75, 0.50, 0.70 (median 0.70) beside 0.90, 0.45, 0.80 (0.80):
+	// lower in rounds 1 and 3.
+	r := rows[0]
+	if r[2] != "SCHED_BATCH: outboxd 2.80 µs/ev = 0.70× walsender, 0.03 context switches/ev; lower in 2 of 3 rounds" ||
+		r[3] != "default policy: outboxd 3.20 µs/ev = 0.80× walsender, 0.05 context switches/ev" || r[4] != "0.87×" {
+		t.Errorf("sched row %q", r)
+	}
+}

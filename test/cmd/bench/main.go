@@ -43,7 +43,7 @@ func main() {
 		quick       = flag.Bool("quick", false, "smoke-test sizes: 10k events per case, 5 s latency runs")
 		outboxdArgs = flag.String("outboxd-args", "", "extra arguments for outboxd run, space-separated (e.g. '--kafka-linger 5ms')")
 		outboxdEnv  = flag.String("outboxd-env", "", "extra environment for outboxd, space-separated KEY=VALUE (e.g. 'GOMAXPROCS=1 GOGC=200')")
-		cases       = flag.String("cases", "drain,latency,resources,eos,debezium,binary,cloudevents,schema,memory", "comma-separated cases to run: drain, latency, resources, eos (exactly-once beside at-least-once), debezium (beside Debezium + Kafka Connect on Apache Kafka), binary (the drains also with --pgoutput-binary off, interleaved), cloudevents (the drains also with --envelope cloudevents, binary and structured mode, interleaved), schema (one 10 ev/txn backlog drained plain, with an Avro and with a JSON Schema pinned in a registry the bench serves, interleaved), memory (one 200k-row transaction at the default in-flight bounds and smaller --max-inflight-bytes); not by default: tracing (outboxd's CPU per event and p99 at 5k ev/s with every event an OTLP span vs tracing off, first broker only), sustained (10 min per transaction size at 20k ev/s, 1 and 10 ev/txn; -sustained-* flags), dbzserver (Debezium Server 3.6 beside outboxd in the NATS and RabbitMQ drain cases: .ci/debezium-server.sh, Temurin 25)")
+		cases       = flag.String("cases", "drain,latency,resources,eos,debezium,binary,sched,cloudevents,schema,memory", "comma-separated cases to run: drain, latency, resources, eos (exactly-once beside at-least-once), debezium (beside Debezium + Kafka Connect on Apache Kafka), binary (the drains also with --pgoutput-binary off, interleaved), sched (the drains also with --sched-batch=false, the default CPU scheduling policy, interleaved), cloudevents (the drains also with --envelope cloudevents, binary and structured mode, interleaved), schema (one 10 ev/txn backlog drained plain, with an Avro and with a JSON Schema pinned in a registry the bench serves, interleaved), memory (one 200k-row transaction at the default in-flight bounds and smaller --max-inflight-bytes); not by default: tracing (outboxd's CPU per event and p99 at 5k ev/s with every event an OTLP span vs tracing off, first broker only), sustained (10 min per transaction size at 20k ev/s, 1 and 10 ev/txn; -sustained-* flags), dbzserver (Debezium Server 3.6 beside outboxd in the NATS and RabbitMQ drain cases: .ci/debezium-server.sh, Temurin 25)")
 		perfDir     = flag.String("perf-dir", "", "record perf record -g profiles of outboxd and its walsender during each drain into this directory")
 		hogs        = flag.Int("hogs", 0, "run `N` CPU hogs (stress-ng --cpu N) beside the whole run: their CPU is the split's \"hogs\", not \"others\", and the outboxd ÷ walsender targets are judged beside them (issue 34: quiet and beside 2)")
 		noPolling   = flag.Bool("no-polling", false, "skip the polling publisher in the drain cases")
@@ -77,11 +77,11 @@ apache-cluster ~7 min); -quick took ~4 min. Exits 1 when a measurement misses it
 	cfg.Cases = map[string]bool{}
 	for _, c := range strings.Split(*cases, ",") {
 		switch c = strings.TrimSpace(c); c {
-		case "drain", "latency", "resources", "eos", "debezium", "binary", "cloudevents", "schema", "memory", "tracing", "sustained", "dbzserver":
+		case "drain", "latency", "resources", "eos", "debezium", "binary", "sched", "cloudevents", "schema", "memory", "tracing", "sustained", "dbzserver":
 			cfg.Cases[c] = true
 		case "":
 		default:
-			fmt.Fprintf(os.Stderr, "bench: unknown case %q (drain, latency, resources, eos, debezium, binary, cloudevents, schema, memory, tracing, sustained, dbzserver)\n", c)
+			fmt.Fprintf(os.Stderr, "bench: unknown case %q (drain, latency, resources, eos, debezium, binary, sched, cloudevents, schema, memory, tracing, sustained, dbzserver)\n", c)
 			os.Exit(2)
 		}
 	}
