@@ -62,6 +62,11 @@ type Config struct {
 	Warnings           []string       // insecure settings found at startup, shown on /status
 	SlotFailover       SlotFailover   // create the slot as a failover slot (PostgreSQL 17+): SlotFailoverAuto (default), SlotFailoverTrue, SlotFailoverFalse
 	PgoutputBinary     PgoutputBinary // PgoutputBinaryOff (default): text; PgoutputBinaryAuto: pgoutput's binary mode where the router renders every published column type (binary.go)
+	// Draining, if set, is told when the replication stream turns busy (a
+	// backlog draining: true) and quiet again (false), once per turn, from
+	// the goroutine that reads the stream (wal.StartOptions.Draining); it
+	// must be quick. outboxd run switches its CPU scheduling policy with it.
+	Draining func(draining bool)
 	// Encoder, if set, rewrites each routed record's value before the sink
 	// gets it (the schema registry: package schema). A payload it cannot
 	// encode takes the OnInvalid path; any other error of it holds delivery

@@ -281,7 +281,7 @@ func (r *relay) session(ctx context.Context, resume *wal.LSN) (streamed bool, wm
 	defer cancel()
 	stream, err := conn.Start(sctx, wal.StartOptions{
 		Slot: r.cfg.Slot, Publications: []string{r.cfg.Publication}, StartLSN: start, Messages: r.cfg.wantMessages(), MaxBodyBytes: r.cfg.maxBodyBytes(),
-		Binary: r.binaryTypes(),
+		Binary: r.binaryTypes(), Draining: r.cfg.Draining,
 	})
 	if err != nil {
 		return false, nil, err

@@ -28,10 +28,21 @@ import (
 // coalesceMaxWait: far below the confirm tick and the status interval. It runs in the one goroutine that reads the connection, and only
 // once streaming has started (on): the SQL the connection runs before that
 // is read without waiting.
+//
+// It also tells StartOptions.Draining when the stream turns busy, a backlog
+// draining (the wait reached coalesceMaxWait, or a read filled
+// coalesceSmallRead: the reader is behind), and when it goes quiet again: a
+// read blocked coalesceIdleBlock with no fast read in the last
+// coalesceQuietAfter (a drain's reads block now and then, when the
+// walsender falls behind for a moment: that is no end of it), or the
+// session ended.
 type coalescer struct {
-	src  io.Reader
-	on   bool          // streaming (Start); the connection's SQL phase reads plainly
-	wait time.Duration // before the next read: the last one was small and did not block
+	src      io.Reader
+	on       bool          // streaming (Start); the connection's SQL phase reads plainly
+	wait     time.Duration // before the next read: the last one was small and did not block
+	draining bool          // told to onDrain last (false until a drain begins)
+	onDrain  func(bool)    // StartOptions.Draining; nil: none
+	lastFast time.Time     // when a read last brought a fast stream's worth
 }
 
 const (
@@ -49,6 +60,9 @@ const (
 	// coalesceIdleBlock: a read that blocked this long found the stream
 	// idle, and is not followed by a wait.
 	coalesceIdleBlock = time.Millisecond
+	// coalesceQuietAfter: a draining stream is quiet again at a read that
+	// blocked when no read this recent brought a fast stream's worth.
+	coalesceQuietAfter = 10 * time.Millisecond
 )
 
 func (c *coalescer) Read(p []byte) (int, error) {
@@ -58,15 +72,37 @@ func (c *coalescer) Read(p []byte) (int, error) {
 	}
 	start := time.Now()
 	n, err := c.src.Read(p)
+	now := time.Now()
 	switch {
-	case !c.on || err != nil || time.Since(start) >= coalesceIdleBlock:
-		c.wait = 0 // idle (or not streaming yet): read the next event the moment it arrives
+	case !c.on || err != nil:
+		c.wait = 0 // not streaming (yet, or any more): read plainly
+		c.drain(false)
+	case now.Sub(start) >= coalesceIdleBlock:
+		c.wait = 0 // idle: read the next event the moment it arrives
+		if now.Sub(c.lastFast) >= coalesceQuietAfter {
+			c.drain(false)
+		}
 	case n >= coalesceSmallRead || n == len(p):
 		c.wait = 0 // a large read: the buffer has plenty to decode first
+		c.lastFast = now
+		c.drain(true)
 	case waited > 0 && n >= coalesceBusyRead:
 		c.wait = min(2*waited, coalesceMaxWait) // fast: lengthen the wait
+		c.lastFast = now
+		if c.wait == coalesceMaxWait {
+			c.drain(true)
+		}
 	default:
 		c.wait = coalesceWait // small, at once: a short wait
 	}
 	return n, err
+}
+
+// drain tells onDrain that the stream turned busy or quiet, once per turn.
+func (c *coalescer) drain(busy bool) {
+	if busy == c.draining || c.onDrain == nil {
+		return
+	}
+	c.draining = busy
+	c.onDrain(busy)
 }

@@ -1,6 +1,7 @@
 package wal
 
 import (
+	"fmt"
 	"io"
 	"testing"
 	"testing/synctest"
@@ -131,4 +132,51 @@ func TestCoalescerNeverDelaysALoneEvent(t *testing.T) {
 	if coalesceWait > coalesceMaxWait || coalesceMaxWait > time.Millisecond || coalesceIdleBlock < coalesceMaxWait {
 		t.Fatalf("wait %s to %s, idle block %s: the wait must stay within a millisecond and not above the idle threshold", coalesceWait, coalesceMaxWait, coalesceIdleBlock)
 	}
+}
+
+// TestCoalescerTellsDraining: Draining hears true once the stream stays
+// fast (the wait reached coalesceMaxWait) or a read fills
+// coalesceSmallRead (the reader is behind), and false at a read that
+// waited for the server as long as an idle stream does with no fast read
+// in the last coalesceQuietAfter (a drain's brief stall is no end of it);
+// each once per turn. A trickle (the latency cases' rates) never turns it
+// on.
+func TestCoalescerTellsDraining(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		big := coalesceBusyRead
+		var heard []bool
+		var at []int // the read after which each was heard
+		r := &timedReader{
+			sizes: []int{100, 100, 100, 100, // a trickle: small reads at once, never fast
+				100, big, big, big, big, big, // fast: the wait doubles to the longest
+				100,                                       // a trickle's read after it: still draining
+				100,                                       // a short stall just after fast reads: still draining
+				100,                                       // idle
+				coalesceSmallRead, coalesceSmallRead, 100, // behind at once
+				100}, // idle
+			delays: []time.Duration{0, 0, 0, 0,
+				0, 0, 0, 0, 0, 0,
+				0,
+				coalesceIdleBlock,
+				10 * time.Second,
+				0, 0, 0,
+				10 * time.Second},
+		}
+		c := &coalescer{src: r, on: true, onDrain: func(d bool) { heard, at = append(heard, d), append(at, len(r.began)) }}
+		buf := make([]byte, 2*coalesceSmallRead)
+		for range r.sizes {
+			if _, err := c.Read(buf); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// Reads 5-10: after read 8 (waits 2w, 4w, then the longest) the
+		// wait is coalesceMaxWait: draining.
+		want, wantAt := []bool{true, false, true, false}, []int{8, 13, 14, 17}
+		if fmt.Sprint(heard, at) != fmt.Sprint(want, wantAt) {
+			t.Fatalf("Draining heard %v after reads %v, want %v after %v", heard, at, want, wantAt)
+		}
+		if coalesceQuietAfter <= coalesceIdleBlock+coalesceMaxWait+coalesceWait {
+			t.Fatalf("coalesceQuietAfter (%s) must outlast a stall (%s) after the longest wait", coalesceQuietAfter, coalesceIdleBlock)
+		}
+	})
 }

@@ -127,6 +127,14 @@ type StartOptions struct {
 	// type's binary send form into exactly the server's text output. Values
 	// then arrive as ValueBinary. See binary.go.
 	Binary func(typeOID uint32, s Settings) bool
+	// Draining, if set, is told when the stream turns busy (true: a
+	// backlog draining, the server sending tens of thousands of events a
+	// second or more than outboxd reads at once) and when it goes quiet
+	// again (false: a read waited for the server, or the stream closed), once
+	// per turn, from the goroutine that reads the stream; it must be
+	// quick. Needs a connection made by Connect. outboxd run switches its
+	// CPU scheduling policy with it (--sched-batch).
+	Draining func(draining bool)
 }
 
 // Stream is one START_REPLICATION session. It is not safe for concurrent use:
@@ -140,6 +148,7 @@ type Stream struct {
 	deadline time.Time
 	received LSN
 	stop     func() bool
+	co       *coalescer // nil: the connection was not made by Connect
 }
 
 // Start issues START_REPLICATION on a replication connection. Cancelling ctx
@@ -197,6 +206,8 @@ func Start(ctx context.Context, conn *pgconn.PgConn, opts StartOptions) (*Stream
 		bc.setMax(opts.MaxBodyBytes)
 		if bc.co != nil {
 			bc.co.on = true
+			bc.co.draining, bc.co.onDrain = false, opts.Draining
+			s.co = bc.co
 		}
 	}
 	s.stop = context.AfterFunc(ctx, func() { _ = conn.Conn().SetReadDeadline(time.Now()) })
@@ -307,8 +318,15 @@ func (s *Stream) SendStatus(flushed LSN, replyRequested bool) error {
 
 const statusWriteTimeout = 10 * time.Second
 
-// Close releases the stream's hooks. The caller owns and closes the connection.
-func (s *Stream) Close() { s.stop() }
+// Close releases the stream's hooks, and tells Draining the stream is quiet
+// if it was busy. The caller owns and closes the connection.
+func (s *Stream) Close() {
+	s.stop()
+	if s.co != nil {
+		s.co.drain(false)
+		s.co.onDrain = nil
+	}
+}
 
 // End ends the replication COPY as the protocol does, after a final status
 // update: it sends CopyDone and reads (and drops) what the server still

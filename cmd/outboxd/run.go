@@ -94,7 +94,7 @@ func (o *runOptions) register(s *optionSet) {
 	fs.Var(&o.MaxSlotLag, "max-slot-lag", "slot lag above which outboxd warns every minute and reports not ready (0 disables)")
 	fs.DurationVar(&o.PollInterval, "poll-interval", 5*time.Second, "how often the slot's server-side state and the broker's reachability are checked")
 	fs.BoolVar(&o.Pprof, "pprof", false, "serve /debug/pprof on --http-addr")
-	fs.BoolVar(&o.SchedBatch, "sched-batch", true, "run under Linux's SCHED_BATCH CPU scheduling policy: woken by new WAL, outboxd does not preempt the task running on a busy core but waits for it, so each wake-up reads and sends more (less CPU and fewer context switches per event; docs/performance.md); on an idle core it runs at once. A policy set from outside (chrt) is kept. false: the default policy")
+	fs.BoolVar(&o.SchedBatch, "sched-batch", true, "while a backlog drains, run under Linux's SCHED_BATCH CPU scheduling policy: woken by new WAL, outboxd does not preempt the task running on a busy core but waits for it, so each wake-up reads and sends more (less CPU and fewer context switches per event; docs/performance.md); back under the default policy when the stream goes quiet, so an event at ordinary rates is read the moment it arrives. A policy set from outside (chrt) is kept. false: always the default policy")
 	s.choice(&o.KeyFormat, "key-format", "raw", `record key bytes: raw, or json-string ("order-1" with quotes, like Debezium's JsonConverter) to keep partitions on cutover`, "raw", "json-string")
 	fs.BoolVar(&o.LSNHeaders, "lsn-headers", false, "add headers outboxd.commit_lsn, outboxd.xid and outboxd.commit_time to every record")
 	fs.StringVar(&o.MessagePrefix, "message-prefix", "", "route transactional pg_logical_emit_message messages with this prefix as outbox events (table-less outbox; empty disables)")
@@ -211,6 +211,11 @@ func runCommand(ctx context.Context, e env, args []string) (err error) {
 		return err
 	}
 	cfg.Sink = tr.wrap(cfg.Sink, messagingSystem(o.Broker))
+	if o.SchedBatch {
+		if sw := newSchedSwitch(log); sw != nil {
+			cfg.Draining = sw.draining
+		}
+	}
 	relay, err := outboxd.New(cfg)
 	if err != nil {
 		return err
@@ -259,9 +264,6 @@ func startupWarnings(ctx context.Context, o *runOptions, set *optionSet, log *sl
 		log.Warn(w)
 	}
 	setMemoryLimit(log, getenv, int64(o.MaxInflightBytes))
-	if o.SchedBatch {
-		setSchedBatch(log)
-	}
 	warnings := transportWarnings(*o, getenv)
 	for _, w := range warnings {
 		log.Warn("insecure transport: " + w)

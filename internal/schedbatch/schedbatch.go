@@ -15,26 +15,32 @@
 // lone event is not held back; the wait applies only where every core is
 // busy. Its nice value and its share of the CPU are unchanged.
 //
-// The policy belongs to each thread. Set changes every thread of the
-// process; the threads the Go runtime starts later are cloned from these
-// and inherit it.
+// outboxd run asks for it only while a backlog drains (the replication
+// stream stays busy) and goes back to the default policy when the stream
+// goes quiet: at ordinary rates, on a busy machine, an event is read the
+// moment it arrives, as before.
+//
+// The policy belongs to each thread. Set and Reset change every thread of
+// the process; the threads the Go runtime starts later are cloned from
+// these and inherit it.
 package schedbatch
 
 import "fmt"
 
-// Result is what Set did.
+// Result is what Set or Reset did.
 type Result struct {
-	// Threads is how many threads Set moved to SCHED_BATCH.
+	// Threads is how many threads it moved.
 	Threads int
 	// Kept is how many threads it left under a policy someone chose (a
-	// real-time or idle one, say from chrt): Set changes only the default.
+	// real-time or idle one, say from chrt): it changes only SCHED_NORMAL
+	// and SCHED_BATCH.
 	Kept int
 }
 
 func (r Result) String() string {
-	s := fmt.Sprintf("CPU scheduling policy SCHED_BATCH (%d threads)", r.Threads)
+	s := fmt.Sprintf("%d threads", r.Threads)
 	if r.Kept > 0 {
-		s += fmt.Sprintf("; %d threads kept the policy they were started with", r.Kept)
+		s += fmt.Sprintf(", %d kept under the policy they were started with", r.Kept)
 	}
 	return s
 }

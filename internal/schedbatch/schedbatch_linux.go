@@ -17,9 +17,27 @@ import (
 const maxPasses = 8
 
 // Set moves every thread of the process that runs under the default policy
-// (SCHED_OTHER) to SCHED_BATCH, keeping its nice value. A thread under
+// (SCHED_NORMAL) to SCHED_BATCH, keeping its nice value. A thread under
 // another policy keeps it: whoever started the process chose it.
-func Set() (Result, error) {
+func Set() (Result, error) { return move(unix.SCHED_NORMAL, unix.SCHED_BATCH) }
+
+// Reset moves every SCHED_BATCH thread back to the default policy.
+func Reset() (Result, error) { return move(unix.SCHED_BATCH, unix.SCHED_NORMAL) }
+
+// Default reports whether the calling thread runs under the default policy:
+// false when whoever started the process chose another (chrt), which Set
+// and Reset would then override for the threads under SCHED_NORMAL or
+// SCHED_BATCH.
+func Default() (bool, error) {
+	a, err := unix.SchedGetAttr(0, 0)
+	if err != nil {
+		return false, fmt.Errorf("sched_getattr: %w", err)
+	}
+	return a.Policy == unix.SCHED_NORMAL, nil
+}
+
+// move puts every thread under policy from under policy to.
+func move(from, to uint32) (Result, error) {
 	var r Result
 	for range maxPasses {
 		tids, err := threads()
@@ -36,9 +54,9 @@ func Set() (Result, error) {
 				return r, fmt.Errorf("sched_getattr(%d): %w", tid, err)
 			}
 			switch a.Policy {
-			case unix.SCHED_BATCH:
+			case to:
 				continue
-			case unix.SCHED_NORMAL:
+			case from:
 			default:
 				kept++
 				continue
@@ -46,14 +64,14 @@ func Set() (Result, error) {
 			// Keep the nice value (a.Nice); drop utilization clamps and
 			// reset-on-fork, which would make the threads the runtime
 			// clones later start under the default policy again.
-			a.Policy, a.Flags = unix.SCHED_BATCH, 0
+			a.Policy, a.Flags = to, 0
 			a.Util_min, a.Util_max = 0, 0
 			err = unix.SchedSetAttr(tid, a, 0)
 			if errors.Is(err, unix.ESRCH) {
 				continue
 			}
 			if err != nil {
-				return r, fmt.Errorf("sched_setattr(%d, SCHED_BATCH): %w", tid, err)
+				return r, fmt.Errorf("sched_setattr(%d, %s): %w", tid, policyName(to), err)
 			}
 			changed++
 		}
@@ -64,6 +82,16 @@ func Set() (Result, error) {
 		}
 	}
 	return r, nil
+}
+
+func policyName(p uint32) string {
+	switch p {
+	case unix.SCHED_NORMAL:
+		return "SCHED_NORMAL"
+	case unix.SCHED_BATCH:
+		return "SCHED_BATCH"
+	}
+	return strconv.Itoa(int(p))
 }
 
 // threads lists the process's thread ids.

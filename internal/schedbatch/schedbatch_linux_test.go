@@ -105,6 +105,17 @@ func TestSetEveryThreadAndLaterOnes(t *testing.T) {
 	if r, err := Set(); err != nil || r.Threads != 0 {
 		t.Errorf("Set again = %+v, %v; want nothing to change", r, err)
 	}
+	if r, err := Reset(); err != nil || r.Threads < len(later) {
+		t.Errorf("Reset = %+v, %v; want every thread moved back (%d at least)", r, err, len(later))
+	}
+	for tid, p := range policies(t) {
+		if p != unix.SCHED_NORMAL {
+			t.Errorf("thread %d: policy %d after Reset, want SCHED_NORMAL (0)", tid, p)
+		}
+	}
+	if ok, err := Default(); !ok || err != nil {
+		t.Errorf("Default after Reset = %v, %v", ok, err)
+	}
 }
 
 // A thread someone put under another policy keeps it.
@@ -142,8 +153,19 @@ func TestSetKeepsAChosenPolicy(t *testing.T) {
 	if r.Kept < 1 {
 		t.Errorf("Set = %+v, want the SCHED_IDLE thread counted as kept", r)
 	}
+	if r, err := Reset(); err != nil || r.Kept < 1 {
+		t.Errorf("Reset = %+v, %v; want the SCHED_IDLE thread kept", r, err)
+	}
 	tid <- 0
 	if p := <-done; p != unix.SCHED_IDLE {
 		t.Fatalf("the SCHED_IDLE thread has policy %d after Set, want SCHED_IDLE (%d) kept", p, unix.SCHED_IDLE)
+	}
+	// The goroutine exits locked, which ends its thread: wait for that, so
+	// that no test after this one meets it.
+	for {
+		if _, ok := policies(t)[id]; !ok {
+			return
+		}
+		runtime.Gosched()
 	}
 }

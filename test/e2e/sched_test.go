@@ -6,38 +6,69 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/outboxd/outboxd/test/harness"
 )
 
-// outboxd runs every one of its threads under SCHED_BATCH (--sched-batch,
-// on by default), the ones the Go runtime started while it streamed too,
-// and under the default policy with --sched-batch=false.
+// outboxd runs under SCHED_BATCH while a backlog drains (--sched-batch, on
+// by default), every thread of it, and under the default policy once the
+// stream is quiet; with --sched-batch=false, always the default policy.
 func TestSchedBatch(t *testing.T) {
 	f := newFixture(t)
+	const rows = 100_000
+	// The slot, before any backlog: outboxd creates it.
+	r := f.startRelay()
+	f.waitConfirmed(f.commit(event{1, "a", "E", `{"v": 1}`}), 20*time.Second)
+	r.stop(t, f.ctx)
 	for i, c := range []struct {
-		args   []string
-		policy string // /proc/<pid>/task/<tid>/stat's policy: 3 SCHED_BATCH, 0 SCHED_OTHER
-	}{{nil, "3"}, {[]string{"--sched-batch=false"}, "0"}} {
+		args  []string
+		batch bool
+	}{{nil, true}, {[]string{"--sched-batch=false"}, false}} {
+		// The backlog first, then outboxd: it starts behind, draining.
+		f.exec(`INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload)
+			SELECT ('00000000-0000-0000-000'||$3||'-' || lpad(g::text, 12, '0'))::uuid, $1, 'k' || (g % 100), 'Bulk', jsonb_build_object('n', g)
+			FROM generate_series(1, $2) g`, f.agg, rows, fmt.Sprint(i+1))
+		end := f.walLSN()
 		r := f.startRelay(c.args...)
-		end := f.commit(event{i + 1, "a", "E", `{"v": 1}`})
-		f.waitConfirmed(end, 20*time.Second)
-		pols := threadPolicies(t, r.Pid())
-		if len(pols) < 2 {
-			t.Fatalf("outboxd %v has %d threads: %v", c.args, len(pols), pols)
-		}
-		for tid, p := range pols {
-			if p != c.policy {
-				t.Errorf("outboxd %v: thread %s has scheduling policy %s, want %s (of %d threads: %v)", c.args, tid, p, c.policy, len(pols), pols)
+		t.Logf("outboxd %v: draining %d events", c.args, rows)
+		sawBatch := false
+		deadline := time.Now().Add(120 * time.Second)
+		for harness.MustSlotInfo(f.ctx, t, f.conn, f.slot).ConfirmedFlushLSN < end { // poll the threads while it drains
+			if time.Now().After(deadline) {
+				t.Fatalf("outboxd %v: not confirmed past %X within 120 s", c.args, end)
+			}
+			if allPolicy(threadPolicies(t, r.Pid()), "3") {
+				sawBatch = true
 			}
 		}
-		if logged := strings.Contains(r.Log(), "CPU scheduling policy SCHED_BATCH"); logged != (c.policy == "3") {
-			t.Errorf("outboxd %v: SCHED_BATCH logged %v, want %v", c.args, logged, c.policy == "3")
+		if sawBatch != c.batch {
+			t.Errorf("outboxd %v: every thread under SCHED_BATCH while draining: %v, want %v\n%s", c.args, sawBatch, c.batch, tailString(r.Log(), 3000))
+		}
+		// Quiet: back under the default policy (0) soon after.
+		for !allPolicy(threadPolicies(t, r.Pid()), "0") {
+			if time.Now().After(deadline) {
+				t.Fatalf("outboxd %v: threads %v, not all under the default policy (0) once quiet", c.args, threadPolicies(t, r.Pid()))
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		if logged := strings.Contains(r.Log(), "SCHED_BATCH while a backlog drains"); logged != c.batch {
+			t.Errorf("outboxd %v: the policy switch logged %v, want %v", c.args, logged, c.batch)
 		}
 		r.stop(t, f.ctx)
 	}
 }
 
+func allPolicy(pols map[string]string, p string) bool {
+	for _, q := range pols {
+		if q != p {
+			return false
+		}
+	}
+	return len(pols) > 0
+}
+
 // threadPolicies reads each thread's scheduling policy (the 41st field of
-// /proc/<pid>/task/<tid>/stat), by thread id.
+// /proc/<pid>/task/<tid>/stat: 0 SCHED_NORMAL, 3 SCHED_BATCH), by thread id.
 func threadPolicies(t *testing.T, pid int) map[string]string {
 	t.Helper()
 	dir := fmt.Sprintf("/proc/%d/task", pid)
