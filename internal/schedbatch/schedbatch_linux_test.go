@@ -27,24 +27,6 @@ func policies(t *testing.T) map[int]uint32 {
 	return m
 }
 
-// toNormal puts every SCHED_BATCH thread back under the default policy.
-func toNormal(t *testing.T) {
-	t.Helper()
-	for tid, p := range policies(t) {
-		if p != unix.SCHED_BATCH {
-			continue
-		}
-		a, err := unix.SchedGetAttr(tid, 0)
-		if err != nil {
-			continue
-		}
-		a.Policy = unix.SCHED_NORMAL
-		if err := unix.SchedSetAttr(tid, a, 0); err != nil && err != unix.ESRCH {
-			t.Fatal(err)
-		}
-	}
-}
-
 // lockThreads parks n goroutines, each on an OS thread of its own, which
 // makes the runtime start threads it did not have; release ends them (and
 // their threads: a goroutine that exits locked takes its thread with it).
@@ -66,7 +48,9 @@ func lockThreads(n int) (release func()) {
 // Every thread runs under SCHED_BATCH after Set, with its nice value, and
 // so does every thread the runtime starts afterwards (inherited at clone).
 func TestSetEveryThreadAndLaterOnes(t *testing.T) {
-	toNormal(t) // an earlier run of this test in the process set them
+	if _, err := Reset(); err != nil { // an earlier run of this test in the process set them
+		t.Fatal(err)
+	}
 	before, err := unix.SchedGetAttr(0, 0)
 	if err != nil {
 		t.Fatal(err)

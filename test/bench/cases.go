@@ -281,16 +281,23 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 			return nil
 		}
 	}
-	binaryRun := func(rep int) error {
-		r, err := e.drainOutboxd(ctx, w, slot("bin", rep), int64(events), endLSN, caseTimeout(events), false, binaryModeArgs...)
-		if err != nil {
-			return fmt.Errorf("outboxd %s: %w", strings.Join(binaryModeArgs, " "), err)
+	// argsRun drains with outboxd's default and args, into runs: a case's
+	// interleaved comparison of one setting (binary, sched).
+	argsRun := func(kind string, args []string, runs *[]RelayRun) func(int) error {
+		return func(rep int) error {
+			r, err := e.drainOutboxd(ctx, w, slot(kind, rep), int64(events), endLSN, caseTimeout(events), false, args...)
+			if err != nil {
+				return fmt.Errorf("outboxd %s: %w", strings.Join(args, " "), err)
+			}
+			*runs = append(*runs, r)
+			e.progress("%s: outboxd %s %s (%.0f ev/s), peak RSS %.1f MiB, walsender %.0f%% busy, %.2f µs/ev, outboxd %.2f µs/ev, %.2f context switches/ev, CPU %s", name, strings.Join(args, " "),
+				r.Elapsed.Round(time.Millisecond), EventsPerSec(int64(events), r.Elapsed), mib(r.PeakRSS), 100*r.busy(), float64(r.walsenderPerEvent(events))/1e3,
+				perEvent(r.OutboxdCPU, int64(events)), float64(r.CtxSwitches)/float64(events), r.CPU)
+			return nil
 		}
-		c.BinaryRelays = append(c.BinaryRelays, r)
-		e.progress("%s: outboxd %s %s (%.0f ev/s), peak RSS %.1f MiB, walsender %.0f%% busy, %.2f µs/ev, CPU %s", name, strings.Join(binaryModeArgs, " "),
-			r.Elapsed.Round(time.Millisecond), EventsPerSec(int64(events), r.Elapsed), mib(r.PeakRSS), 100*r.busy(), float64(r.walsenderPerEvent(events))/1e3, r.CPU)
-		return nil
 	}
+	binaryRun := argsRun("bin", binaryModeArgs, &c.BinaryRelays)
+	schedOffRun := argsRun("nob", schedOffArgs, &c.SchedOff)
 	binaryCeiling := func(rep int) error {
 		r, err := e.readCeilingArgs(ctx, w, slot("cbin", rep), events, caseTimeout(events), binaryArgs)
 		if err != nil {
@@ -302,17 +309,6 @@ func (e *Env) RelayCase(ctx context.Context, name string, events, perTxn, payloa
 		c.BinaryCeilings = append(c.BinaryCeilings, r)
 		e.progress("%s: ceiling, binary pgoutput %s (%.0f ev/s), walsender %.2f µs/ev, CPU %s", name, r.Elapsed.Round(time.Millisecond),
 			EventsPerSec(int64(events), r.Elapsed), float64(r.CPU.Walsender)/float64(events)/1e3, r.CPU)
-		return nil
-	}
-	schedOffRun := func(rep int) error {
-		r, err := e.drainOutboxd(ctx, w, slot("nob", rep), int64(events), endLSN, caseTimeout(events), false, schedOffArgs...)
-		if err != nil {
-			return fmt.Errorf("outboxd %s: %w", strings.Join(schedOffArgs, " "), err)
-		}
-		c.SchedOff = append(c.SchedOff, r)
-		e.progress("%s: outboxd %s %s (%.0f ev/s), outboxd %.2f µs/ev, walsender %.2f µs/ev, %.2f context switches/ev, CPU %s", name, strings.Join(schedOffArgs, " "),
-			r.Elapsed.Round(time.Millisecond), EventsPerSec(int64(events), r.Elapsed), perEvent(r.OutboxdCPU, int64(events)),
-			float64(r.walsenderPerEvent(events))/1e3, float64(r.CtxSwitches)/float64(events), r.CPU)
 		return nil
 	}
 	ceRun := func(mode, kind string) func(int) error {
