@@ -235,7 +235,11 @@ func TestSustainedQuick(t *testing.T) {
 	if h := s.OutboxdAck; h.total() < 6000 || h.quantile(0.5) <= 0 {
 		t.Errorf("outboxd's publish histogram over the window: %d acks, p50 %s; want ≥ 6,000 (the window and the tail)", h.total(), h.quantile(0.5))
 	}
-	if len(s.Series) != 1 || s.Series[0].RSS < 1<<20 || s.RSSSecond < 1<<20 || s.RSSLast < 1<<20 || s.PeakRSS < s.RSSLast || s.Writers != 8 {
+	// VmHWM and VmRSS are read from per-CPU counters, approximately (Linux
+	// 6.2+): a later read can come out a few pages lower than an earlier
+	// one of the same memory (CI saw a 12 KiB "peak" below the last median),
+	// so the peak need only reach the last window's median within 1 MiB.
+	if len(s.Series) != 1 || s.Series[0].RSS < 1<<20 || s.RSSSecond < 1<<20 || s.RSSLast < 1<<20 || s.PeakRSS < s.RSSLast-1<<20 || s.Writers != 8 {
 		t.Errorf("series %+v, RSS %d → %d (peak %d), %d writers", s.Series, s.RSSSecond, s.RSSLast, s.PeakRSS, s.Writers)
 	}
 }
