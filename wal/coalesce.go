@@ -32,10 +32,10 @@ import (
 // It also tells StartOptions.Draining when the stream turns busy, a backlog
 // draining (the wait reached coalesceMaxWait, or a read filled
 // coalesceSmallRead: the reader is behind), and when it goes quiet again: a
-// read blocked coalesceIdleBlock with no fast read in the last
-// coalesceQuietAfter (a drain's reads block now and then, when the
-// walsender falls behind for a moment: that is no end of it), or the
-// session ended.
+// read neither large nor fast with no fast read in the last
+// coalesceQuietAfter (a drain's reads block or come back small now and
+// then, when the walsender falls behind for a moment: that is no end of
+// it), or the session ended.
 type coalescer struct {
 	src      io.Reader
 	on       bool          // streaming (Start); the connection's SQL phase reads plainly
@@ -60,8 +60,9 @@ const (
 	// coalesceIdleBlock: a read that blocked this long found the stream
 	// idle, and is not followed by a wait.
 	coalesceIdleBlock = time.Millisecond
-	// coalesceQuietAfter: a draining stream is quiet again at a read that
-	// blocked when no read this recent brought a fast stream's worth.
+	// coalesceQuietAfter: a draining stream is quiet again at a read
+	// neither large nor fast when no read this recent brought a fast
+	// stream's worth.
 	coalesceQuietAfter = 10 * time.Millisecond
 )
 
@@ -77,23 +78,30 @@ func (c *coalescer) Read(p []byte) (int, error) {
 	case !c.on || err != nil:
 		c.wait = 0 // not streaming (yet, or any more): read plainly
 		c.drain(false)
+		return n, err
 	case now.Sub(start) >= coalesceIdleBlock:
 		c.wait = 0 // idle: read the next event the moment it arrives
-		if now.Sub(c.lastFast) >= coalesceQuietAfter {
-			c.drain(false)
-		}
 	case n >= coalesceSmallRead || n == len(p):
 		c.wait = 0 // a large read: the buffer has plenty to decode first
 		c.lastFast = now
 		c.drain(true)
+		return n, err
 	case waited > 0 && n >= coalesceBusyRead:
 		c.wait = min(2*waited, coalesceMaxWait) // fast: lengthen the wait
 		c.lastFast = now
 		if c.wait == coalesceMaxWait {
 			c.drain(true)
 		}
+		return n, err
 	default:
 		c.wait = coalesceWait // small, at once: a short wait
+	}
+	// Idle, or small: quiet once no read has been fast for a
+	// while, whether this one blocked or not. A steady stream of a few
+	// thousand events a second never blocks a whole coalesceIdleBlock, and
+	// after a moment's backlog it must not stay draining for good.
+	if now.Sub(c.lastFast) >= coalesceQuietAfter {
+		c.drain(false)
 	}
 	return n, err
 }

@@ -180,3 +180,41 @@ func TestCoalescerTellsDraining(t *testing.T) {
 		}
 	})
 }
+
+// TestCoalescerGoesQuietUnderASteadyTrickle: after a moment's backlog
+// (one large read) a steady stream of a few thousand events a second
+// follows, each read small and none blocking a whole coalesceIdleBlock.
+// The stream is quiet again coalesceQuietAfter after the last fast read,
+// not draining for as long as the trickle lasts (the bench's latency case
+// at 5,000 ev/s stayed under SCHED_BATCH for its whole run that way).
+func TestCoalescerGoesQuietUnderASteadyTrickle(t *testing.T) {
+	for _, block := range []time.Duration{0, coalesceIdleBlock - coalesceWait - time.Microsecond} {
+		t.Run(fmt.Sprint("each read blocks ", block), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				sizes, delays := []int{coalesceSmallRead}, []time.Duration{0}
+				for range 200 {
+					sizes, delays = append(sizes, 100), append(delays, block)
+				}
+				r := &timedReader{sizes: sizes, delays: delays}
+				var heard []bool
+				var at []time.Duration // since the large read ended
+				start := time.Now()
+				c := &coalescer{src: r, on: true, onDrain: func(d bool) { heard, at = append(heard, d), append(at, time.Since(start)) }}
+				buf := make([]byte, 2*coalesceSmallRead)
+				for range r.sizes {
+					if _, err := c.Read(buf); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if fmt.Sprint(heard) != "[true false]" {
+					t.Fatalf("Draining heard %v, want [true false]", heard)
+				}
+				// Quiet at the first read that ends coalesceQuietAfter or more
+				// after the large one: within one read's wait and block of it.
+				if at[0] != 0 || at[1] < coalesceQuietAfter || at[1] > coalesceQuietAfter+coalesceWait+block {
+					t.Fatalf("Draining heard at %v, want 0 and [%s, %s]", at, coalesceQuietAfter, coalesceQuietAfter+coalesceWait+block)
+				}
+			})
+		})
+	}
+}

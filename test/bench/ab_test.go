@@ -21,9 +21,10 @@ import (
 // walsender CPU per event, allocations and context switches per event. The
 // verdict is per pair of neighbouring drains (B's outboxd ÷ walsender over
 // A's), so that a machine whose load drifts weighs on both alike; the
-// medians of each side come with it. Optionally the latency case at 1,000
-// ev/s too, alternating likewise (p99 of each run). A measurement, not a
-// test: it runs only when asked, and writes no results file.
+// medians of each side come with it. Optionally the latency case too (at
+// 1,000 ev/s unless OUTBOXD_BENCH_AB_RATE says otherwise), alternating
+// likewise (p99 of each run). A measurement, not a test: it runs only when
+// asked, and writes no results file.
 //
 //	go build -o /tmp/outboxd-a ./cmd/outboxd   # on the commit to compare with
 //	OUTBOXD_BENCH_AB=/tmp/outboxd-a go test -count=1 -run TestOutboxdBinariesAB -v ./test/bench/
@@ -31,7 +32,8 @@ import (
 // OUTBOXD_BENCH_AB_REPS (drains per binary and transaction size, 5),
 // OUTBOXD_BENCH_AB_TXN (events per transaction, "100,1"), OUTBOXD_BENCH_AB_EVENTS
 // (200000), OUTBOXD_BENCH_AB_BROKER (kfake or apache), OUTBOXD_BENCH_AB_LATENCY
-// (latency runs per binary, 0), OUTBOXD_BENCH_AB_PERF (a directory: perf
+// (latency runs per binary, 0), OUTBOXD_BENCH_AB_RATE (their events a
+// second, 1000), OUTBOXD_BENCH_AB_PERF (a directory: perf
 // record each drain's outboxd and walsender there, as the bench's -perf-dir).
 func TestOutboxdBinariesAB(t *testing.T) {
 	a := os.Getenv("OUTBOXD_BENCH_AB")
@@ -45,6 +47,7 @@ func TestOutboxdBinariesAB(t *testing.T) {
 		return def
 	}
 	reps, events, latReps := max(1, env("OUTBOXD_BENCH_AB_REPS", 5)), env("OUTBOXD_BENCH_AB_EVENTS", 200_000), env("OUTBOXD_BENCH_AB_LATENCY", 0)
+	rate := max(1, env("OUTBOXD_BENCH_AB_RATE", 1000))
 	var sizes []int
 	for _, f := range strings.Split(cmp.Or(os.Getenv("OUTBOXD_BENCH_AB_TXN"), "100,1"), ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
@@ -128,12 +131,12 @@ func TestOutboxdBinariesAB(t *testing.T) {
 		// Each run's own progress topic: the slot's name repeats, and a
 		// record of the previous run's slot would be a gap for this one.
 		e.cfg.OutboxdArgs = []string{"--progress-topic", fmt.Sprintf("ab_progress_%d", i)}
-		l, err := e.latency(ctx, "outboxd", 1000, e.cfg.LatencyDuration, 0)
+		l, err := e.latency(ctx, "outboxd", rate, e.cfg.LatencyDuration, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Logf("latency 1,000 ev/s %s: p50 %s p95 %s p99 %s max %s, writers behind: %v", "AB"[b:b+1], l.P50, l.P95, l.P99, l.Max, l.Behind())
+		t.Logf("latency %d ev/s %s: p50 %s p95 %s p99 %s max %s, writers behind: %v", rate, "AB"[b:b+1], l.P50, l.P95, l.P99, l.Max, l.Behind())
 		p99[b] = append(p99[b], float64(l.P99)/1e6)
 	}
-	t.Logf("latency 1,000 ev/s, %d runs each: p99 median A %.2f ms, B %.2f ms", latReps, median(p99[0]), median(p99[1]))
+	t.Logf("latency %d ev/s, %d runs each: p99 median A %.2f ms, B %.2f ms", rate, latReps, median(p99[0]), median(p99[1]))
 }
