@@ -13,8 +13,9 @@ import (
 // Config.Draining: it runs in the goroutine that reads the stream, one
 // session at a time, so the switch needs no lock.
 type schedSwitch struct {
-	log *slog.Logger
-	off bool // a refusal: the default policy stays
+	log        *slog.Logger
+	set, reset func() (schedbatch.Result, error) // schedbatch's; a test's stand-ins
+	off        bool                              // a refusal: the default policy stays
 }
 
 // newSchedSwitch is nil where the switch does nothing: off Linux, or in a
@@ -33,22 +34,22 @@ func newSchedSwitch(log *slog.Logger) *schedSwitch {
 		return nil
 	}
 	log.Info("CPU scheduling policy: SCHED_BATCH while a backlog drains, the default policy otherwise (--sched-batch)")
-	return &schedSwitch{log: log}
+	return &schedSwitch{log: log, set: schedbatch.Set, reset: schedbatch.Reset}
 }
 
 func (s *schedSwitch) draining(on bool) {
 	if s.off {
 		return
 	}
-	set, state, name := schedbatch.Reset, "quiet", "the default policy"
+	set, state, name := s.reset, "quiet", "the default policy"
 	if on {
-		set, state, name = schedbatch.Set, "draining", "SCHED_BATCH"
+		set, state, name = s.set, "draining", "SCHED_BATCH"
 	}
 	r, err := set()
 	if err != nil {
 		s.off = true
-		_, _ = schedbatch.Reset() // best effort: never stay half switched
-		s.log.Warn("cannot switch the CPU scheduling policy; the default policy stays (more CPU per event while draining)",
+		_, _ = s.reset() // best effort: never stay half switched
+		s.log.Warn("cannot switch the CPU scheduling policy; the default policy stays (more context switches per event while draining)",
 			"err", err, "fix", "allow sched_setattr in the container's seccomp profile, or pass --sched-batch=false to skip it")
 		return
 	}
