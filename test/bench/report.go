@@ -272,6 +272,14 @@ func (r *Results) columnRows(col *Column) []row {
 		label := fmt.Sprintf("latency %s ev/s × %s, 1 ev/txn: p50 / p95 / p99 / max", commas(int64(l.Rate)), l.Duration)
 		writers := "  writers: " + writersNote(l)
 		tgt, res := target(tg.p99 && l.Rate == targetP99Rate, "p99 ≤ "+ms(targetP99), l.P99 > 0 && l.P99 <= targetP99 && err == nil)
+		if l.CPU.Contended() {
+			// Others took over a quarter of a core: the quantiles measure
+			// them too, as a busy drain's CPU does (proc.go).
+			label += fmt.Sprintf(", busy (others %s of a core)", pct(l.CPU.Others(), l.CPU.Wall))
+			if res != "" && res != "—" {
+				res = "busy"
+			}
+		}
 		if err != nil {
 			add("2", label, short(err), "", "", tgt, "ERROR")
 		} else {
@@ -487,8 +495,8 @@ exactly-once: outboxd run --exactly-once (transactional producer; checkpoint top
 CPU:      utime+stime from /proc/<pid>/stat over the run's wall time, as % of one core (the machine has nproc × 100%);
           "others" is the machine's busy time (/proc/stat) not spent in the processes listed: other tenants, kernel threads.
           RSS: VmHWM from /proc/<pid>/status just before outboxd is stopped. MiB = 2^20 bytes.
-          A run whose "others" took more than 25% of a core is busy: its outboxd ÷ walsender target is not judged, and
-          the results file is marked busy. With -hogs N, "N hogs" is stress-ng's CPU (not in "others"): a run beside
+          A run whose "others" took more than 25% of a core is busy: its outboxd ÷ walsender target (a latency run's: its
+          p99 target) is not judged, and the results file is marked busy. With -hogs N, "N hogs" is stress-ng's CPU (not in "others"): a run beside
           them is judged, and says "beside N CPU hogs"; the load average's busy mark discounts the N hogs. Per event: outboxd's CPU over its life, go_memstats_mallocs_total from its
           /metrics at the drain's end (startup included), and the voluntary + involuntary context switches of its
           threads (/proc/<pid>/task/*/status), each ÷ the events.

@@ -54,11 +54,17 @@ func busy(load string, nproc, hogs int) bool {
 	return err == nil && nproc > 0 && v-float64(hogs) > 0.75*float64(nproc)
 }
 
-// contended reports whether any drain run had others take more than a
-// quarter of a core (CPUSplit.Contended): its figures then measure the
-// neighbours too, whatever the load average said.
+// contended reports whether any drain run, or any of outboxd's latency
+// runs, had others take more than a quarter of a core
+// (CPUSplit.Contended): its figures then measure the neighbours too,
+// whatever the load average said.
 func (r *Results) contended() bool {
 	for _, col := range r.Columns {
+		for _, l := range col.Latency {
+			if l.Publisher == "outboxd" && l.CPU.Contended() {
+				return true
+			}
+		}
 		for _, c := range append(append([]RelayCase(nil), col.Drains...), col.EOSDrains...) {
 			for _, runs := range [][]RelayRun{c.Relays, c.EOSRelays, c.BinaryRelays, c.SchedOff} {
 				for _, run := range runs {

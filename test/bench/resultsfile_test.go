@@ -113,3 +113,46 @@ func TestResultsFileEndLoadIsTheBenchsOwn(t *testing.T) {
 		t.Error("a run that started quiet and met no other load marked busy by its own end load")
 	}
 }
+
+// TestBusyLatencyRun: a latency run whose others took more than a quarter
+// of a core says so in its label, is not judged against the p99 target,
+// and marks the results file busy; one without is judged as before.
+func TestBusyLatencyRun(t *testing.T) {
+	quiet := CPUSplit{Known: true, Wall: 10 * time.Second, Busy: time.Second}
+	busySplit := CPUSplit{Known: true, Wall: 10 * time.Second, Busy: 3300 * time.Millisecond}
+	for _, tc := range []struct {
+		split            CPUSplit
+		label, res, name string
+		fileBusy         bool
+	}{
+		{quiet, "", "FAIL", "quiet", false},
+		{busySplit, ", busy (others 33% of a core)", "busy", "busy", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lat := LatencyRun{Publisher: "outboxd", Rate: targetP99Rate, Duration: 12 * time.Second, Sent: 60000, Received: 60000,
+				P50: 3 * time.Millisecond, P95: 20 * time.Millisecond, P99: 40 * time.Millisecond, Max: 60 * time.Millisecond,
+				Achieved: targetP99Rate, CPU: tc.split}
+			res := &Results{Config: Config{Cases: map[string]bool{"latency": true}},
+				Started: time.Date(2026, 12, 3, 23, 0, 0, 0, time.UTC), LoadEnd: "0.3 0.2 0.2",
+				Machine: Machine{NProc: 2, LoadAvg: "0.2 0.2 0.2"},
+				Columns: []*Column{{Broker: "kfake", Desc: "kfaked", Latency: []LatencyRun{lat}, LatencyErrs: []error{nil}}}}
+			f := res.ResultsFile("")
+			if f.Busy != tc.fileBusy {
+				t.Errorf("results file busy %v, want %v", f.Busy, tc.fileBusy)
+			}
+			want := "latency 5,000 ev/s × 12s, 1 ev/txn: p50 / p95 / p99 / max" + tc.label
+			var found bool
+			for _, r := range f.Tables["main"] {
+				if r[1] == want {
+					found = true
+					if r[7] != tc.res {
+						t.Errorf("row %q: result %q, want %q", r, r[7], tc.res)
+					}
+				}
+			}
+			if !found {
+				t.Fatalf("no row %q in %q", want, f.Tables["main"])
+			}
+		})
+	}
+}
