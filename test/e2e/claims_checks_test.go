@@ -144,6 +144,10 @@ func TestInvalidOpFatalHolds(t *testing.T) {
 	if n := r.metric(t, "outboxd_blocked"); n != 1 {
 		t.Errorf("outboxd_blocked %v while holding, want 1", n)
 	}
+	// outboxd closed its replication connection before it held; the server
+	// marks the slot inactive once its walsender has seen that and exited,
+	// a moment later (make test saw /readyz's 503 first).
+	poll(t, 20*time.Second, "the slot inactive once outboxd holds", func() bool { return !f.slotState().Active })
 	// It holds: still running, the slot not past the UPDATE, event 3 unsent,
 	// and no replication connection open, for the next 3 s.
 	deadline := time.Now().Add(3 * time.Second)
