@@ -96,10 +96,10 @@ func (c *coalescer) Read(p []byte) (int, error) {
 	default:
 		c.wait = coalesceWait // small, at once: a short wait
 	}
-	// Idle, or small: quiet once no read has been fast for a
-	// while, whether this one blocked or not. A steady stream of a few
-	// thousand events a second never blocks a whole coalesceIdleBlock, and
-	// after a moment's backlog it must not stay draining for good.
+	// Idle, or small: quiet once no read has been fast for a while,
+	// whether this one blocked or not. A steady stream of a few thousand
+	// events a second never blocks a whole coalesceIdleBlock, and after a
+	// moment's backlog it must not stay draining for good.
 	if now.Sub(c.lastFast) >= coalesceQuietAfter {
 		c.drain(false)
 	}

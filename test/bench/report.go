@@ -276,7 +276,7 @@ func (r *Results) columnRows(col *Column) []row {
 			// Others took over a quarter of a core: the quantiles measure
 			// them too, as a busy drain's CPU does (proc.go).
 			label += fmt.Sprintf(", busy (others %s of a core)", pct(l.CPU.Others(), l.CPU.Wall))
-			if res != "" && res != "—" {
+			if res != "—" { // target's "not applicable" stays
 				res = "busy"
 			}
 		}
