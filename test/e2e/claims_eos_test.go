@@ -49,7 +49,7 @@ func TestExactlyOnceTransactionalIDAndCheckpointTopic(t *testing.T) {
 	// Another producer with outboxd's transactional id commits a
 	// transaction: outboxd's producer epoch is fenced.
 	id := "outboxd." + f.systemID() + "." + f.slot
-	if !strings.Contains(r.Log(), "transactional_id="+id) {
+	if !r.logged(f.ctx, "transactional_id="+id) {
 		t.Fatalf("log does not name transactional_id=%s:\n%s", id, tailString(r.Log(), 3000))
 	}
 	opts, err := f.kafka.ClientOpts()

@@ -58,7 +58,7 @@ func TestJSONStringKeyPartitionsAndNonTransactionalMessages(t *testing.T) {
 	if len(used) < 4 {
 		t.Fatalf("31 keys on %d of %d partitions: the check would not tell partitioners apart", len(used), partitions)
 	}
-	if !strings.Contains(r.Log(), "ignored a non-transactional message with the outbox prefix") {
+	if !r.logged(f.ctx, "ignored a non-transactional message with the outbox prefix") {
 		t.Fatal("no warning for the non-transactional message")
 	}
 }

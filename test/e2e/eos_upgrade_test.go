@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -61,7 +60,7 @@ func TestExactlyOnceUpgradeFencesTheOldTransactionalID(t *testing.T) {
 		t.Logf("the old id's commit: %v", err)
 	}
 	f.exactlyOnce(3)
-	if want := "exactly-once: another transactional id has a transaction open with this slot's checkpoint"; !strings.Contains(r.Log(), want) || !strings.Contains(r.Log(), "transactional_id="+oldID) {
+	if want := "exactly-once: another transactional id has a transaction open with this slot's checkpoint"; !r.logged(f.ctx, want) || !r.logged(f.ctx, "transactional_id="+oldID) {
 		t.Errorf("the log does not say %q naming transactional_id=%s", want, oldID)
 	}
 }

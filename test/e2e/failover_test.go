@@ -126,7 +126,7 @@ func TestPGFailover(t *testing.T) {
 	if w, _ := r.statusDoc(t)["warning"].(string); !strings.Contains(w, "standby1") {
 		t.Errorf("/status warning %q does not name standby1", w)
 	}
-	if !strings.Contains(r.Log(), "synchronized_standby_slots does not name") {
+	if !r.logged(f.ctx, "synchronized_standby_slots does not name") {
 		t.Errorf("no warning in the log")
 	}
 	f.exec(`ALTER SYSTEM SET synchronized_standby_slots = 'standby1'`)

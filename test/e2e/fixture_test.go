@@ -183,6 +183,16 @@ func (f *fixture) startRelay(extra ...string) *relay {
 }
 
 // waitStreaming waits until /status says the relay streams from its slot.
+// logged reports whether substr is in outboxd's log, waiting up to 20 s
+// for it while outboxd runs: a line written before what the test saw
+// (a confirmation, a metric, a record) reaches the test's copy of the log
+// through a pipe, a moment later.
+func (r *relay) logged(ctx context.Context, substr string) bool {
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	return r.WaitLog(ctx, substr) == nil
+}
+
 func (r *relay) waitStreaming(ctx context.Context) error {
 	return harness.WaitStreaming(ctx, r.Proc, r.http)
 }
