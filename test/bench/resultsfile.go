@@ -39,7 +39,39 @@ func (r *Results) ResultsFile(args string) *results.File {
 		f.Tables[name] = t
 	}
 	r.sustainedResults(f) // sustained.go
+	r.perEventFigures(f)
 	return f
+}
+
+// perEventFigures adds the CPU-per-event rows' ratios as figures, so that
+// a summary in the docs can quote one ratio in a sentence (results
+// package: a figure is checked against its file like a table):
+// "cpu-per-walsender-<broker>-<events per transaction>", the ratio and
+// what the row's result says of it, e.g. "0.61× (met)", "0.74× (missed)",
+// "0.84× (busy: not judged)", or the bare ratio where no target applies.
+func (r *Results) perEventFigures(f *results.File) {
+	for _, col := range r.Columns {
+		for _, c := range col.Drains {
+			k := c.Backlog.PerTxn
+			rows := perEventRows(c, col.Broker, k)
+			if len(rows) == 0 {
+				continue
+			}
+			v := rows[0][4]
+			switch rows[0][6] {
+			case "PASS":
+				v += " (met)"
+			case "FAIL":
+				v += " (missed)"
+			case "busy":
+				v += " (busy: not judged)"
+			}
+			if f.Figures == nil {
+				f.Figures = map[string]string{}
+			}
+			f.Figures[fmt.Sprintf("cpu-per-walsender-%s-%d", col.Broker, k)] = v
+		}
+	}
 }
 
 // busy: a 1-minute load average above three quarters of the cores means

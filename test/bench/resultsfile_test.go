@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -154,5 +155,42 @@ func TestBusyLatencyRun(t *testing.T) {
 				t.Fatalf("no row %q in %q", want, f.Tables["main"])
 			}
 		})
+	}
+}
+
+// TestPerEventFigures: each drain's CPU per event ÷ the walsender is a
+// figure of the results file, keyed by broker and transaction size, with
+// what the row's result says of it, so that a sentence can quote it.
+func TestPerEventFigures(t *testing.T) {
+	run := func(ob, others time.Duration) RelayRun {
+		split := CPUSplit{Wall: 2 * time.Second, Walsender: time.Second, Outboxd: ob, Known: true, BrokerIs: "kfaked"}
+		split.Busy = ob + time.Second + others
+		return RelayRun{Elapsed: 2 * time.Second, OutboxdCPU: ob, CPU: split, Allocs: -1}
+	}
+	drain := func(perTxn int, runs ...RelayRun) RelayCase {
+		return RelayCase{Backlog: backlog{Events: 100_000, PerTxn: perTxn}, Relays: runs}
+	}
+	ms := time.Millisecond
+	res := &Results{Config: Config{Cases: map[string]bool{"drain": true}}, Started: time.Date(2026, 12, 4, 4, 0, 0, 0, time.UTC),
+		Machine: Machine{NProc: 2, LoadAvg: "0.1 0.1 0.1"}, LoadEnd: "1.0 0.5 0.2",
+		Columns: []*Column{
+			{Broker: "kfake", Drains: []RelayCase{drain(1, run(600*ms, 0), run(650*ms, 0), run(700*ms, 0)), drain(10, run(800*ms, 0))}},
+			{Broker: "apache", Drains: []RelayCase{drain(100, run(700*ms, 0), run(750*ms, 0), run(800*ms, 0))}},
+		}}
+	f := res.ResultsFile("")
+	want := map[string]string{
+		"cpu-per-walsender-kfake-1":    "0.65× (met)",
+		"cpu-per-walsender-kfake-10":   "0.80×",
+		"cpu-per-walsender-apache-100": "0.75× (missed)",
+	}
+	if f.Busy || !maps.Equal(f.Figures, want) {
+		t.Fatalf("figures %q (busy %v), want %q", f.Figures, f.Busy, want)
+	}
+	// A run whose others took 30% of a core: the row is not judged, and
+	// the whole file is busy (the results package adds "(busy machine)").
+	res.Columns[1].Drains[0].Relays[1] = run(750*ms, 600*ms)
+	f = res.ResultsFile("")
+	if v, _ := f.Figure("cpu-per-walsender-apache-100"); v != "0.75× (busy: not judged) (busy machine)" {
+		t.Fatalf("busy figure %q", v)
 	}
 }
