@@ -18,7 +18,7 @@ DOCKER_SKIP := ^$$
 # Packages that need no PostgreSQL, Kafka or JVM: make check's unit tests.
 UNIT_PKGS := . ./wal/... ./router/... ./schema/... ./sink/... ./slot/... ./migrations/... ./pgquote/... ./cmd/outboxd/ ./results/
 
-.PHONY: all build run check test test-short test-docker test-pg-versions test-apache vet bench bench-inbox soak parity docker clean
+.PHONY: all build run check test test-short test-docker test-pg-versions test-apache test-tail vet bench bench-inbox soak parity docker clean
 
 all: build
 
@@ -60,12 +60,19 @@ test: vet ## unit (with -race), integration, end-to-end (kfake, Apache Kafka, NA
 	$(STATICCHECK) ./...
 	$(GO) test -count=1 -race -timeout 20m $(RACE_LIST)
 	$(GO) test -count=1 -timeout 20m -skip '$(FLAKY)' $(REST_LIST)
+	@# The Apache runs mostly wait on their JVMs, so 2 cores have room:
+	@# the rest of the suite runs beside them, each side's output together.
+	@$(MAKE) --no-print-directory -j2 --output-sync=target test-apache test-tail
+	bash deploy/check.sh
+
+# test-tail is what make test runs beside test-apache: exactly-once's short
+# fault suite on kfake, the e2e core and the harness on the docker backend,
+# and the e2e core on PostgreSQL 16-18.
+test-tail:
 	$(GO) test -count=1 -timeout 10m -run TestFaultsShort ./test/fault/ -mode exactly-once
-	$(MAKE) --no-print-directory test-apache
 	OUTBOXD_TEST_BACKEND=docker $(GO) test -count=1 -timeout 10m -run '$(E2E_CORE)' -skip '$(DOCKER_SKIP)$(if $(FLAKY),|$(FLAKY))' ./test/e2e/
 	OUTBOXD_TEST_BACKEND=docker $(GO) test -count=1 -timeout 10m ./test/harness/
 	$(MAKE) --no-print-directory test-pg-versions
-	bash deploy/check.sh
 
 test-docker: ## container tests only: the image, compose, and test/e2e and test/harness on the docker backend
 	$(GO) test -count=1 -timeout 20m ./test/docker/ ./test/harness/
