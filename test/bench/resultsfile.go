@@ -50,6 +50,9 @@ func (r *Results) ResultsFile(args string) *results.File {
 // what the row's result says of it, e.g. "0.61× (met)", "0.74× (missed)",
 // "0.84× (busy: not judged)", or the bare ratio where no target applies.
 func (r *Results) perEventFigures(f *results.File) {
+	if f.Figures == nil {
+		f.Figures = map[string]string{}
+	}
 	for _, col := range r.Columns {
 		for _, c := range col.Drains {
 			k := c.Backlog.PerTxn
@@ -65,9 +68,6 @@ func (r *Results) perEventFigures(f *results.File) {
 				v += " (missed)"
 			case "busy":
 				v += " (busy: not judged)"
-			}
-			if f.Figures == nil {
-				f.Figures = map[string]string{}
 			}
 			f.Figures[fmt.Sprintf("cpu-per-walsender-%s-%d", col.Broker, k)] = v
 		}

@@ -182,7 +182,6 @@ func (f *fixture) startRelay(extra ...string) *relay {
 	return r
 }
 
-// waitStreaming waits until /status says the relay streams from its slot.
 // logged reports whether substr is in outboxd's log, waiting up to 20 s
 // for it while outboxd runs: a line written before what the test saw
 // (a confirmation, a metric, a record) reaches the test's copy of the log
@@ -193,6 +192,7 @@ func (r *relay) logged(ctx context.Context, substr string) bool {
 	return r.WaitLog(ctx, substr) == nil
 }
 
+// waitStreaming waits until /status says the relay streams from its slot.
 func (r *relay) waitStreaming(ctx context.Context) error {
 	return harness.WaitStreaming(ctx, r.Proc, r.http)
 }
