@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -96,9 +97,6 @@ func StartApicurio(ctx context.Context) (*Apicurio, error) {
 	if a.java, err = ApicurioJava(); err != nil {
 		return nil, err
 	}
-	if a.port, err = FreePort(); err != nil {
-		return nil, err
-	}
 	if a.dir, err = os.MkdirTemp("", "outboxd-apicurio-"); err != nil {
 		return nil, fmt.Errorf("apicurio: %w", err)
 	}
@@ -106,11 +104,20 @@ func StartApicurio(ctx context.Context) (*Apicurio, error) {
 		os.RemoveAll(a.dir)
 		return nil, err
 	}
-	if err := a.Start(ctx); err != nil {
+	// The JVM binds its port a second or more after FreePort let it go: a
+	// server another test started meanwhile may take it (make test runs
+	// suites side by side), so a start refused for the port is tried again
+	// on a new one.
+	if err := onFreePort(ctx, &a.port, func() error { return a.Start(ctx) }, portInUse); err != nil {
 		a.Close()
 		return nil, err
 	}
 	return a, nil
+}
+
+// portInUse reports whether a failed Quarkus start says its port was taken.
+func portInUse(err error) bool {
+	return strings.Contains(err.Error(), "seems to be in use by another process")
 }
 
 // ApicurioForTest is StartApicurio for one test, skipping it (with the
