@@ -629,6 +629,11 @@ func (e *Env) runCases(ctx context.Context, res *Column, floor bool) {
 				runs = append(runs, pub{kind: "pgoutput"})
 			}
 			runs = append(runs, pub{kind: "outboxd"})
+			if e.mq == nil {
+				// The broker's own latency under the same writers: what a
+				// p99 target can be judged against (report.go).
+				runs = append(runs, pub{kind: "producer"})
+			}
 			for _, iv := range cfg.PollIntervals {
 				runs = append(runs, pub{"polling", iv})
 			}

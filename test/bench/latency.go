@@ -73,8 +73,12 @@ func latencyPayload(seq int, sentAt int64) string {
 
 // latency measures one publisher: kind is "outboxd", "outboxd-eos" (outboxd
 // --exactly-once, received by a read_committed consumer), "polling" (with
-// idle as the poller's idle sleep), or "pgoutput": no publisher, the receipt
-// is a bench client reading the slot (the walsender's own latency, the floor).
+// idle as the poller's idle sleep), "pgoutput": no publisher, the receipt
+// is a bench client reading the slot (the walsender's own latency, the floor),
+// or "producer": no relay, each writer produces its event to Kafka itself
+// right after the commit is acknowledged (the dual write the outbox
+// replaces), with outboxd's producer settings: the broker's own latency on
+// this machine under the same writers, the floor of any relay through it.
 func (e *Env) latency(ctx context.Context, kind string, rate int, dur, idle time.Duration) (_ LatencyRun, err error) {
 	name := fmt.Sprintf("lat_%s_%d", kind, rate)
 	pub := kind
@@ -89,6 +93,8 @@ func (e *Env) latency(ctx context.Context, kind string, rate int, dur, idle time
 		pub = "outboxd --exactly-once"
 	case "debezium":
 		pub = "Debezium"
+	case "producer":
+		pub = "bare producer"
 	}
 	res := LatencyRun{Publisher: pub, Rate: rate, Duration: dur, Writers: max(4, rate/500)}
 	n := int(float64(rate) * dur.Seconds())
@@ -135,6 +141,7 @@ func (e *Env) latency(ctx context.Context, kind string, rate int, dur, idle time
 		relayPid  int // outboxd or Debezium's JVM
 		walsender int
 		poll      *poller
+		prod      *kgo.Client    // the bare producer
 		rwg       sync.WaitGroup // the receiving and publishing goroutines
 		perr      error
 	)
@@ -271,8 +278,38 @@ func (e *Env) latency(ctx context.Context, kind string, rate int, dur, idle time
 			perr = poll.run(rctx, func(int64) bool { return false })
 		}()
 	case "pgoutput":
+	case "producer":
+		if e.mq != nil {
+			return res, fmt.Errorf("latency: the bare producer is Kafka's (franz-go)")
+		}
+		opts, err := e.Kafka.ClientOpts()
+		if err != nil {
+			return res, err
+		}
+		// outboxd's producer defaults (cmd/outboxd/broker_kafka.go): acks=all,
+		// idempotent, linger 2 ms, records keyed by aggregate id.
+		if prod, err = kgo.NewClient(append(opts, kgo.DefaultProduceTopic(w.topic), kgo.RequiredAcks(kgo.AllISRAcks()),
+			kgo.ProducerLinger(2*time.Millisecond), kgo.RecordDeliveryTimeout(30*time.Second))...); err != nil {
+			return res, err
+		}
+		defer prod.Close()
 	default:
 		return res, fmt.Errorf("latency: unknown publisher %q", kind)
+	}
+	// produce is the bare producer's write after a commit (nil otherwise);
+	// a failed produce ends the run as a writer's error would.
+	var produceErr atomic.Pointer[error]
+	produce := func(seq int, payload string) {
+		if prod == nil {
+			return
+		}
+		r := &kgo.Record{Key: []byte(fmt.Sprint("agg-", seq%1000)), Value: []byte(payload),
+			Headers: []kgo.RecordHeader{{Key: "id", Value: []byte(latencyID(seq))}, {Key: "type", Value: []byte("OrderCreated")}}}
+		prod.Produce(ctx, r, func(_ *kgo.Record, err error) {
+			if err != nil {
+				produceErr.CompareAndSwap(nil, &err)
+			}
+		})
 	}
 
 	// Writers connect and prepare; a warm-up proves the path end to end.
@@ -293,6 +330,7 @@ func (e *Env) latency(ctx context.Context, kind string, rate int, dur, idle time
 		if _, err := conns[0].Exec(ctx, "ins", latencyID(seq), w.agg, fmt.Sprint("agg-", seq%1000), "OrderCreated", latencyPayload(seq, 0)); err != nil {
 			return res, err
 		}
+		produce(seq, latencyPayload(seq, 0))
 	}
 	if err := waitCount(ctx, &got, warm, 30*time.Second); err != nil {
 		return res, fmt.Errorf("latency warm-up (%s): %w", pub, err)
@@ -328,12 +366,13 @@ func (e *Env) latency(ctx context.Context, kind string, rate int, dur, idle time
 						late[k]++
 					}
 				}
-				if _, err := c.Exec(ctx, "ins", latencyID(i), w.agg, fmt.Sprint("agg-", i%1000), "OrderCreated",
-					latencyPayload(i, time.Now().UnixNano())); err != nil {
+				payload := latencyPayload(i, time.Now().UnixNano())
+				if _, err := c.Exec(ctx, "ins", latencyID(i), w.agg, fmt.Sprint("agg-", i%1000), "OrderCreated", payload); err != nil {
 					errs[k] = err
 					return
 				}
 				acks[i] = int64(time.Since(base))
+				produce(i, payload)
 			}
 		}()
 	}
@@ -350,6 +389,9 @@ func (e *Env) latency(ctx context.Context, kind string, rate int, dur, idle time
 		res.Late += n
 	}
 	werr := waitCount(ctx, &got, int64(n+warm), 60*time.Second)
+	if p := produceErr.Load(); p != nil && werr != nil {
+		werr = fmt.Errorf("%w (the bare producer: %v)", werr, *p)
+	}
 	res.CPU = e.split(snap, walsender)
 	if relayPid > 0 {
 		res.OutboxdCPU = cpuOf(relayPid) - obCPU0

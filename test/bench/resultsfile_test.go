@@ -194,3 +194,57 @@ func TestPerEventFigures(t *testing.T) {
 		t.Fatalf("busy figure %q", v)
 	}
 }
+
+// TestLatencyFloor: outboxd's p99 over the target is not judged when the
+// bare producer's p99 in the same column misses the target too (the broker
+// alone cannot meet it), and is a miss when the bare producer met it; the
+// bare producer gets its own comparison row.
+func TestLatencyFloor(t *testing.T) {
+	quiet := CPUSplit{Known: true, Wall: 10 * time.Second, Busy: time.Second}
+	run := func(pub string, p99 time.Duration) LatencyRun {
+		return LatencyRun{Publisher: pub, Rate: targetP99Rate, Duration: 12 * time.Second, Sent: 60000, Received: 60000,
+			P50: 3 * time.Millisecond, P95: p99 / 2, P99: p99, Max: 2 * p99, Achieved: targetP99Rate, CPU: quiet}
+	}
+	for _, tc := range []struct {
+		name        string
+		producer    time.Duration
+		label, res  string
+		missedWants int
+	}{
+		{"broker misses too", 60 * time.Millisecond, ", not judged (the bare producer's p99 60.0ms misses it too)", "floor", 0},
+		{"broker meets it", 9 * time.Millisecond, "", "FAIL", 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := &Results{Config: Config{Cases: map[string]bool{"latency": true}},
+				Started: time.Date(2026, 12, 4, 9, 0, 0, 0, time.UTC), LoadEnd: "0.3 0.2 0.2",
+				Machine: Machine{NProc: 2, LoadAvg: "0.2 0.2 0.2"},
+				Columns: []*Column{{Broker: "apache", Desc: "Apache Kafka",
+					Latency:     []LatencyRun{run("outboxd", 80*time.Millisecond), run("bare producer", tc.producer)},
+					LatencyErrs: []error{nil, nil}}}}
+			var out strings.Builder
+			if missed := res.Table(&out); len(missed) != tc.missedWants {
+				t.Errorf("missed %q, want %d", missed, tc.missedWants)
+			}
+			rows := res.ResultsFile("").Tables["main"]
+			want := "latency 5,000 ev/s × 12s, 1 ev/txn: p50 / p95 / p99 / max" + tc.label
+			var found, vs bool
+			for _, r := range rows {
+				if r[1] == want {
+					found = true
+					if r[3] != "3.0ms / 40.0ms / 80.0ms / 160ms" || r[7] != tc.res {
+						t.Errorf("row %q: want quantiles 3.0ms / 40.0ms / 80.0ms / 160ms and result %q", r, tc.res)
+					}
+				}
+				if strings.HasPrefix(strings.TrimSpace(r[1]), "″ vs a bare producer") {
+					vs = true
+					if !strings.HasPrefix(r[4], "bare producer: 3.0ms / ") {
+						t.Errorf("bare producer row %q", r)
+					}
+				}
+			}
+			if !found || !vs {
+				t.Fatalf("rows %q: latency row %v (%q), bare producer row %v", rows, found, want, vs)
+			}
+		})
+	}
+}
