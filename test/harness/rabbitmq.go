@@ -32,6 +32,7 @@ type RabbitMQ struct {
 	dir                      string
 	name                     string
 	port, distPort, epmdPort int
+	conf                     []string   // extra rabbitmq.conf lines
 	reaper                   *jvmReaper // the JVM reaper's mechanics, with rabbitmqReaperScript
 
 	mu   sync.Mutex
@@ -47,22 +48,11 @@ func StartRabbitMQ(ctx context.Context, conf ...string) (*RabbitMQ, error) {
 	if _, err := exec.LookPath("epmd"); err != nil {
 		return nil, fmt.Errorf("rabbitmq: epmd (Erlang) not in PATH: %w", err)
 	}
-	r := &RabbitMQ{}
+	r := &RabbitMQ{conf: conf}
 	var err error
 	if r.dir, err = os.MkdirTemp("", "outboxd-rabbitmq-"); err != nil {
 		return nil, fmt.Errorf("rabbitmq: %w", err)
 	}
-	ports, err := FreePorts(3) // distinct
-	if err != nil {
-		os.RemoveAll(r.dir)
-		return nil, err
-	}
-	r.port, r.distPort, r.epmdPort = ports[0], ports[1], ports[2]
-	if r.reaper, err = startRabbitMQReaper(r.dir, r.epmdPort); err != nil {
-		os.RemoveAll(r.dir)
-		return nil, err
-	}
-	r.name = fmt.Sprintf("outboxd-test-%d@localhost", r.port)
 	// No plugins, whatever /etc/rabbitmq/enabled_plugins says; the
 	// management plugin when conf sets its listener (management.tcp.*).
 	plugins := "[].\n"
@@ -70,22 +60,88 @@ func StartRabbitMQ(ctx context.Context, conf ...string) (*RabbitMQ, error) {
 		plugins = "[rabbitmq_management].\n"
 	}
 	files := map[string]string{
-		"rabbitmq.conf":   fmt.Sprintf("listeners.tcp.1 = 127.0.0.1:%d\nloopback_users = none\n", r.port) + strings.Join(append(conf, ""), "\n"),
 		"enabled_plugins": plugins,
 		// Instead of /etc/rabbitmq/rabbitmq-env.conf.
 		"rabbitmq-env.conf": "",
 	}
 	for name, content := range files {
 		if err := os.WriteFile(filepath.Join(r.dir, name), []byte(content), 0o644); err != nil {
-			r.Close()
+			os.RemoveAll(r.dir)
 			return nil, fmt.Errorf("rabbitmq: %w", err)
 		}
 	}
-	if err := r.Start(ctx); err != nil {
+	if err := r.startOnFreePorts(ctx); err != nil {
 		r.Close()
 		return nil, err
 	}
 	return r, nil
+}
+
+// startOnFreePorts starts the node on three new distinct ports (AMQP,
+// Erlang distribution, epmd). The node binds them seconds after FreePorts
+// let them go, and a server another suite started meanwhile may take one
+// (make test runs suites side by side): a node that fails for a taken port
+// (rabbitPortTaken) is started again on new ports, three times in all.
+func (r *RabbitMQ) startOnFreePorts(ctx context.Context) error {
+	for attempt := 1; ; attempt++ {
+		err := r.boot(ctx)
+		if err == nil || attempt == 3 || ctx.Err() != nil || !r.portTaken() {
+			return err
+		}
+	}
+}
+
+// boot kills the node of an earlier attempt, if any, and stops the epmd it
+// started (a daemon, outside the node's process group), picks the ports,
+// starts a reaper that knows the new epmd port (then closes the earlier
+// one: one of them always runs), writes rabbitmq.conf and starts the node,
+// whose name carries the AMQP port.
+func (r *RabbitMQ) boot(ctx context.Context) error {
+	_ = r.Kill()
+	stopEpmd(r.epmdPort)
+	ports, err := FreePorts(3) // distinct
+	if err != nil {
+		return err
+	}
+	r.port, r.distPort, r.epmdPort = ports[0], ports[1], ports[2]
+	reaper, err := startRabbitMQReaper(r.dir, r.epmdPort)
+	if err != nil {
+		return err
+	}
+	r.reaper.close()
+	r.reaper = reaper
+	r.name = fmt.Sprintf("outboxd-test-%d@localhost", r.port)
+	conf := fmt.Sprintf("listeners.tcp.1 = 127.0.0.1:%d\nloopback_users = none\n", r.port) + strings.Join(append(r.conf, ""), "\n")
+	if err := os.WriteFile(filepath.Join(r.dir, "rabbitmq.conf"), []byte(conf), 0o644); err != nil {
+		return fmt.Errorf("rabbitmq: %w", err)
+	}
+	return r.Start(ctx)
+}
+
+// rabbitPortTakenSigns are what a node prints when it exits because one of
+// its ports was taken (seen with RabbitMQ 3.10 on Erlang/OTP 25, holding
+// the port with a listener): the AMQP port ({could_not_start_listener,
+// "127.0.0.1",Port,... {listen_error,...,eaddrinuse}}), the distribution
+// port ("ERROR: could not bind to distribution port Port ...", reason
+// {dist_port_already_used,Port,not_erlang,"localhost"}), and the epmd port,
+// whose holder is not epmd: the node's epmd cannot listen, and the node's
+// registration there fails ("Protocol 'inet_tcp': register/listen error:
+// epmd_close" from a holder that hangs up, no_reg_reply_from_epmd after 20 s
+// from one that does not answer).
+var rabbitPortTakenSigns = []string{"eaddrinuse", "dist_port_already_used", "register/listen error: epmd_close", "register/listen error: no_reg_reply_from_epmd"}
+
+// rabbitPortTaken reports whether a node's output says it failed for a port
+// another process holds.
+func rabbitPortTaken(log string) bool {
+	return slices.ContainsFunc(rabbitPortTakenSigns, func(s string) bool { return strings.Contains(log, s) })
+}
+
+// portTaken is rabbitPortTaken of the node's last start (its whole output:
+// the epmd failure is far from the end of it).
+func (r *RabbitMQ) portTaken() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.proc != nil && rabbitPortTaken(r.proc.Log())
 }
 
 // RabbitMQForTest is StartRabbitMQ for one test: closed when it ends, with
@@ -259,17 +315,27 @@ func (r *RabbitMQ) Close() {
 // rabbitmqReaperScript SIGKILLs the process groups named in DIR/*.pid (the
 // node's script with its Erlang VM), then the node's epmd, and removes DIR
 // once its stdin closes. dash's kill takes "-PGID" but not "-- -PGID".
-const rabbitmqReaperScript = `read _; for f in "$1"/*.pid; do [ -f "$f" ] && kill -9 "-$(cat "$f")" 2>/dev/null; done; for i in 1 2 3 4 5 6 7 8 9 10; do epmd -port "$2" -kill >/dev/null 2>&1; epmd -port "$2" -names >/dev/null 2>&1 || break; sleep 0.5; done; rm -rf "$1"`
+// timeout: as in stopEpmd.
+const rabbitmqReaperScript = `read _; for f in "$1"/*.pid; do [ -f "$f" ] && kill -9 "-$(cat "$f")" 2>/dev/null; done; for i in 1 2 3 4 5 6 7 8 9 10; do timeout 2 epmd -port "$2" -kill >/dev/null 2>&1; timeout 2 epmd -port "$2" -names >/dev/null 2>&1 || break; sleep 0.5; done; rm -rf "$1"`
 
 // stopEpmd stops the epmd the node started on port (a daemon, outside any
 // process group of the harness). The node must be gone first, or its epmd
 // monitor would start another; epmd refuses -kill while it still lists the
 // node, so it is asked again until it is gone (-names fails), for 5 s.
+// Each call gets 2 s: when another server took the port before the node's
+// epmd could, epmd's client may wait for its answer forever.
 func stopEpmd(port int) {
-	p := strconv.Itoa(port)
+	if port == 0 { // none picked yet
+		return
+	}
+	epmd := func(arg string) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		return exec.CommandContext(ctx, "epmd", "-port", strconv.Itoa(port), arg).Run()
+	}
 	for range 10 {
-		_ = exec.Command("epmd", "-port", p, "-kill").Run()
-		if exec.Command("epmd", "-port", p, "-names").Run() != nil {
+		_ = epmd("-kill")
+		if epmd("-names") != nil {
 			return
 		}
 		time.Sleep(500 * time.Millisecond)
