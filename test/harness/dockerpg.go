@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -60,7 +59,7 @@ func startDockerPostgres(ctx context.Context, o pgOptions) (*Postgres, error) {
 		}
 		logs := ctr.logs(ctx)
 		ctr.close()
-		if attempt == 3 || !strings.Contains(logs, "could not bind") {
+		if attempt == 3 || !pgBindFailed(logs) {
 			return nil, fmt.Errorf("postgres container (%s): %w\n%s", img, err, tail(logs, 4096))
 		}
 	}

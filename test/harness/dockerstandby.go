@@ -20,11 +20,7 @@ func (p *Postgres) startDockerStandby(ctx context.Context, conn *pgx.Conn, name 
 	if err != nil {
 		return nil, err
 	}
-	port, err := FreePort()
-	if err != nil {
-		return nil, err
-	}
-	conf := [][2]string{{"port", fmt.Sprint(port)}}
+	var conf [][2]string
 	for _, kv := range defaultConf("") {
 		if kv[0] != "unix_socket_directories" {
 			conf = append(conf, kv)
@@ -38,25 +34,36 @@ func (p *Postgres) startDockerStandby(ctx context.Context, conn *pgx.Conn, name 
 	for _, kv := range conf {
 		args = append(args, "-c "+kv[0]+"="+kv[1])
 	}
-	// The image's entrypoint runs a command other than postgres as is (as
-	// root): prepare the data directory, then drop to postgres.
-	inner := fmt.Sprintf(`[ -s "$PGDATA/PG_VERSION" ] || pg_basebackup -d "host=127.0.0.1 port=%d user=postgres application_name=%s" -D "$PGDATA" -c fast -X stream -S %s -R; exec postgres %s`,
-		p.port, name, name, strings.Join(args, " "))
-	script := `set -e; export PGDATA=/var/lib/postgresql/data; mkdir -p "$PGDATA" /var/run/postgresql; ` +
-		`chown postgres:postgres "$PGDATA" /var/run/postgresql; chmod 700 "$PGDATA"; ` +
-		`exec setpriv --reuid=postgres --regid=postgres --init-groups sh -c '` + inner + `'`
-	ctr, err := runContainer(ctx, "postgres-standby", testcontainers.ContainerRequest{Image: img, Entrypoint: []string{"sh", "-c", script}})
-	if err != nil {
+	// The postmaster binds its port after FreePort let it go, and a server
+	// another suite started meanwhile may take it (make test runs suites
+	// side by side): a container whose postgres could not bind is removed
+	// and a new one (a new base backup) runs on a new port.
+	var s *Postgres
+	var port int
+	if err := onFreePort(ctx, &port, func() error {
+		// The image's entrypoint runs a command other than postgres as is (as
+		// root): prepare the data directory, then drop to postgres.
+		inner := fmt.Sprintf(`[ -s "$PGDATA/PG_VERSION" ] || pg_basebackup -d "host=127.0.0.1 port=%d user=postgres application_name=%s" -D "$PGDATA" -c fast -X stream -S %s -R; exec postgres -c port=%d %s`,
+			p.port, name, name, port, strings.Join(args, " "))
+		script := `set -e; export PGDATA=/var/lib/postgresql/data; mkdir -p "$PGDATA" /var/run/postgresql; ` +
+			`chown postgres:postgres "$PGDATA" /var/run/postgresql; chmod 700 "$PGDATA"; ` +
+			`exec setpriv --reuid=postgres --regid=postgres --init-groups sh -c '` + inner + `'`
+		ctr, err := runContainer(ctx, "postgres-standby", testcontainers.ContainerRequest{Image: img, Entrypoint: []string{"sh", "-c", script}})
+		if err != nil {
+			return err
+		}
+		s = &Postgres{port: port, adminDB: "postgres", ctr: ctr}
+		if err := s.dockerWaitReady(ctx); err != nil {
+			logs := ctr.logs(ctx)
+			s.Close()
+			return fmt.Errorf("standby container: %w\n%s", err, tail(logs, 4096))
+		}
+		return nil
+	}, func(err error) bool { return pgBindFailed(err.Error()) }); err != nil {
 		return nil, err
 	}
-	s := &Postgres{port: port, adminDB: "postgres", ctr: ctr}
-	if err := s.dockerWaitReady(ctx); err != nil {
-		logs := ctr.logs(ctx)
-		s.Close()
-		return nil, fmt.Errorf("standby container: %w\n%s", err, tail(logs, 4096))
-	}
 	if err := waitStreaming(ctx, conn, name); err != nil {
-		logs := ctr.logs(ctx)
+		logs := s.ctr.logs(ctx)
 		s.Close()
 		return nil, fmt.Errorf("%w\nstandby log tail:\n%s", err, tail(logs, 4096))
 	}

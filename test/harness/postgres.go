@@ -122,13 +122,27 @@ func (p *Postgres) initAndStart(ctx context.Context, o pgOptions) error {
 	if err := os.WriteFile(filepath.Join(p.dataDir, "pg_hba.conf"), []byte(pgHBA), 0o600); err != nil {
 		return fmt.Errorf("writing pg_hba.conf: %w", err)
 	}
+	return p.startOnFreePort(ctx, "postgresql.conf")
+}
+
+// startOnFreePort starts the server on a free port, appended to confFile
+// of the data directory (the last port setting wins). The postmaster binds
+// it after FreePort let it go, and a server another suite started
+// meanwhile may take it (make test runs suites side by side): a start that
+// failed to bind (pgBindFailed) is tried again on a new port (onFreePort).
+func (p *Postgres) startOnFreePort(ctx context.Context, confFile string) error {
 	return onFreePort(ctx, &p.port, func() error {
-		if err := appendConf(filepath.Join(p.dataDir, "postgresql.conf"), [][2]string{{"port", fmt.Sprint(p.port)}}); err != nil {
+		if err := appendConf(filepath.Join(p.dataDir, confFile), [][2]string{{"port", fmt.Sprint(p.port)}}); err != nil {
 			return err
 		}
 		return p.Start(ctx)
-	}, func(error) bool { return strings.Contains(p.logTail(4096), "could not bind") })
+	}, func(error) bool { return pgBindFailed(p.logTail(4096)) })
 }
+
+// pgBindFailed reports whether a server's log says it could not listen on
+// its port: 'LOG:  could not bind IPv4 address "127.0.0.1": Address already
+// in use', then 'FATAL:  could not create any TCP/IP sockets'.
+func pgBindFailed(log string) bool { return strings.Contains(log, "could not bind") }
 
 func appendConf(path string, settings [][2]string) error {
 	var b strings.Builder

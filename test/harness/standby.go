@@ -61,12 +61,7 @@ func (p *Postgres) StartStandby(ctx context.Context, name string) (*Postgres, er
 		s.Close()
 		return nil, err
 	}
-	if s.port, err = FreePort(); err != nil {
-		s.Close()
-		return nil, err
-	}
 	conf := [][2]string{
-		{"port", strconv.Itoa(s.port)},
 		{"unix_socket_directories", s.root},
 		{"primary_conninfo", fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=postgres application_name=%s", p.port, name)},
 		{"primary_slot_name", name},
@@ -78,7 +73,8 @@ func (p *Postgres) StartStandby(ctx context.Context, name string) (*Postgres, er
 		// standby has no standby of its own to wait for.
 		conf = append(conf, [2]string{"sync_replication_slots", "on"}, [2]string{"synchronized_standby_slots", ""})
 	}
-	// postgresql.auto.conf is read last: these win over the primary's ALTER SYSTEMs.
+	// postgresql.auto.conf is read last: these (and the port, below) win
+	// over the primary's ALTER SYSTEMs and its port.
 	if err := appendConf(filepath.Join(s.dataDir, "postgresql.auto.conf"), conf); err != nil {
 		s.Close()
 		return nil, err
@@ -91,7 +87,7 @@ func (p *Postgres) StartStandby(ctx context.Context, name string) (*Postgres, er
 		s.Close()
 		return nil, err
 	}
-	if err := s.Start(ctx); err != nil {
+	if err := s.startOnFreePort(ctx, "postgresql.auto.conf"); err != nil {
 		s.Close()
 		return nil, err
 	}
