@@ -161,15 +161,44 @@ func StartDebezium(ctx context.Context, opts DebeziumOptions) (*Debezium, error)
 		os.RemoveAll(d.dir)
 		return nil, err
 	}
-	if err := d.writeConfigs(); err != nil {
-		d.Close()
-		return nil, err
-	}
-	if err := d.Start(ctx); err != nil {
+	if err := d.startOnFreePort(ctx); err != nil {
 		d.Close()
 		return nil, err
 	}
 	return d, nil
+}
+
+// startOnFreePort writes the configs with a free REST port and starts the
+// worker. Connect binds the port seconds after FreePort let it go (the JVM
+// starts, scans its plugins and asks Kafka for the cluster id first), and a
+// server another suite started meanwhile may take it (make test runs suites
+// side by side): a worker that exits because it could not bind
+// (restBindFailed) is started again on a new port (onFreePort). It binds
+// before it starts the connector, so the failed worker neither read the
+// slot nor wrote offsets.
+func (d *Debezium) startOnFreePort(ctx context.Context) error {
+	return onFreePort(ctx, &d.port, func() error {
+		if err := d.writeConfigs(); err != nil {
+			return err
+		}
+		return d.Start(ctx)
+	}, d.restBindFailed)
+}
+
+// restBindFailed reports whether the worker's last start exited because
+// its REST port was taken: Connect 4.3 (Jetty 12) stops with
+// "ConnectException: Unable to initialize REST server", caused by
+// "java.io.IOException: Failed to bind to /127.0.0.1:PORT", caused by
+// "java.net.BindException: Address already in use". It reads the worker's
+// own output, not the log file, which keeps earlier starts'.
+func (d *Debezium) restBindFailed(error) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.proc == nil {
+		return false
+	}
+	log := d.proc.Log()
+	return strings.Contains(log, "Unable to initialize REST server") && strings.Contains(log, "Address already in use")
 }
 
 // DebeziumForTest is StartDebezium for one test: closed when it ends, with
@@ -191,6 +220,8 @@ func DebeziumForTest(t testing.TB, opts DebeziumOptions) *Debezium {
 	return d
 }
 
+// writeConfigs writes the worker's properties, its REST listener on d.port,
+// and the connector's.
 func (d *Debezium) writeConfigs() error {
 	root, err := ModuleRoot()
 	if err != nil {
@@ -199,9 +230,6 @@ func (d *Debezium) writeConfigs() error {
 	cfg, err := pgconn.ParseConfig(d.opts.DSN)
 	if err != nil {
 		return fmt.Errorf("debezium: parsing the DSN: %w", err)
-	}
-	if d.port, err = FreePort(); err != nil {
-		return err
 	}
 	worker := map[string]string{
 		"bootstrap.servers":            strings.Join(d.opts.Brokers, ","),
