@@ -42,9 +42,14 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// bind declares a durable queue bound to exchange for key.
+// bind declares a durable queue bound to exchange for key. The queue is
+// deleted first: a test starts from an empty queue of its own settings,
+// also when it runs again on the same node (go test -count).
 func bind(t *testing.T, ch *amqp.Channel, exchange, queue, key string, args amqp.Table) {
 	t.Helper()
+	if _, err := ch.QueueDelete(queue, false, false, false); err != nil { // RabbitMQ deletes a missing queue without complaint
+		t.Fatal(err)
+	}
 	if err := ch.ExchangeDeclare(exchange, "topic", true, false, false, false, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -53,6 +58,18 @@ func bind(t *testing.T, ch *amqp.Channel, exchange, queue, key string, args amqp
 	}
 	if err := ch.QueueBind(queue, key, exchange, false, nil); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// deleteQueues deletes queues an earlier run of a test left (go test
+// -count), so that the test starts without them.
+func deleteQueues(t *testing.T, queues ...string) {
+	t.Helper()
+	ch := node.Channel(t)
+	for _, q := range queues {
+		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
@@ -364,6 +381,7 @@ func TestMissingExchange(t *testing.T) {
 // TestProgressStore: the queue keeps exactly the last record written, and
 // reading it leaves it there.
 func TestProgressStore(t *testing.T) {
+	deleteQueues(t, "outboxd.progress.slot-a", "outboxd.progress.slot-b") // an earlier run's (go test -count)
 	p := NewProgressStore(Config{URL: node.URL()}, "outboxd.progress", "slot-a")
 	defer p.Close()
 	ctx := context.Background()
