@@ -424,6 +424,17 @@ func TestProgressStore(t *testing.T) {
 func TestNodeKilled(t *testing.T) {
 	t.Cleanup(func() {
 		if t.Failed() {
+			// Seen once under make test's load: a record returned 312
+			// NO_ROUTE after the restart. The queue's state and the
+			// bindings say whether the queue had not recovered yet
+			// (RabbitMQ restarts a queue whose recovery failed later,
+			// and routes nothing to it meanwhile) or the binding was gone.
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			for _, args := range [][]string{{"list_queues", "name", "state", "messages", "type"}, {"list_bindings"}} {
+				out, err := node.Ctl(ctx, args...)
+				t.Logf("rabbitmqctl %s: %v\n%s", strings.Join(args, " "), err, out)
+			}
 			t.Logf("rabbitmq log tail:\n%s", node.LogTail())
 		}
 	})
