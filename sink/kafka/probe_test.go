@@ -1,10 +1,8 @@
 package kafka
 
 import (
-	"bytes"
 	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +11,7 @@ import (
 
 	"github.com/outboxd/outboxd/router"
 	"github.com/outboxd/outboxd/sink"
+	"github.com/outboxd/outboxd/test/harness"
 )
 
 // A probe in exactly-once mode is produced in a transaction of its own and
@@ -24,10 +23,11 @@ func TestProbeIsInvisibleAndLeavesTheProducerUsable(t *testing.T) {
 	// commit after the rejected probe, not reproduced in 1,125 runs since.
 	// franz-go's debug log of a failed run says which partition, producer
 	// epoch and sequence it was.
-	var log lockedBuffer
+	var log harness.SyncBuffer
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("franz-go's log, last 32 KiB:\n%s", log.tail(32<<10))
+			out := log.String()
+			t.Logf("franz-go's log, last 32 KiB:\n%s", out[max(0, len(out)-32<<10):])
 		}
 	})
 	s := newSink(t, c, Config{Transactional: &Transactional{ID: "outboxd.probe", Timeout: 10 * time.Second},
@@ -68,28 +68,4 @@ func TestProbeIsInvisibleAndLeavesTheProducerUsable(t *testing.T) {
 	if got, err := s.LoadCheckpoint(ctx); err != nil || got != (sink.Checkpoint{LSN: 20}) {
 		t.Fatalf("checkpoint %v, %v", got, err)
 	}
-}
-
-// lockedBuffer is a bytes.Buffer that franz-go's goroutines may write to at
-// once.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// tail is the last n bytes written.
-func (b *lockedBuffer) tail(n int) string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	out := b.buf.Bytes()
-	if len(out) > n {
-		out = out[len(out)-n:]
-	}
-	return string(out)
 }

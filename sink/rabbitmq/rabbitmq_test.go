@@ -47,9 +47,7 @@ func TestMain(m *testing.M) {
 // also when it runs again on the same node (go test -count).
 func bind(t *testing.T, ch *amqp.Channel, exchange, queue, key string, args amqp.Table) {
 	t.Helper()
-	if _, err := ch.QueueDelete(queue, false, false, false); err != nil { // RabbitMQ deletes a missing queue without complaint
-		t.Fatal(err)
-	}
+	deleteQueues(t, ch, queue)
 	if err := ch.ExchangeDeclare(exchange, "topic", true, false, false, false, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -63,10 +61,9 @@ func bind(t *testing.T, ch *amqp.Channel, exchange, queue, key string, args amqp
 
 // deleteQueues deletes queues an earlier run of a test left (go test
 // -count), so that the test starts without them.
-func deleteQueues(t *testing.T, queues ...string) {
+func deleteQueues(t *testing.T, ch *amqp.Channel, queues ...string) {
 	t.Helper()
-	ch := node.Channel(t)
-	for _, q := range queues {
+	for _, q := range queues { // RabbitMQ deletes a missing queue without complaint
 		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
 			t.Fatal(err)
 		}
@@ -381,7 +378,7 @@ func TestMissingExchange(t *testing.T) {
 // TestProgressStore: the queue keeps exactly the last record written, and
 // reading it leaves it there.
 func TestProgressStore(t *testing.T) {
-	deleteQueues(t, "outboxd.progress.slot-a", "outboxd.progress.slot-b") // an earlier run's (go test -count)
+	deleteQueues(t, node.Channel(t), "outboxd.progress.slot-a", "outboxd.progress.slot-b") // an earlier run's (go test -count)
 	p := NewProgressStore(Config{URL: node.URL()}, "outboxd.progress", "slot-a")
 	defer p.Close()
 	ctx := context.Background()
