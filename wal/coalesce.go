@@ -17,7 +17,9 @@ import (
 // second), the wait doubles, up to coalesceMaxWait: every wake-up of the
 // process costs it (and the Go runtime's monitor thread, which polls every
 // 20 µs for a while after each one) several microseconds of kernel time,
-// so a drain read in fewer, larger chunks costs less per event.
+// so a drain read in fewer, larger chunks costs less per event; and the
+// wait itself keeps the goroutine's P (holdSleep), so that it does not wake
+// that monitor thread.
 //
 // The wait applies only while the stream is busy: a read that blocked
 // (the stream had gone quiet: a lone event, or the first of a burst) or
@@ -43,7 +45,14 @@ type coalescer struct {
 	draining bool          // told to onDrain last (false until a drain begins)
 	onDrain  func(bool)    // StartOptions.Draining; nil: none
 	lastFast time.Time     // when a read last brought a fast stream's worth
+	// sleep is the wait: holdSleep on a live connection; nil, time.Sleep
+	// (the tests, whose synctest bubbles fake the clock).
+	sleep func(time.Duration)
 }
+
+// newCoalescer is the live connection's coalescer, which waits in
+// holdSleep.
+func newCoalescer(src io.Reader) *coalescer { return &coalescer{src: src, sleep: holdSleep} }
 
 const (
 	// coalesceSmallRead: a read shorter than this leaves room for more.
@@ -69,7 +78,11 @@ const (
 func (c *coalescer) Read(p []byte) (int, error) {
 	waited := c.wait
 	if waited > 0 {
-		time.Sleep(waited)
+		if c.sleep != nil {
+			c.sleep(waited)
+		} else {
+			time.Sleep(waited)
+		}
 	}
 	start := time.Now()
 	n, err := c.src.Read(p)

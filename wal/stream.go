@@ -49,7 +49,7 @@ func Connect(ctx context.Context, dsn string) (*pgconn.PgConn, error) {
 	// (coalesce.go).
 	bc := &bodyCap{}
 	cfg.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
-		bc.co = &coalescer{src: r}
+		bc.co = newCoalescer(r)
 		bc.src = bufio.NewReaderSize(bc.co, 256<<10)
 		return pgproto3.NewFrontend(bc, w)
 	}
