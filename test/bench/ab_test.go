@@ -34,7 +34,9 @@ import (
 // (200000), OUTBOXD_BENCH_AB_BROKER (kfake or apache), OUTBOXD_BENCH_AB_LATENCY
 // (latency runs per binary, 0), OUTBOXD_BENCH_AB_RATE (their events a
 // second, 1000), OUTBOXD_BENCH_AB_PERF (a directory: perf
-// record each drain's outboxd and walsender there, as the bench's -perf-dir).
+// record each drain's outboxd and walsender there, as the bench's -perf-dir;
+// with OUTBOXD_BENCH_PERF_EVENTS, e.g. sched:sched_switch, those events
+// with their call chains instead of CPU samples: where each thread blocks).
 func TestOutboxdBinariesAB(t *testing.T) {
 	a := os.Getenv("OUTBOXD_BENCH_AB")
 	if a == "" {

@@ -91,14 +91,20 @@ func (o *outboxd) stop() error {
 	return o.Stop(30 * time.Second)
 }
 
-// perfRecord attaches `perf record -g` to pid (a no-op without -perf-dir).
+// perfRecord attaches `perf record -g` to pid (a no-op without -perf-dir);
+// OUTBOXD_BENCH_PERF_EVENTS records those events instead of CPU samples.
 func (e *Env) perfRecord(o *outboxd, pid int, name string) {
 	if e.cfg.PerfDir == "" || pid <= 0 {
 		return
 	}
 	_ = os.MkdirAll(e.cfg.PerfDir, 0o755)
 	out := filepath.Join(e.cfg.PerfDir, name+".perf.data")
-	cmd := exec.Command("perf", "record", "-q", "-F", "999", "-g", "-p", fmt.Sprint(pid), "-o", out)
+	args := []string{"record", "-q", "-F", "999", "-g"}
+	if extra := os.Getenv("OUTBOXD_BENCH_PERF_EVENTS"); extra != "" {
+		// e.g. sched:sched_switch: where each thread blocks, not where CPU goes
+		args = []string{"record", "-q", "-g", "-e", extra}
+	}
+	cmd := exec.Command("perf", append(args, "-p", fmt.Sprint(pid), "-o", out)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		e.progress("perf record %s: %v", name, err)
