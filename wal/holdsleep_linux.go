@@ -13,10 +13,10 @@ import (
 // P through the wait. With time.Sleep every wait parks the goroutine, the
 // runtime often finds every P idle, and its monitor thread (sysmon) goes to
 // sleep until the next syscall, which wakes it and resets it to polling
-// every 20 µs: a drain paid thousands of those wake-ups a second, about a
-// quarter of outboxd's context switches in a profile at 100 events per
-// transaction (sched_switch samples). Held this way the P never looks idle
-// during a wait, so sysmon backs off to its 10 ms naps.
+// every 20 µs: every wait of a drain restarted that polling, and in
+// sched_switch profiles of drains sysmon's sleeps were a large share of
+// outboxd's context switches. Held this way the P never looks idle during
+// a wait, so sysmon backs off to its 10 ms naps.
 //
 // The cost is that the P does nothing else for the wait (at most
 // coalesceMaxWait): the other goroutines (the producer's, the acks') run on
