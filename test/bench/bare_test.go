@@ -45,15 +45,16 @@ func TestBareRows(t *testing.T) {
 // broker, walsender; the bare publisher's: the bench process and the
 // broker), the drain each allows on the machine's cores, their ratio, and
 // the ratio of a relay that added nothing to the publisher's CPU but had the
-// walsender beside it. No row without per-process CPU.
+// walsender beside it, to the publisher's bound and to its drain (166,667
+// ev/s here). No row without per-process CPU.
 func TestBareCPURow(t *testing.T) {
 	ms := time.Millisecond
 	ob := CPUSplit{Known: true, Wall: time.Second, Outboxd: 700 * ms, Broker: 730 * ms, BrokerIs: "nats-server", Walsender: 260 * ms, Bench: 50 * ms}
 	bare := CPUSplit{Known: true, Wall: 600 * ms, Bench: 450 * ms, Broker: 580 * ms, BrokerIs: "nats-server"}
-	r, ok := bareCPURow(100_000, ob, bare, 2, "the bare publisher's")
+	r, ok := bareCPURow(100_000, ob, bare, 600*ms, 2, "the bare publisher's")
 	want := row{"", "  ″ CPU the machine spends per event, outboxd's fastest run vs the bare publisher's (2 cores bound a drain at cores ÷ it)",
 		"outboxd 7.0 + nats-server 7.3 + walsender 2.6 = 16.9 µs/ev (≤ 118,343 ev/s)",
-		"publisher 4.5 + nats-server 5.8 = 10.3 µs/ev (≤ 194,174 ev/s); a relay adding nothing to the publisher's CPU, with the walsender beside it: 0.80×",
+		"publisher 4.5 + nats-server 5.8 = 10.3 µs/ev (≤ 194,174 ev/s); a relay adding nothing to the publisher's CPU, with the walsender beside it: 12.9 µs/ev (≤ 155,038 ev/s), 0.80× the publisher's bound and 0.93× its drain",
 		"0.61×", "—", "—"}
 	if !ok || r != want {
 		t.Fatalf("row\n%q\nwant\n%q", r, want)
@@ -63,7 +64,7 @@ func TestBareCPURow(t *testing.T) {
 		t.Errorf("bareRows: %q", rows)
 	}
 	ob.Known = false
-	if _, ok := bareCPURow(100_000, ob, bare, 2, "the bare publisher's"); ok {
+	if _, ok := bareCPURow(100_000, ob, bare, 600*ms, 2, "the bare publisher's"); ok {
 		t.Error("a row for external servers (no per-process CPU)")
 	}
 }
