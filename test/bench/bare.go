@@ -265,26 +265,18 @@ func fastestBare(runs []BareRun) (best BareRun, busy bool) {
 // beside its actual drain (bareElapsed): a publisher held back by something
 // other than the cores (a broker at one full core) drains below its bound,
 // and the target is judged against the drain. Not shown without
-// per-process CPU (external servers) or a run with no CPU.
+// per-process CPU (external servers), or a run with no CPU or no duration.
 func bareCPURow(n int64, ob, bare CPUSplit, bareElapsed time.Duration, cores int, whose string) (row, bool) {
-	if !ob.Known || !bare.Known || n <= 0 || ob.Outboxd <= 0 || bare.Bench <= 0 || bare.Broker <= 0 {
+	if !ob.Known || !bare.Known || n <= 0 || ob.Outboxd <= 0 || bare.Bench <= 0 || bare.Broker <= 0 || bareElapsed <= 0 {
 		return row{}, false
 	}
 	o, w, s1 := perEvent(ob.Outboxd, n), perEvent(ob.Walsender, n), perEvent(ob.Broker, n)
 	p, s0 := perEvent(bare.Bench, n), perEvent(bare.Broker, n)
 	t1, t0 := o+s1+w, p+s0
-	bound := func(t float64) string { return rate(int64(float64(cores)*1e6/t), time.Second) }
+	perSec := func(t float64) float64 { return float64(cores) * 1e6 / t } // the drain cores allow at t µs/ev
+	bound := func(t float64) string { return rate(int64(perSec(t)), time.Second) }
 	return row{"", fmt.Sprintf("  ″ CPU the machine spends per event, outboxd's fastest run vs %s (%d cores bound a drain at cores ÷ it)", whose, cores),
 		fmt.Sprintf("outboxd %.1f + %s %.1f + walsender %.1f = %.1f µs/ev (≤ %s)", o, ob.BrokerIs, s1, w, t1, bound(t1)),
-		fmt.Sprintf("publisher %.1f + %s %.1f = %.1f µs/ev (≤ %s); a relay adding nothing to the publisher's CPU, with the walsender beside it: %.1f µs/ev (≤ %s), %.2f× the publisher's bound%s", p, bare.BrokerIs, s0, t0, bound(t0), t0+w, bound(t0+w), t0/(t0+w), ofDrain(float64(cores)*1e6/(t0+w), n, bareElapsed)),
+		fmt.Sprintf("publisher %.1f + %s %.1f = %.1f µs/ev (≤ %s); a relay adding nothing to the publisher's CPU, with the walsender beside it: %.1f µs/ev (≤ %s), %.2f× the publisher's bound and %.2f× its drain", p, bare.BrokerIs, s0, t0, bound(t0), t0+w, bound(t0+w), t0/(t0+w), perSec(t0+w)/EventsPerSec(n, bareElapsed)),
 		fmt.Sprintf("%.2f×", t0/t1), "—", "—"}, true
-}
-
-// ofDrain is ", X× its drain": bound (events a second) over the drain of n
-// events in elapsed; "" without one.
-func ofDrain(bound float64, n int64, elapsed time.Duration) string {
-	if elapsed <= 0 || n <= 0 {
-		return ""
-	}
-	return fmt.Sprintf(" and %.2f× its drain", bound/EventsPerSec(n, elapsed))
 }

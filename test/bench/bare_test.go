@@ -63,6 +63,9 @@ func TestBareCPURow(t *testing.T) {
 	if rows := bareRows(c, KindNATS); len(rows) != 2 || rows[1] != want {
 		t.Errorf("bareRows: %q", rows)
 	}
+	if _, ok := bareCPURow(100_000, ob, bare, 0, 2, "the bare publisher's"); ok {
+		t.Error("a row for a bare run with no duration (no drain to set the bound against)")
+	}
 	ob.Known = false
 	if _, ok := bareCPURow(100_000, ob, bare, 600*ms, 2, "the bare publisher's"); ok {
 		t.Error("a row for external servers (no per-process CPU)")
