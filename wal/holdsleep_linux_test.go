@@ -15,11 +15,12 @@ import (
 // would move it by exactly the wait). With one P it is time.Sleep, which
 // does. The live connection's coalescer waits in it.
 func TestHoldSleepKeepsItsP(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
 	for _, tc := range []struct {
 		procs int
 		moved time.Duration
 	}{{2, 0}, {1, 3 * time.Millisecond}} {
-		prev := runtime.GOMAXPROCS(tc.procs)
+		runtime.GOMAXPROCS(tc.procs)
 		synctest.Test(t, func(t *testing.T) {
 			start := time.Now()
 			holdSleep(3 * time.Millisecond)
@@ -27,9 +28,32 @@ func TestHoldSleepKeepsItsP(t *testing.T) {
 				t.Errorf("GOMAXPROCS %d: the bubble's clock moved %v during holdSleep(3ms), want %v", tc.procs, got, tc.moved)
 			}
 		})
-		runtime.GOMAXPROCS(prev)
 	}
 	if got, want := reflect.ValueOf(newCoalescer(nil).sleep).Pointer(), reflect.ValueOf(holdSleep).Pointer(); got != want {
 		t.Error("the live connection's coalescer does not wait in holdSleep")
+	}
+}
+
+// TestHoldSleepYieldsToStopTheWorld: a stop-the-world (runtime.GC's) must
+// stop the goroutine that holds its P in holdSleep; the runtime's
+// preemption signal ends the nanosleep (EINTR), so the collection does not
+// wait out the sleep. Without that, the first runtime.GC below would return
+// only after the minute.
+func TestHoldSleepYieldsToStopTheWorld(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	runtime.GOMAXPROCS(2)
+	done := make(chan struct{})
+	go func() { holdSleep(time.Minute); close(done) }()
+	start := time.Now()
+	for {
+		runtime.GC() // until one finds the goroutine in its sleep and ends it
+		if time.Since(start) > 30*time.Second {
+			t.Fatal("a stop-the-world waited out holdSleep(1m) (30 s and more of garbage collections)")
+		}
+		select {
+		case <-done:
+			return
+		default:
+		}
 	}
 }
