@@ -142,8 +142,8 @@ func TestInvalidOpFatalHolds(t *testing.T) {
 		return code == 503 && strings.Contains(body, "table.op.invalid.behavior is fatal")
 	})
 	// /readyz names the session's error as soon as the session ends;
-	// outboxd_blocked is set when the relay holds, after it closed the
-	// replication connection: a moment later (make test once read 0 in
+	// outboxd_blocked is set when the relay holds, once the session's
+	// records have settled: a moment later (make test once read 0 in
 	// between).
 	poll(t, 20*time.Second, "outboxd_blocked 1 while holding", func() bool { return r.metric(t, "outboxd_blocked") == 1 })
 	// outboxd closed its replication connection before it held; the server
